@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command (README quick start, and what .ci/run calls): lint, type-check, then the whole CPU suite against
+# this machine's Postgres and Redis. GPU tests (marker `gpu`) run only on a GPU machine: pytest -m gpu.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+ruff check backend worker tests bench
+mypy backend worker
+python -m pytest -q "$@"

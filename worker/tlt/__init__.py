@@ -1,0 +1,1 @@
+"""TLT: the training library (rollout engine, speculative decoding, drafter, GRPO). Imports nothing from backend/."""

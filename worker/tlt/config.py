@@ -1,0 +1,178 @@
+"""The job spec: one pydantic model that the library runs and the control plane stores and validates.
+
+Field names follow TRL's GRPOConfig / verl where they exist (num_generations, max_completion_length, learning_rate,
+temperature, epsilon, epsilon_high, beta, loss_type); TLT's own settings live under `rollout` and `drafter`.
+Validate a YAML file with `JobSpec.model_validate(yaml.safe_load(text))`; `JobSpec.model_json_schema()` feeds the
+dashboard's new-job form.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3")
+BUILTIN_DATASETS = ("gsm8k", "toy-count")
+
+
+class _Strict(BaseModel):
+    # Unknown keys are an error, not silently dropped: a typo in a spec must not train with a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSource(_Strict):
+    """Where the policy comes from: exactly one of `builtin`, `hf_dir`, `gguf`."""
+
+    builtin: Literal[BUILTIN_MODELS] | None = None  # type: ignore[valid-type]  # named model shipped with a package
+    hf_dir: str | None = None  # directory with config.json + *.safetensors + tokenizer files
+    gguf: str | None = None  # a GGUF file (dequantised on load)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        given = [k for k in ("builtin", "hf_dir", "gguf") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of builtin, hf_dir, gguf (got {given or 'none'})")
+        return self
+
+
+class DatasetSource(_Strict):
+    """Prompts with ground truth: exactly one of `builtin`, `dataset_id` (uploaded), `path` (on the worker)."""
+
+    builtin: Literal[BUILTIN_DATASETS] | None = "gsm8k"  # type: ignore[valid-type]
+    dataset_id: str | None = None
+    path: str | None = None
+    prompt_column: str = "question"  # string prompt, or a list of chat messages
+    answer_column: str = "answer"  # ground truth the reward functions check against
+    system_prompt: str | None = "Solve the math problem. Reason step by step, then give the final answer after '####'."
+    validation_size: int = Field(64, ge=0)  # held-out rows for pass@1 validation, taken from the end
+    max_prompt_length: int = Field(512, ge=8)  # prompts longer than this (in tokens) are skipped
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: object) -> object:
+        # `builtin` has a default, so an explicit dataset_id or path replaces it.
+        if isinstance(data, dict) and (data.get("dataset_id") or data.get("path")) and "builtin" not in data:
+            data = {**data, "builtin": None}
+        return data
+
+    @model_validator(mode="after")
+    def _check_one(self) -> DatasetSource:
+        given = [k for k in ("builtin", "dataset_id", "path") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of builtin, dataset_id, path (got {given or 'none'})")
+        return self
+
+
+class AlgorithmConfig(_Strict):
+    """GRPO family. Names as in TRL's GRPOConfig."""
+
+    num_generations: int = Field(8, ge=2)  # responses per prompt (the GRPO group)
+    prompts_per_step: int = Field(8, ge=1)  # prompts per RL step
+    max_completion_length: int = Field(1024, ge=1)  # new tokens per response
+    temperature: float = Field(1.0, gt=0.0, le=5.0)  # rollout sampling temperature
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)  # 0 = off
+    learning_rate: float = Field(1e-6, gt=0.0, le=1.0)
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    epsilon: float = Field(0.2, gt=0.0, lt=1.0)  # lower clip of the ratio
+    epsilon_high: float | None = Field(None, gt=0.0, lt=10.0)  # DAPO clip-higher; None = epsilon
+    beta: float = Field(0.0, ge=0.0)  # KL to the frozen reference; 0 = no reference model kept
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"  # as TRL: aggregation of token losses
+    scale_rewards: bool = True  # divide advantages by the group std (Dr.GRPO sets False)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards have zero variance
+    overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty window in tokens; 0 = off
+    micro_batch_tokens: int = Field(16384, ge=64)  # token budget of one update micro-batch
+    gradient_checkpointing: bool = False
+    reward_funcs: list[str] = Field(default_factory=lambda: ["math_accuracy"])  # names in the reward registry
+    reward_weights: list[float] | None = None  # one per reward function; None = all 1.0
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> AlgorithmConfig:
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError("reward_weights must have one entry per reward_funcs entry")
+        return self
+
+
+class RolloutConfig(_Strict):
+    """TLT's adaptive rollout engine."""
+
+    speculative: Literal["off", "on", "adaptive"] = "adaptive"  # adaptive: switched by the active batch size
+    sd_on_below: int = Field(32, ge=1)  # switch SD on when fewer sequences than this are active ...
+    sd_patience: int = Field(3, ge=1)  # ... for this many consecutive decode steps (hysteresis)
+    draft_depth: int = Field(6, ge=1, le=16)  # chain length / tree depth of the default arm
+    draft_topk: int = Field(1, ge=1, le=8)  # 1 = chain; >1 = tree
+    verify_tokens: int = Field(16, ge=1, le=128)  # tree verify budget
+    bandit: Literal["epsilon_greedy", "ucb"] = "epsilon_greedy"
+    kv_cache_gb: float = Field(8.0, gt=0.0)  # KV cache memory budget on the device
+    cuda_graphs: bool = True  # captured per (batch bucket, verify length) on CUDA only
+    seed: int = 0
+
+
+class DrafterConfig(_Strict):
+    """TLT's adaptive drafter (EAGLE-style) and its spot trainer."""
+
+    kind: Literal["eagle1", "eagle3", "ngram", "none"] = "eagle1"
+    warm_start: str | None = None  # directory of a previously exported drafter
+    learning_rate: float = Field(3e-4, gt=0.0, le=1.0)
+    buffer_gb: float = Field(1.0, gt=0.0)  # hidden-state buffer budget (last two RL steps)
+    max_train_steps_per_rl_step: int = Field(200, ge=0)  # spot-training cap per RL step
+    export_format: Literal["eagle3", "eagle1"] = "eagle3"
+
+
+class Resources(_Strict):
+    gpus: int = Field(0, ge=0, le=64)  # 0 = CPU
+    queue: str | None = None  # Celery queue; default chosen from gpus
+
+
+class JobSpec(_Strict):
+    """A training job. `type: grpo` trains a policy with TLT; `type: drafter` only warms up a drafter."""
+
+    name: str = Field("job", min_length=1, max_length=200)
+    type: Literal["grpo", "drafter"] = "grpo"
+    model: ModelSource = Field(default_factory=lambda: ModelSource(builtin="smollm2-135m-instruct"))
+    dataset: DatasetSource = Field(default_factory=DatasetSource)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig)
+    resources: Resources = Field(default_factory=Resources)
+    max_steps: int = Field(100, ge=1, le=1_000_000)  # RL steps
+    save_steps: Annotated[int, Field(ge=1)] = 50  # checkpoint every N steps
+    save_total_limit: int = Field(3, ge=1)  # checkpoints kept
+    eval_steps: int = Field(0, ge=0)  # validation every N steps; 0 = off
+    seed: int = 0
+
+    @property
+    def queue(self) -> str:
+        return self.resources.queue or ("gpu" if self.resources.gpus > 0 else "cpu")
+
+
+# Named presets (the README's demo job and the benchmarks use these).
+PRESETS: dict[str, dict] = {
+    # A few short steps on CPU: what `tlt up --demo` submits.
+    "demo-cpu": {
+        "name": "demo-smollm2-gsm8k",
+        "model": {"builtin": "smollm2-135m-instruct"},
+        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 48, "learning_rate": 1e-6},
+        "rollout": {"speculative": "adaptive", "sd_on_below": 8},
+        "max_steps": 3,
+        "save_steps": 1,
+    },
+    # The H200 benchmark setting of the issues (TRL measured 27 s/step there).
+    "h200-gsm8k": {
+        "name": "smollm2-gsm8k-h200",
+        "model": {"builtin": "smollm2-135m-instruct", "dtype": "bfloat16"},
+        "algorithm": {"num_generations": 8, "prompts_per_step": 8, "max_completion_length": 1024},
+        "resources": {"gpus": 1},
+    },
+}
+
+
+def preset(name: str) -> JobSpec:
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return JobSpec.model_validate(PRESETS[name])
