@@ -1,0 +1,1 @@
+"""HTTP layer: dependencies and routers under /api/v1."""

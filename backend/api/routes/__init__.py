@@ -1,0 +1,1 @@
+"""One router per resource; each route is thin and calls backend.crud."""

@@ -1,0 +1,73 @@
+"""Datasets: upload a JSONL or Parquet file of prompts (validated for the named columns, size-limited; bad rows are
+reported and nothing is kept), list, get. A job uses one with `dataset: {dataset_id: "<id>"}`."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, HTTPException, UploadFile, status
+
+from backend import crud, dataset_store
+from backend.api.deps import CurrentUser, SessionDep, SettingsDep
+from backend.schemas import DatasetPublic
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic)
+async def upload_dataset(
+    session: SessionDep, user: CurrentUser, settings: SettingsDep,
+    file: Annotated[UploadFile, File(description=".jsonl or .parquet")],
+    prompt_column: Annotated[str, Form(min_length=1, max_length=100)] = "question",
+    answer_column: Annotated[str, Form(min_length=1, max_length=100)] = "answer",
+    name: Annotated[str | None, Form(max_length=200)] = None,
+):
+    """Every row needs a non-empty prompt (string or chat messages) and answer. Reject-all on any bad row (422 lists
+    the first ones); above the size limit 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`."""
+    try:
+        fmt = dataset_store.detect_format(file.filename or "")
+    except ValueError as e:
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, str(e)) from e
+    wanted = [prompt_column, answer_column]
+    dest_dir = settings.artifacts / "datasets"
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / f"{uuid.uuid4().hex}.{fmt}"
+    h, size = hashlib.sha256(), 0
+    try:
+        with open(dest, "wb") as out:
+            while chunk := await file.read(1 << 20):
+                size += len(chunk)
+                if size > settings.max_upload_bytes:
+                    raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
+                                        f"upload exceeds the limit of {settings.max_upload_bytes} bytes")
+                h.update(chunk)
+                out.write(chunk)
+        try:
+            report = dataset_store.validate(dest, fmt, wanted)
+        except (OSError, UnicodeDecodeError, ValueError) as e:  # pyarrow's errors are OSError/ValueError subclasses
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"cannot read the {fmt} file: {e}") from e
+        if report.bad_rows:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, {
+                "message": f"{report.bad_rows} bad row(s) of {report.num_rows}; nothing was stored",
+                "errors": report.errors,
+            })
+        return crud.create_dataset(
+            session, user, name=name or (file.filename or dest.name), format=fmt, path=str(dest), size=size,
+            sha256=h.hexdigest(), num_rows=report.num_rows, columns=report.columns,
+            prompt_column=prompt_column, answer_column=answer_column,
+        )
+    except BaseException:
+        dest.unlink(missing_ok=True)  # nothing half-kept: a rejected or failed upload leaves no file
+        raise
+
+
+@router.get("", response_model=list[DatasetPublic])
+def list_datasets(session: SessionDep, user: CurrentUser):
+    return crud.list_datasets(session, user)
+
+
+@router.get("/{dataset_id}", response_model=DatasetPublic)
+def get_dataset(dataset_id: str, session: SessionDep, user: CurrentUser):
+    return crud.get_dataset(session, user, dataset_id)

@@ -1,0 +1,89 @@
+"""Jobs: create (Idempotency-Key), list (status/owner filters, cursor pagination), get, cancel, retry."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query, Response, status
+from fastapi.exceptions import RequestValidationError
+
+from backend import crud
+from backend.api.deps import CurrentUser, DispatcherDep, JobId, SessionDep, SettingsDep
+from backend.core.dispatch import EnqueueError
+from backend.lifecycle import JobStatus
+from backend.models import Job
+from backend.schemas import JobCreate, JobPublic, Page
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def _enqueue(session: SessionDep, dispatcher: DispatcherDep, job: Job) -> None:
+    """After commit. A broker failure fails the job (with the reason) instead of leaving it queued forever."""
+    try:
+        dispatcher.enqueue(job.id, job.queue)
+    except EnqueueError as e:
+        crud.transition(session, job.id, JobStatus.failed, reason=str(e), expect=[JobStatus.queued])
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"job {job.id} could not be enqueued: {e}") from e
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic)
+def create_job(
+    body: JobCreate, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep, response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> Job:
+    """Submit a job. The same Idempotency-Key from the same user returns the first job (200) instead of a new one."""
+    if body.spec.dataset.dataset_id is not None:
+        try:
+            crud.get_dataset(session, user, body.spec.dataset.dataset_id)
+        except crud.NotFound:
+            raise RequestValidationError([{
+                "loc": ("body", "spec", "dataset", "dataset_id"), "type": "value_error",
+                "msg": f"dataset {body.spec.dataset.dataset_id!r} not found (upload it with POST /api/v1/datasets)",
+                "input": body.spec.dataset.dataset_id,
+            }]) from None
+    job, created = crud.create_job(session, user, body.spec, idempotency_key)
+    if created:
+        _enqueue(session, dispatcher, job)
+    else:
+        response.status_code = status.HTTP_200_OK
+    return job
+
+
+@router.get("", response_model=Page[JobPublic])
+def list_jobs(
+    session: SessionDep, user: CurrentUser, settings: SettingsDep,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    owner: Annotated[str | None, Query(max_length=100)] = None,
+    cursor: Annotated[str | None, Query(max_length=100)] = None,
+    limit: Annotated[int, Query(ge=1)] = 50,
+) -> Page[JobPublic]:
+    """Newest first; users see their own jobs, admins everyone's (filter with `owner`)."""
+    try:
+        jobs, nxt = crud.list_jobs(session, user, status=status_, owner=owner, cursor=cursor,
+                                   limit=min(limit, settings.page_size_max))
+    except ValueError as e:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e)) from e
+    return Page[JobPublic](items=[JobPublic.model_validate(j) for j in jobs], next_cursor=nxt)
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def get_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> Job:
+    return crud.get_job(session, user, job_id)
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> Job:
+    """queued -> cancelled at once; a running job -> cancelling (the worker stops it at its next safe point and
+    kills it after the grace period)."""
+    job = crud.get_job(session, user, job_id)
+    if job.status == JobStatus.cancelling:
+        return job  # cancelling twice is not an error
+    return crud.request_cancel(session, job, reason=f"cancelled by {user.name}")
+
+
+@router.post("/{job_id}/retry", response_model=JobPublic)
+def retry_job(job_id: JobId, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep) -> Job:
+    """A failed or cancelled job goes back to queued (its attempt counter continues; it resumes from a checkpoint)."""
+    job = crud.retry_job(session, crud.get_job(session, user, job_id))
+    _enqueue(session, dispatcher, job)
+    return job

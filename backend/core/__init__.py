@@ -1,0 +1,1 @@
+"""Settings, database engine, security and task dispatch of the control plane."""

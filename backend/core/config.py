@@ -1,0 +1,77 @@
+"""The control plane's one settings object, read from the environment (prefix `TLT_`) by pydantic-settings.
+
+Embedded default: everything lives under `TLT_HOME` (default `./.tlt`): a SQLite database, a SQLite-backed Celery
+broker (kombu's SQLAlchemy transport) and the artifact directory. Production sets two URLs:
+`TLT_DATABASE_URL=postgresql+psycopg://...` and `TLT_BROKER_URL=redis://...`.
+`get_settings()` is cached; tests build their own `Settings(...)` and pass it to `create_app(settings)`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TLT_", extra="ignore")
+
+    home: Path = Path(".tlt")  # where the embedded defaults live (database, broker, artifacts)
+    database_url: str = ""  # "" = sqlite:///<home>/tlt.db
+    broker_url: str = ""  # "" = sqla+sqlite:///<home>/broker.db
+    artifact_dir: Path | None = None  # None = <home>/artifacts; job run directories and uploaded datasets
+    frontend_dir: Path = REPO_ROOT / "frontend" / "dist"  # served at / when it exists
+    max_upload_mb: float = Field(default=512.0, gt=0)  # dataset upload size limit
+    check_schema: bool = True  # refuse to start when the database is not at the Alembic head
+    heartbeat_s: float = Field(default=5.0, gt=0)  # worker heartbeat period
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0)  # a running job whose heartbeat is older is presumed lost
+    cancel_grace_s: float = Field(default=30.0, ge=0)  # after a cancel, the child is hard-killed after this long
+    broker_visibility_timeout_s: int = Field(default=3600, ge=1)  # Redis: an unacked job is redelivered after this long
+    sse_poll_s: float = Field(default=0.5, gt=0)  # how often the SSE stream polls for new rows (< 1 s latency)
+    log_tail_lines: int = Field(default=30, ge=1)  # child output lines kept in the failure reason
+    broker_timeout_s: float = Field(default=10.0, gt=0)  # connect/publish timeout towards the broker
+    page_size_max: int = Field(default=500, ge=1)  # largest page a list endpoint returns
+    sse_keepalive_s: float = Field(default=15.0, gt=0)  # SSE: a comment line is sent after this long without news
+    public_url: str = "http://127.0.0.1:8000"  # the dashboard URL `tlt up --demo` prints
+
+    @field_validator("home", mode="after")
+    @classmethod
+    def _absolute_home(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.home / 'tlt.db'}"
+        if not self.broker_url:
+            self.broker_url = f"sqla+sqlite:///{self.home / 'broker.db'}"
+        if self.artifact_dir is None:
+            self.artifact_dir = self.home / "artifacts"
+        self.artifact_dir = self.artifact_dir.expanduser().resolve()
+        if self.database_url.startswith("postgresql://"):
+            # psycopg 3 is the driver we ship; plain postgresql:// would ask for psycopg2.
+            self.database_url = "postgresql+psycopg://" + self.database_url.removeprefix("postgresql://")
+        return self
+
+    @property
+    def artifacts(self) -> Path:
+        assert self.artifact_dir is not None  # filled by the validator
+        return self.artifact_dir
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)
+
+    def ensure_dirs(self) -> None:
+        """Create the embedded-default directories (called at start-up, never at import)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

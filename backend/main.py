@@ -1,0 +1,115 @@
+"""The FastAPI application: `create_app(settings)` wires settings, database, dispatcher and routers.
+
+    uvicorn --factory backend.main:create_app        # settings from TLT_* variables; `tlt up` does this for you
+
+The app refuses to start when the database is not at the Alembic head (`tlt db upgrade` fixes it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI, Request, status
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from backend import crud, lifecycle
+from backend.api.routes import artifacts, datasets, jobs, stream, system, telemetry, tokens
+from backend.core import migrate
+from backend.core.config import Settings, get_settings
+from backend.core.db import make_engine, make_session_factory
+from backend.core.dispatch import Dispatcher
+
+log = logging.getLogger(__name__)
+API_PREFIX = "/api/v1"
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(crud.NotFound)
+    async def _not_found(_req: Request, exc: crud.NotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+
+    @app.exception_handler(crud.Conflict)
+    async def _conflict(_req: Request, exc: crud.Conflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
+
+    @app.exception_handler(lifecycle.IllegalTransition)
+    async def _illegal(_req: Request, exc: lifecycle.IllegalTransition) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
+
+    @app.exception_handler(DataError)
+    async def _data_error(_req: Request, exc: DataError) -> JSONResponse:
+        # a value the database cannot hold (e.g. an id beyond bigint): the client's input, not a server fault
+        return JSONResponse({"detail": f"invalid value: {exc.orig}"}, status_code=status.HTTP_400_BAD_REQUEST)
+
+
+class UploadLimit:
+    """Refuse a dataset upload whose Content-Length is over the limit before its body is read (the route still
+    counts bytes for uploads without a length)."""
+
+    def __init__(self, app: ASGIApp, path: str, max_bytes: int) -> None:
+        self.app, self.path, self.max_bytes = app, path, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].rstrip("/") == self.path:
+            length = dict(scope["headers"]).get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > self.max_bytes + 64 * 1024:  # + form framing
+                msg = f"upload exceeds the limit of {self.max_bytes} bytes"
+                await JSONResponse({"detail": msg}, status_code=status.HTTP_413_CONTENT_TOO_LARGE)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class Dashboard(StaticFiles):
+    """The built dashboard; unknown paths outside /api get index.html so client-side routes survive a reload."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        try:
+            return await super().get_response(path, scope)
+        except StarletteHTTPException as e:
+            if e.status_code != 404 or path.startswith("api/"):
+                raise
+            return await super().get_response("index.html", scope)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.check_schema:
+            migrate.check_current(engine)  # raises SchemaOutOfDate naming the fix
+        settings.artifacts.mkdir(parents=True, exist_ok=True)
+        yield
+        app.state.dispatcher.close()
+        engine.dispose()
+
+    app = FastAPI(
+        title="TLT Studio", version="0.1.0", lifespan=lifespan,
+        description="RL training of reasoning LLMs with adaptive speculative decoding. "
+        "Every route except /healthz needs `Authorization: Bearer <token>` (`tlt token create`).",
+    )
+    app.state.settings = settings
+    engine = make_engine(settings.database_url)
+    app.state.session_factory = make_session_factory(engine)
+    app.state.dispatcher = Dispatcher(settings)
+    _error_handlers(app)
+    app.add_middleware(UploadLimit, path=f"{API_PREFIX}/datasets", max_bytes=settings.max_upload_bytes)
+
+    api = APIRouter(prefix=API_PREFIX)
+    for r in (jobs.router, telemetry.router, stream.router, artifacts.router, datasets.router, tokens.router,
+              system.api_router):
+        api.include_router(r)
+    app.include_router(api)
+    app.include_router(system.health_router)
+
+    if Path(settings.frontend_dir).is_dir():  # the built dashboard, when there is one
+        app.mount("/", Dashboard(directory=settings.frontend_dir, html=True), name="dashboard")
+    return app

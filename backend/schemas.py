@@ -1,0 +1,151 @@
+"""Input and output schemas of the REST API, separate from the SQLAlchemy models (backend/models.py).
+
+The job spec itself is `worker.tlt.config.JobSpec`, owned by the training library; the API validates with it, so an
+invalid spec is a 422 whose `loc` names the field (e.g. ["body", "spec", "algorithm", "learning_rate"]).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.tlt.config import JobSpec
+
+T = TypeVar("T")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = None  # pass back as ?cursor= for the next page; None on the last page
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    spec: JobSpec
+
+
+class JobPublic(_Out):
+    id: int
+    name: str
+    owner: str = Field(validation_alias="owner_name")
+    status: str
+    reason: str | None
+    attempt: int
+    worker: str | None
+    queue: str
+    spec: dict[str, Any]
+    idempotency_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+
+
+class EventPublic(_Out):
+    id: int
+    job_id: int
+    created_at: datetime
+    kind: str  # transition | info
+    from_status: str | None
+    to_status: str
+    reason: str | None
+    worker: str | None
+    attempt: int
+
+
+class MetricPoint(BaseModel):
+    step: int
+    value: float | None  # null for NaN / infinity
+
+
+class MetricSeries(BaseModel):
+    name: str
+    points: list[MetricPoint]
+    total: int  # points stored after `after_step`, before downsampling
+
+
+class MetricHistory(BaseModel):
+    series: list[MetricSeries]
+    last_step: int | None  # pass as ?after_step= to fetch only newer points
+
+
+class HistogramPublic(_Out):
+    step: int
+    name: str
+    edges: list[float]
+    counts: list[int]
+
+
+class LogLinePublic(_Out):
+    id: int
+    created_at: datetime
+    attempt: int
+    stream: str  # log (the training loop) | output (the child process's stdout/stderr)
+    line: str
+
+
+class SamplePublic(_Out):
+    id: int
+    step: int
+    rows: list[dict[str, Any]]
+
+
+class ArtifactPublic(_Out):
+    id: int
+    job_id: int
+    kind: str
+    name: str
+    is_dir: bool
+    size: int
+    sha256: str
+    step: int | None
+    created_at: datetime
+    deleted_at: datetime | None  # set when checkpoint retention removed the files (download: 410)
+    download_url: str
+
+
+class DatasetPublic(_Out):
+    id: str  # what a spec names as dataset.dataset_id
+    name: str
+    format: str
+    size: int
+    sha256: str
+    num_rows: int
+    columns: list[str]
+    prompt_column: str
+    answer_column: str
+    created_at: datetime
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.@-]+$")  # created if new
+    admin: bool = False  # make the user an admin (only on creation of the user)
+    name: str = Field("", max_length=100)  # a label for the token
+
+
+class TokenPublic(_Out):
+    id: int
+    user: str = Field(validation_alias="user_name")
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenPublic):
+    token: str  # the secret; shown only here, stored hashed
+
+
+class UserPublic(_Out):
+    id: int
+    name: str
+    is_admin: bool

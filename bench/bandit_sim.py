@@ -1,0 +1,122 @@
+"""Compare the SD-arm bandits (BEG-MAB epsilon-greedy, sliding UCB1, Gaussian Thompson) on the simulated cost model.
+
+For each scenario (drafter acceptance per kind, possibly changing mid-run) and each bucket, every bandit plays
+`--rounds` steps with the active batch drawn uniformly from the bucket's range; the oracle knows the expected reward
+of every arm at every batch size (worker/tlt/adaptive/sim.py). Printed per (scenario, bandit), averaged over seeds:
+regret (1 - expected tokens/s of chosen arms / oracle's, all rounds), realised tokens/s relative to always "none"
+(SD off), and the fraction of the last 20% of rounds on the oracle's arm.
+
+Run: `python -m bench.bandit_sim [--rounds 3000] [--seeds 5] [--out bench/results/bandit_sim.md]` (CPU, ~1 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from worker.tlt.adaptive.arms import NO_SD, TLT_BUCKETS, arms_table
+from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, make_bandit
+from worker.tlt.adaptive.sim import SimEnv, run_bucket
+
+# Batch range per bucket while SD is on (the switch turns SD off at >= 48 active with on_below 32).
+BATCH_RANGES = {0: (1, 1), 1: (2, 4), 2: (5, 20), 3: (21, 47)}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    alphas: dict[str, float]  # per-position acceptance of each available drafter at the start
+    events: dict[float, dict[str, float]] = field(default_factory=dict)  # fraction of the run -> new alphas
+
+
+SCENARIOS = (
+    Scenario("ngram only (a=0.5)", {"ngram": 0.5}),
+    Scenario("ngram 0.5 + eagle 0.8", {"ngram": 0.5, "eagle": 0.8}),
+    Scenario("useless drafts (a=0)", {"ngram": 0.0, "eagle": 0.0}),
+    Scenario("eagle improves 0.1->0.8", {"ngram": 0.4, "eagle": 0.1}, {0.5: {"eagle": 0.8}}),
+    Scenario("eagle degrades 0.8->0.1", {"ngram": 0.4, "eagle": 0.8}, {0.5: {"eagle": 0.1}}),
+)
+
+
+def run(scenario: Scenario, kind: str, rounds: int, seed: int, config: BanditConfig) -> dict[str, float]:
+    kinds = list(scenario.alphas)
+    table = arms_table(kinds)  # type: ignore[arg-type]
+    bandit = make_bandit(table, replace(config, kind=kind), seed=seed)
+    rng = random.Random(1000 + seed)
+    reward = oracle = none_reward = 0.0
+    last_best: list[float] = []
+    tokens = seconds = 0.0
+    for bucket, arms in table.items():
+        env = SimEnv(dict(scenario.alphas), seed=seed * 10 + bucket)
+        lo, hi = BATCH_RANGES[bucket]
+        batches = [rng.randint(lo, hi) for _ in range(rounds)]
+        events = {int(f * rounds): a for f, a in scenario.events.items()}
+        trace = run_bucket(bandit, env, bucket, arms, batches, events)
+        reward += sum(trace.reward)
+        oracle += sum(trace.oracle_reward)
+        # SD-off reference under the same alphas (none's reward does not depend on them).
+        none_reward += sum(env.expected_reward(NO_SD, b) for b in batches)
+        last_best.append(trace.fraction_best(rounds // 5))
+        tokens += trace.tokens
+        seconds += trace.seconds
+    return {"regret": 1.0 - reward / oracle, "vs_off": reward / none_reward, "oracle_vs_off": oracle / none_reward,
+            "best_last": statistics.fmean(last_best), "tokens_per_s": tokens / seconds}
+
+
+def _cell(job: tuple[Scenario, str, bool, int, int, BanditConfig]) -> dict[str, float]:
+    sc, kind, per_seq, rounds, seed, config = job
+    return run(sc, kind, rounds, seed, replace(config, per_sequence=per_seq))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3000, help="steps per bucket")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--window", type=int, default=BanditConfig.window)
+    ap.add_argument("--max-age", type=int, default=BanditConfig.max_age)
+    ap.add_argument("--ucb-c", type=float, default=BanditConfig.ucb_c)
+    ap.add_argument("--epsilon", type=float, default=BanditConfig.epsilon)
+    ap.add_argument("--reward", choices=["both", "per_seq", "raw"], default="both",
+                    help="reward per active sequence, raw tokens/s of the step, or both as separate rows")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
+    args = ap.parse_args()
+    config = BanditConfig(window=args.window, max_age=args.max_age, ucb_c=args.ucb_c, epsilon=args.epsilon)
+    rewards = {"both": (False, True), "per_seq": (True,), "raw": (False,)}[args.reward]
+    variants = [(kind, ps) for kind in BANDITS for ps in rewards]
+    jobs = [(sc, kind, ps, args.rounds, seed, config) for sc in SCENARIOS for kind, ps in variants
+            for seed in range(args.seeds)]
+    with multiprocessing.Pool(args.jobs) as pool:
+        results = iter(pool.map(_cell, jobs, chunksize=1))
+    lines = [
+        f"Bandit comparison on the simulated cost model: {args.rounds} rounds per bucket x 4 buckets "
+        f"({', '.join(TLT_BUCKETS.label(b) for b in range(4))}), {args.seeds} seeds; window={config.window} "
+        f"max_age={config.max_age} min_pulls={config.min_pulls} epsilon={config.epsilon} ucb_c={config.ucb_c} "
+        f"prior_std={config.prior_std}",
+        "",
+        "| scenario | bandit | reward | regret vs oracle | reward vs SD off | oracle vs SD off | oracle arm, last 20% |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    totals: dict[str, list[float]] = {}
+    for sc in SCENARIOS:
+        for kind, ps in variants:
+            rs = [next(results) for _ in range(args.seeds)]
+            m = {k: statistics.fmean(r[k] for r in rs) for k in rs[0]}
+            label = "per seq" if ps else "raw"
+            totals.setdefault(f"{kind} ({label})", []).append(m["regret"])
+            lines.append(f"| {sc.name} | {kind} | {label} | {m['regret']:.1%} | {m['vs_off']:.2f}x "
+                         f"| {m['oracle_vs_off']:.2f}x | {m['best_last']:.0%} |")
+    ranked = sorted(totals.items(), key=lambda kv: statistics.fmean(kv[1]))
+    lines += ["", "Mean regret over scenarios: " + ", ".join(f"{k} {statistics.fmean(v):.2%}" for k, v in ranked)]
+    text = "\n".join(lines)
+    print(text)  # this is a CLI script: the table is its output
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+// GPU timeline of the last few RL steps: one lane per GPU with intervals of rollout / idle (the long tail) / drafter
+// training (harvested idle time) / reward / update / sync, reconstructed from the step's timing_s/* and harvest/*
+// metrics. The metrics are per step, not per GPU, so idle and harvested GPU-seconds are split evenly over the lanes.
+import { fmt, h } from "../dom";
+import type { MetricStore } from "../job/store";
+
+export const PHASES: Record<string, string> = {
+  rollout: "#4e79a7", idle: "#d3d3d3", "drafter training": "#59a14f", reward: "#edc948", update: "#f28e2b",
+  sync: "#b07aa1", other: "#ece6df",
+};
+
+export interface Segment { phase: string; start: number; end: number }
+
+/** The segments of one lane for one step, times relative to the step's start (seconds). */
+export function stepSegments(store: MetricStore, step: number, ngpu: number): Segment[] {
+  const v = (n: string) => store.at(n, step) ?? 0;
+  const gen = v("timing_s/gen"), reward = v("timing_s/reward"), update = v("timing_s/update"), sync = v("timing_s/sync");
+  const drafter = v("timing_s/drafter");
+  const harvested = store.at("harvest/idle_gpu_s", step) !== null;
+  const idle = Math.min(gen, v("harvest/idle_gpu_s") / ngpu);
+  const used = Math.min(idle, v("harvest/used_gpu_s") / ngpu);
+  const segs: Segment[] = [];
+  let t = 0;
+  const push = (phase: string, d: number) => { if (d > 0) { segs.push({ phase, start: t, end: t + d }); t += d; } };
+  push("rollout", gen - idle);
+  push("drafter training", used);
+  push("idle", idle - used);
+  push("reward", reward);
+  push("update", update);
+  push("sync", sync);
+  if (!harvested) push("drafter training", drafter); // no harvest metrics: drafter time ran on its own
+  const total = store.at("timing_s/step", step);
+  if (total !== null) push("other", total - t);
+  return segs;
+}
+
+export class GpuTimeline {
+  readonly box: HTMLElement;
+  private canvas = h("canvas");
+  private ro: ResizeObserver;
+  private width = 400;
+  private seen = -1;
+  private store: MetricStore | null = null;
+
+  constructor(parent: HTMLElement, private ngpu: number, private steps = 4) {
+    const legend = h("div", { class: "legend" }, ...Object.entries(PHASES).map(([k, c]) =>
+      h("span", {}, h("i", { style: `background:${c}` }), k)));
+    this.box = h("div", { class: "chart", "data-chart": "gpu-timeline" },
+      h("div", { class: "chart-title" }, `GPU timeline — last ${steps} steps (per-GPU split estimated from step totals)`),
+      this.canvas, legend);
+    parent.append(this.box);
+    this.ro = new ResizeObserver(() => { this.width = Math.max(250, this.box.clientWidth - 2); this.draw(); });
+    this.ro.observe(this.box);
+  }
+
+  update(store: MetricStore): void {
+    this.store = store;
+    if (store.version === this.seen) return;
+    this.seen = store.version;
+    this.draw();
+  }
+
+  private draw(): void {
+    const lanes = Math.max(1, this.ngpu);
+    const laneH = 18, T = 16, L = 46, B = 16;
+    const height = T + lanes * (laneH + 4) + B;
+    const dpr = window.devicePixelRatio || 1;
+    this.canvas.width = Math.floor(this.width * dpr); this.canvas.height = Math.floor(height * dpr);
+    this.canvas.style.width = `${this.width}px`; this.canvas.style.height = `${height}px`;
+    const ctx = this.canvas.getContext("2d")!;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.font = "11px system-ui, sans-serif";
+    const s = this.store?.series.get("timing_s/step") ?? this.store?.series.get("timing_s/gen");
+    if (!this.store || !s || !s.steps.length) { ctx.fillStyle = "#888"; ctx.fillText("no timing metrics yet", L, T + 12); return; }
+    const steps = s.steps.slice(-this.steps);
+    const perStep = steps.map((st) => stepSegments(this.store!, st, lanes));
+    const total = perStep.reduce((a, segs) => a + (segs.length ? segs[segs.length - 1].end : 0), 0) || 1;
+    const w = this.width - L - 8;
+    const X = (t: number) => L + (t / total) * w;
+    for (let g = 0; g < lanes; g++) {
+      ctx.fillStyle = "#555";
+      ctx.fillText(this.ngpu ? `GPU ${g}` : "CPU", 4, T + g * (laneH + 4) + 13);
+    }
+    let off = 0;
+    steps.forEach((st, k) => {
+      const segs = perStep[k];
+      for (let g = 0; g < lanes; g++) {
+        const y = T + g * (laneH + 4);
+        for (const sg of segs) {
+          ctx.fillStyle = PHASES[sg.phase];
+          ctx.fillRect(X(off + sg.start), y, Math.max(1, X(off + sg.end) - X(off + sg.start)), laneH);
+        }
+      }
+      ctx.fillStyle = "#333";
+      ctx.fillText(`step ${st}`, X(off) + 2, 11);
+      ctx.strokeStyle = "#333";
+      ctx.beginPath(); ctx.moveTo(X(off), T - 2); ctx.lineTo(X(off), height - B); ctx.stroke();
+      off += segs.length ? segs[segs.length - 1].end : 0;
+    });
+    ctx.fillStyle = "#666";
+    ctx.fillText(`${fmt(total)} s`, L + w - 40, height - 3);
+  }
+
+  destroy(): void { this.ro.disconnect(); }
+}

@@ -1,0 +1,139 @@
+"""The whole service for integration tests: a real uvicorn API and real Celery worker subprocesses (threads pool,
+not eager) on either SQLite + Celery's SQLAlchemy broker or Postgres + Redis, with short heartbeats so worker loss is
+detected in seconds. One stack per backend per module; workers can be killed and started by the test.
+
+Run: python -m pytest tests/integration -q
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend import crud
+from backend.core import migrate
+from backend.core.db import make_engine, make_session_factory
+
+FINAL = {"succeeded", "failed", "cancelled"}
+# A job the training loop finishes in seconds on CPU (tiny random model, synthetic task).
+TINY_SPEC = {
+    "name": "tiny", "model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"},
+    "algorithm": {"num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8},
+    "rollout": {"speculative": "off"}, "drafter": {"kind": "none"}, "max_steps": 2, "save_steps": 1,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    kind: str
+    home: Path
+    env: dict[str, str]
+    url: str
+    token: str
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        n = len(self.workers)
+        logf = open(self.home / f"worker{n}.log", "wb")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "cpu,gpu", "--pool", "threads",
+             "--concurrency", "1", "-n", f"w{n}@%h", "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
+            env=self.env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.workers.append(p)
+        self.procs.append(p)
+        return p
+
+    def kill_worker(self, p: subprocess.Popen[bytes]) -> None:
+        os.killpg(p.pid, signal.SIGKILL)  # the worker's own process group (started with start_new_session)
+        p.wait(timeout=30)
+
+    def http(self, token: str | None = "default") -> httpx.Client:
+        tok = self.token if token == "default" else token
+        return httpx.Client(base_url=self.url + "/api/v1", timeout=30,
+                            headers={"Authorization": f"Bearer {tok}"} if tok else {})
+
+    def wait_job(self, job_id: int, until: set[str] = FINAL, timeout_s: float = 180) -> dict:
+        deadline = time.monotonic() + timeout_s
+        with self.http() as c:
+            while time.monotonic() < deadline:
+                job = c.get(f"/jobs/{job_id}").json()
+                if job["status"] in until:
+                    return job
+                time.sleep(0.3)
+        raise AssertionError(f"job {job_id} not in {until} after {timeout_s} s: {job}\n{self.worker_logs()}")
+
+    def worker_logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(self.home.glob("worker*.log")))
+
+
+def _start_stack(kind: str, home: Path, database_url: str, broker_url: str) -> Stack:
+    migrate.upgrade(database_url)
+    env = dict(
+        os.environ, TLT_HOME=str(home), TLT_DATABASE_URL=database_url, TLT_BROKER_URL=broker_url,
+        TLT_HEARTBEAT_S="0.5", TLT_HEARTBEAT_TIMEOUT_S="3", TLT_CANCEL_GRACE_S="20", TLT_BROKER_VISIBILITY_TIMEOUT_S="8",
+        TLT_SSE_POLL_S="0.1", OMP_NUM_THREADS="1",
+    )
+    engine = make_engine(database_url)
+    with make_session_factory(engine)() as s:
+        token = crud.create_token(s, "ci", admin=False)[1]
+    engine.dispose()
+    port = _free_port()
+    stack = Stack(kind, home, env, f"http://127.0.0.1:{port}", token)
+    api_log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the process
+    stack.procs.append(subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory", "--port", str(port),
+         "--log-level", "warning"], env=env, stdout=api_log, stderr=subprocess.STDOUT, start_new_session=True))
+    stack.start_worker()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(stack.url + "/healthz", timeout=1).status_code == 200:
+                return stack
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("API did not start:\n" + (home / "api.log").read_text())
+
+
+def _stop_stack(stack: Stack) -> None:
+    for p in stack.procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in stack.procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@pytest.fixture(scope="module")
+def pg_stack(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = _start_stack("postgres", tmp_path_factory.mktemp("pg_stack"), pg_url, redis_url)
+    yield stack
+    _stop_stack(stack)
+
+
+@pytest.fixture(scope="module")
+def sqlite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    home = tmp_path_factory.mktemp("sqlite_stack")
+    stack = _start_stack("sqlite", home, f"sqlite:///{home / 'tlt.db'}", f"sqla+sqlite:///{home / 'broker.db'}")
+    yield stack
+    _stop_stack(stack)

@@ -1,0 +1,334 @@
+"""`tlt`: the one command of TLT Studio.
+
+    tlt up [--demo] [--port 8000]        API + one Celery worker on embedded defaults (SQLite + SQLite broker)
+    tlt db upgrade                        run Alembic migrations to head
+    tlt token create [--admin] [--user NAME]
+    tlt submit spec.yaml [--wait] [--idempotency-key K]     (REST client; --url/--token or TLT_URL/TLT_TOKEN)
+    tlt jobs | tlt logs [-f] JOB | tlt metrics JOB | tlt cancel JOB | tlt download JOB --kind policy -o DIR
+    tlt train ... | tlt selfcheck ... | tlt bench ...       (the training library's own commands)
+
+Exit status: 0 ok; 1 the job failed; 3 the job was cancelled; 4 the server refused or could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("tlt")
+EXIT_FAILED, EXIT_CANCELLED, EXIT_API = 1, 3, 4
+LIBRARY_COMMANDS = {  # subcommands owned by worker/tlt: module path, each exposes main(argv) -> int
+    "train": ("worker.tlt.train", "train a job spec without the service"),
+    "selfcheck": ("worker.tlt.selfcheck", "check the engine against transformers"),
+    "bench": ("worker.tlt.bench", "run a benchmark"),
+}
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def exit_code_for(status: str) -> int:
+    return {"succeeded": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}.get(status, 0)
+
+
+# ------------------------------------------------------------ local commands (talk to the database directly)
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from backend.core.config import get_settings
+    from backend.core.migrate import upgrade
+
+    settings = get_settings()
+    settings.ensure_dirs()
+    upgrade(settings.database_url)
+    _out(f"database at head: {settings.database_url}")
+    return 0
+
+
+def create_token(user: str, admin: bool, name: str = "") -> str:
+    from backend import crud
+    from backend.core.config import get_settings
+    from backend.core.db import make_engine, make_session_factory
+
+    engine = make_engine(get_settings().database_url)
+    try:
+        with make_session_factory(engine)() as s:
+            _, secret = crud.create_token(s, user, admin=admin, name=name)
+    finally:
+        engine.dispose()
+    return secret
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    _out(create_token(args.user, args.admin, args.name))
+    return 0
+
+
+def _spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    log.info("starting %s", " ".join(cmd))
+    return subprocess.Popen(cmd, env=env)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float = 15.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], timeout_s: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("the API or the worker exited during start-up (see its output above)")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the API did not answer on {url}/healthz within {timeout_s:.0f} s")
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Migrate, start uvicorn + one Celery worker (threads pool, 1 slot, queues cpu and gpu), optionally run the demo."""
+    from backend.core.config import get_settings
+    from backend.core.migrate import upgrade
+
+    settings = get_settings()
+    settings.ensure_dirs()
+    upgrade(settings.database_url)
+    env = dict(os.environ, TLT_HOME=str(settings.home), TLT_DATABASE_URL=settings.database_url,
+               TLT_BROKER_URL=settings.broker_url, TLT_ARTIFACT_DIR=str(settings.artifacts))
+    url = f"http://{args.host}:{args.port}"
+    py = sys.executable
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    procs = [
+        _spawn([py, "-m", "uvicorn", "backend.main:create_app", "--factory", "--host", args.host,
+                "--port", str(args.port), "--log-level", "warning"], env),
+        _spawn([py, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "cpu,gpu", "--pool", "threads",
+                "--concurrency", "1", "-n", "tlt@%h", "--loglevel", "INFO"], env),
+    ]
+    try:
+        _wait_healthy(url, procs)
+        _out(f"TLT Studio is up: {url}  (API docs {url}/docs; database {settings.database_url})")
+        rc = 0
+        if args.demo:
+            rc = _run_demo(url, settings.artifacts, procs)
+            if args.exit:
+                return rc
+        _out("Ctrl-C stops the API and the worker.")
+        while all(p.poll() is None for p in procs):
+            time.sleep(1.0)
+        _out("the API or the worker exited; stopping")
+        return EXIT_API
+    except KeyboardInterrupt:
+        _out("stopping")
+        return 0
+    finally:
+        _stop(procs)
+
+
+def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]]) -> int:
+    from worker.client import FINAL_STATUSES, TltClient
+    from worker.tlt.config import preset
+
+    token = create_token("admin", admin=True, name="demo")
+    client = TltClient(url, token)
+    job = client.submit(preset("demo-cpu").model_dump(mode="json"))
+    _out(f"dashboard:  {url}/  (job {job['id']})\ntoken:      {token}\n"
+         f"artifacts:  {artifacts / 'jobs' / str(job['id'])}\n"
+         f"job {job['id']} ({job['name']}) submitted; waiting for it (tlt logs -f {job['id']} --token ...)")
+    status = job["status"]
+    while status not in FINAL_STATUSES:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("the API or the worker exited while the demo job ran")
+        time.sleep(2.0)
+        new = client.job(job["id"])["status"]
+        if new != status:
+            _out(f"job {job['id']}: {new}")
+        status = new
+    final = client.job(job["id"])
+    _out(f"demo job {final['id']} {final['status']}" + (f": {final['reason']}" if final.get("reason") else ""))
+    for art in client.artifacts(job["id"]):
+        _out(f"  {art['kind']:<10} step {art['step']}  {art['size']:>12} bytes  sha256 {art['sha256'][:16]}...")
+    return exit_code_for(final["status"])
+
+
+# ------------------------------------------------------------ REST client commands
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from worker.client import TltClient
+
+    return TltClient(args.url, args.token)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    import yaml
+
+    spec = yaml.safe_load(Path(args.spec).read_text())
+    c = _client(args)
+    job = c.submit(spec, idempotency_key=args.idempotency_key)
+    _out(f"job {job['id']} {job['status']}")
+    if not args.wait:
+        return 0
+    final = c.wait(job["id"], poll_s=args.poll)
+    _out(f"job {final['id']} {final['status']}" + (f": {final['reason']}" if final.get("reason") else ""))
+    return exit_code_for(final["status"])
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    for j in _client(args).jobs(status=args.status, owner=args.owner, limit=args.limit):
+        _out(f"{j['id']:>6}  {j['status']:<11} attempt {j['attempt']}  {j['owner']:<12} {j['name']}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    c = _client(args)
+    if not args.follow:
+        for line in c.logs(args.job):
+            _out(line["line"])
+        return 0
+    status = "unknown"
+    for ev in c.stream(args.job):
+        if ev.event == "log":
+            _out(ev.data["line"])
+        elif ev.event == "event" and ev.data.get("to_status"):
+            _out(f"-- {ev.data['to_status']}" + (f": {ev.data['reason']}" if ev.data.get("reason") else ""))
+        elif ev.event == "end":
+            status = ev.data.get("status") or status
+            break
+    return exit_code_for(status)
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    hist = _client(args).metrics(args.job, names=args.names)
+    for series in hist["series"]:
+        pts = series["points"]
+        last = pts[-1] if pts else None
+        _out(f"{series['name']:<32} {len(pts):>6} points" + (f"  last step {last['step']}: {last['value']:.6g}"
+                                                                  if last else ""))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = _client(args).cancel(args.job)
+    _out(f"job {job['id']} {job['status']}")
+    return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    path = _client(args).download(args.job, args.kind, Path(args.output))
+    _out(str(path))
+    return 0
+
+
+# ------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tlt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="start the API and one worker on embedded defaults")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--demo", action="store_true", help="also create an admin token and run the demo-cpu preset")
+    p.add_argument("--exit", action="store_true", help="with --demo: stop everything once the demo job is final")
+    p.set_defaults(func=cmd_up)
+
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
+    db.add_parser("upgrade", help="apply Alembic migrations up to head").set_defaults(func=cmd_db_upgrade)
+
+    tok = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
+    p = tok.add_parser("create", help="create a token (the user is created if new) and print it")
+    p.add_argument("--user", default="admin")
+    p.add_argument("--admin", action="store_true")
+    p.add_argument("--name", default="cli", help="a label for the token")
+    p.set_defaults(func=cmd_token_create)
+
+    def client_parser(name: str, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--url", default=os.environ.get("TLT_URL", "http://127.0.0.1:8000"))
+        p.add_argument("--token", default=os.environ.get("TLT_TOKEN"))
+        return p
+
+    p = client_parser("submit", "submit a job spec (YAML or JSON)")
+    p.add_argument("spec")
+    p.add_argument("--wait", action="store_true", help="wait for the final state; exit 1 if failed, 3 if cancelled")
+    p.add_argument("--idempotency-key")
+    p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_submit)
+    p = client_parser("jobs", "list jobs, newest first")
+    p.add_argument("--status")
+    p.add_argument("--owner")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(func=cmd_jobs)
+    p = client_parser("logs", "print a job's log lines")
+    p.add_argument("job", type=int)
+    p.add_argument("-f", "--follow", action="store_true", help="stream until the job is final")
+    p.set_defaults(func=cmd_logs)
+    p = client_parser("metrics", "summarise a job's metric series")
+    p.add_argument("job", type=int)
+    p.add_argument("--names", nargs="*")
+    p.set_defaults(func=cmd_metrics)
+    p = client_parser("cancel", "cancel a job")
+    p.add_argument("job", type=int)
+    p.set_defaults(func=cmd_cancel)
+    p = client_parser("download", "download a job's newest policy or drafter (checked against its sha256)")
+    p.add_argument("job", type=int)
+    p.add_argument("--kind", choices=["policy", "drafter", "checkpoint"], required=True)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_download)
+
+    for name, (_, help_) in LIBRARY_COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)  # listed in --help; argv goes to the library untouched
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if argv and argv[0] in LIBRARY_COMMANDS:
+        module = importlib.import_module(LIBRARY_COMMANDS[argv[0]][0])
+        return int(module.main(argv[1:]))
+    args = build_parser().parse_args(argv)
+    import httpx
+
+    from worker.client import ApiError
+
+    try:
+        return int(args.func(args))
+    except (ApiError, httpx.HTTPError) as e:
+        sys.stderr.write(f"tlt: {e}\n")
+        return EXIT_API
+    except OSError as e:  # unreadable spec file, unwritable output directory
+        sys.stderr.write(f"tlt: {e}\n")
+        return EXIT_API
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""A small REST client of the TLT Studio API (httpx), used by the `tlt` CLI and CI scripts.
+
+    c = TltClient("http://127.0.0.1:8000", token)
+    job = c.submit(spec_dict, idempotency_key="ci-123"); final = c.wait(job["id"])
+    c.download(job["id"], "policy", Path("out/policy"))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status_code: int, detail: Any) -> None:
+        super().__init__(f"HTTP {status_code}: {detail}")
+        self.status_code, self.detail = status_code, detail
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    event: str
+    id: str | None
+    data: Any
+
+
+class TltClient:
+    def __init__(self, url: str, token: str | None, timeout: float = 30.0, transport: httpx.BaseTransport | None = None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers, timeout=timeout,
+                                 transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _json(self, resp: httpx.Response) -> Any:
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("detail", resp.text)
+            except ValueError:
+                detail = resp.text
+            raise ApiError(resp.status_code, detail)
+        return resp.json()
+
+    # ------------------------------------------------------------ jobs
+
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._json(self.http.post("/jobs", json={"spec": spec}, headers=headers))
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self._json(self.http.get(f"/jobs/{job_id}"))
+
+    def jobs(self, status: str | None = None, owner: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Newest first, following the cursor until `limit` jobs were read."""
+        out: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while len(out) < limit:
+            params: dict[str, Any] = {"limit": min(100, limit - len(out))}
+            params.update({k: v for k, v in (("status", status), ("owner", owner), ("cursor", cursor)) if v})
+            page = self._json(self.http.get("/jobs", params=params))
+            out.extend(page["items"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+        return out
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        return self._json(self.http.post(f"/jobs/{job_id}/cancel"))
+
+    def retry(self, job_id: int) -> dict[str, Any]:
+        return self._json(self.http.post(f"/jobs/{job_id}/retry"))
+
+    def wait(self, job_id: int, poll_s: float = 1.0, timeout_s: float | None = None) -> dict[str, Any]:
+        """Poll until the job is succeeded, failed or cancelled; returns the final job."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.job(job_id)
+            if job["status"] in FINAL_STATUSES:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    # ------------------------------------------------------------ telemetry
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        return self._json(self.http.get(f"/jobs/{job_id}/events"))
+
+    def logs(self, job_id: int, after_id: int = 0) -> list[dict[str, Any]]:
+        return self._json(self.http.get(f"/jobs/{job_id}/logs", params={"after_id": after_id}))
+
+    def metrics(self, job_id: int, names: list[str] | None = None, points: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"names": names} if names else {}
+        if points:
+            params["points"] = points
+        return self._json(self.http.get(f"/jobs/{job_id}/metrics", params=params))
+
+    def stream(self, job_id: int, last_event_id: str | None = None) -> Iterator[SseEvent]:
+        """The job's SSE stream (metrics, events, logs) until its `end` event."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        with self.http.stream("GET", f"/jobs/{job_id}/stream", headers=headers, timeout=None) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                self._json(resp)
+            yield from parse_sse(resp.iter_lines())
+
+    # ------------------------------------------------------------ artifacts
+
+    def artifacts(self, job_id: int, kind: str | None = None) -> list[dict[str, Any]]:
+        return self._json(self.http.get(f"/jobs/{job_id}/artifacts", params={"kind": kind} if kind else {}))
+
+    def download(self, job_id: int, kind: str, out_dir: Path) -> Path:
+        """The newest artifact of `kind`, checked against its sha256: a directory is unpacked into `out_dir`, a file is
+        written into it. Returns the directory or file written."""
+        arts = self.artifacts(job_id, kind)
+        if not arts:
+            raise ApiError(404, f"job {job_id} has no {kind} artifact")
+        art = max(arts, key=lambda a: (a["step"] if a["step"] is not None else -1, a["id"]))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".part", delete=False) as tmp:
+            sha = hashlib.sha256()
+            with self.http.stream("GET", f"/artifacts/{art['id']}/download", timeout=None) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    self._json(resp)
+                for chunk in resp.iter_bytes(1 << 20):
+                    sha.update(chunk)
+                    tmp.write(chunk)
+        part = Path(tmp.name)
+        try:
+            if sha.hexdigest() != art["sha256"]:
+                raise ApiError(502, f"artifact {art['id']}: sha256 mismatch ({sha.hexdigest()} != {art['sha256']})")
+            if art["is_dir"]:
+                with tarfile.open(part) as tf:
+                    tf.extractall(out_dir, filter="data")
+                return out_dir
+            target = out_dir / art["name"]
+            part.replace(target)
+            return target
+        finally:
+            part.unlink(missing_ok=True)
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[SseEvent]:
+    """Server-sent events from text lines (the subset the API emits: event, id, data, comments)."""
+    event, ident, data = "message", None, []
+    for line in lines:
+        if not line:
+            if data:
+                text = "\n".join(data)
+                try:
+                    payload: Any = json.loads(text)
+                except ValueError:
+                    payload = text
+                yield SseEvent(event, ident, payload)
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            event = value
+        elif field == "id":
+            ident = value
+        elif field == "data":
+            data.append(value)

@@ -1,0 +1,82 @@
+"""The child process that runs one attempt of one job: `python -m worker.job_child JOB_ID --attempt N [--resume]`.
+
+Started by the `run_job` task (worker/tasks.py) in its own process group; reads the job row and settings (TLT_* env
+passed by the parent), resolves an uploaded dataset id to its file, and calls `worker.runner.execute` with a
+DbReporter. Exit status 0 = the loop returned (finished, or stopped on cancel); anything else = the attempt failed
+(the traceback goes to stderr, which the parent keeps as the job's last output lines).
+If the parent worker dies, the kernel kills this process (PR_SET_PDEATHSIG) so a lost job never runs twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from backend import crud
+from backend.core.config import get_settings
+from backend.core.db import make_engine, make_session_factory
+from worker import runner
+from worker.db_reporter import DbReporter
+from worker.tlt.config import JobSpec
+
+log = logging.getLogger("worker.job_child")
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL us when the worker that started us exits; exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent_pid and os.getppid() != parent_pid:
+        os._exit(70)
+
+
+def resolve_spec(spec: JobSpec, sessions) -> JobSpec:  # type: ignore[no-untyped-def]
+    """An uploaded dataset id becomes the path of its stored file (the training loop reads paths and built-ins)."""
+    if not spec.dataset.dataset_id:
+        return spec
+    with sessions() as s:
+        ds = crud.get_dataset(s, None, int(spec.dataset.dataset_id))
+    dataset = spec.dataset.model_copy(update={"dataset_id": None, "path": ds.path, "builtin": None})
+    return spec.model_copy(update={"dataset": dataset})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m worker.job_child", description=__doc__)
+    ap.add_argument("job_id", type=int)
+    ap.add_argument("--attempt", type=int, required=True)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--parent-pid", type=int, default=0)
+    args = ap.parse_args(argv)
+    die_with_parent(args.parent_pid)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    settings = get_settings()
+    sessions = make_session_factory(make_engine(settings.database_url))
+    with sessions() as s:
+        job = crud.get_job(s, None, args.job_id)
+        spec = JobSpec.model_validate(job.spec)
+    spec = resolve_spec(spec, sessions)
+    run_dir = settings.artifacts / "jobs" / str(args.job_id)
+    reporter = DbReporter(sessions, args.job_id, args.attempt, settings.artifacts)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a polite stop from the parent = a cancel
+    reporter.add_stop_event(stop)
+    try:
+        runner.execute(spec, Path(run_dir), reporter, args.resume)
+    finally:
+        reporter.close()
+    log.info("job %s attempt %s: training loop returned%s", args.job_id, args.attempt,
+             " (stopped on cancel)" if reporter.should_stop() else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Per-bucket bandits that pick the speculative-decoding arm of each decode step.
+
+One independent bandit per batch-size bucket (see arms.py). Reward of a step = tokens emitted across the batch /
+step wall time (emitted tokens per second), observed by the engine after the step. Three policies share one
+interface, `select(bucket) -> Arm` and `observe(bucket, arm, tokens, seconds)`:
+
+- `EpsilonGreedyMedian` ("epsilon_greedy"): TLT's BEG-MAB. With probability epsilon a uniformly random arm,
+  otherwise the arm with the highest *median* reward in its sliding window (robust to outlier steps).
+- `SlidingUcb` ("ucb"): UCB1 (Auer et al. 2002) on rewards normalised by the largest fresh reward of the bucket,
+  over sliding windows (as SW-UCB, Garivier & Moulines 2011): mean + c * sqrt(2 ln n / n_i).
+- `GaussianThompson` ("thompson"): Thompson sampling with a Gaussian on each arm's window mean, normalised as UCB:
+  sample mean_i + z * max(std_i, prior_std) / sqrt(n_i), pick the largest sample.
+
+Shared by all three: forced initial exploration (an arm with fewer than `min_pulls` fresh observations is played
+first, in table order, so "none" is measured first); non-stationarity handled by a per-arm window of the last
+`window` observations plus expiry after `max_age` rounds of the bucket (an arm unplayed that long is measured
+again, because the learned drafter improves online and the policy moves under it); every random draw comes from
+one `random.Random(seed)`. State is a small dict (`to_dict` / `bandit_from_dict`) for checkpoints.
+
+Run the tests: `python -m pytest tests/adaptive/test_adaptive_bandit.py -q`; compare the policies on the
+simulated cost model: `python -m bench.bandit_sim`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+from worker.tlt.adaptive.arms import Arm
+
+log = logging.getLogger(__name__)
+
+BanditKind = Literal["epsilon_greedy", "ucb", "thompson"]
+
+
+@dataclass(frozen=True)
+class BanditConfig:
+    kind: BanditKind = "epsilon_greedy"  # TLT's BEG-MAB; see bench/bandit_sim.py for the measured comparison
+    window: int = 16  # observations kept per arm (sliding window)
+    max_age: int = 500  # an observation expires after this many rounds of its bucket; 0 = never
+    min_pulls: int = 2  # forced exploration: fresh observations an arm needs before the policy ranks it
+    epsilon: float = 0.1  # epsilon_greedy: exploration probability (TLT: 0.1)
+    ucb_c: float = 0.5  # ucb: exploration coefficient on normalised reward (1.0 = textbook UCB1)
+    prior_std: float = 0.05  # thompson: floor of a window's std, in units of the bucket's best reward
+    # Reward per active sequence (tokens/s / active) when observe() is given `active`. Same ranking of arms at one
+    # batch size, but a bucket spans batch sizes (5-20: 4x in tokens/s while memory-bound), and raw tokens/s would
+    # credit an arm for the batch it happened to run at; per sequence is nearly flat in the memory-bound tail.
+    per_sequence: bool = True
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.min_pulls < 1 or self.min_pulls > self.window or self.max_age < 0:
+            raise ValueError("need window >= min_pulls >= 1 and max_age >= 0")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError("epsilon must be in [0, 1]")
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _std(xs: Sequence[float]) -> float:
+    """Sample standard deviation (0 for fewer than two values); plain floats, cheap enough for every step."""
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+class _BucketState:
+    """Arms and reward windows of one bucket; `round` counts observations in this bucket."""
+
+    def __init__(self, arms: Sequence[Arm], window: int) -> None:
+        if not arms:
+            raise ValueError("a bucket needs at least one arm")
+        names = [a.name for a in arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate arm names: {names}")
+        self.arms: list[Arm] = list(arms)
+        self.round = 0
+        self.obs: dict[str, deque[tuple[int, float]]] = {a.name: deque(maxlen=window) for a in arms}
+
+    def fresh(self, name: str, max_age: int) -> list[float]:
+        window = self.obs[name]
+        if max_age:
+            while window and window[0][0] <= self.round - max_age:
+                window.popleft()
+        return [r for _, r in window]
+
+
+class WindowBandit:
+    """Base of the three policies: windows, expiry, forced exploration, serialisation."""
+
+    kind: BanditKind
+
+    def __init__(self, arms: Mapping[int, Sequence[Arm]], config: BanditConfig | None = None, seed: int = 0) -> None:
+        # The class decides the policy; the config's kind follows it so a saved state rebuilds the same class.
+        self.config = replace(config or BanditConfig(), kind=self.kind)
+        self.rng = random.Random(seed)
+        self._buckets: dict[int, _BucketState] = {b: _BucketState(a, self.config.window) for b, a in arms.items()}
+
+    # ---- public interface -------------------------------------------------------------------------------------
+    def arms(self, bucket: int) -> list[Arm]:
+        return list(self._state(bucket).arms)
+
+    def select(self, bucket: int) -> Arm:
+        """The arm for the next step in `bucket`."""
+        st = self._state(bucket)
+        windows = {a.name: st.fresh(a.name, self.config.max_age) for a in st.arms}
+        for arm in st.arms:
+            if len(windows[arm.name]) < self.config.min_pulls:
+                return arm
+        if len(st.arms) == 1:
+            return st.arms[0]
+        return self._choose(st.arms, windows)
+
+    def observe(self, bucket: int, arm: Arm, tokens: int, seconds: float, active: int | None = None) -> None:
+        """Record one step: `tokens` emitted across the batch of `active` sequences in `seconds` of wall time.
+
+        Reward = tokens / seconds; with `config.per_sequence` and `active` given, divided by `active` (see
+        BanditConfig)."""
+        if seconds <= 0 or tokens < 0 or (active is not None and active < 1):
+            raise ValueError(f"need seconds > 0, tokens >= 0, active >= 1 (got {tokens}, {seconds}, {active})")
+        st = self._state(bucket)
+        if arm.name not in st.obs:
+            log.warning("bandit: arm %s is not in bucket %d (arms changed mid-step?); observation dropped", arm.name,
+                        bucket)
+            return
+        st.round += 1
+        reward = tokens / seconds
+        if self.config.per_sequence and active is not None:
+            reward /= active
+        st.obs[arm.name].append((st.round, reward))
+
+    def greedy(self, bucket: int) -> Arm:
+        """The arm the policy currently rates best, without exploration (for reports)."""
+        st = self._state(bucket)
+        windows = {a.name: st.fresh(a.name, self.config.max_age) for a in st.arms}
+        rated = [a for a in st.arms if windows[a.name]]
+        if not rated:
+            return st.arms[0]
+        return max(rated, key=lambda a: _median(windows[a.name]))
+
+    def set_arms(self, bucket: int, arms: Sequence[Arm]) -> None:
+        """Replace a bucket's arms (e.g. the learned drafter became available); kept names keep their windows,
+        new arms start empty and are explored first."""
+        old = self._buckets.get(bucket)
+        st = _BucketState(arms, self.config.window)
+        if old is not None:
+            st.round = old.round
+            for name in st.obs.keys() & old.obs.keys():
+                st.obs[name].extend(old.obs[name])
+        self._buckets[bucket] = st
+
+    def stats(self, bucket: int) -> list[dict]:
+        """Per arm: fresh observation count, median and mean reward (tokens/s); for logs and the dashboard."""
+        st = self._state(bucket)
+        out = []
+        for a in st.arms:
+            w = st.fresh(a.name, self.config.max_age)
+            out.append({"arm": a.name, "n": len(w), "median": _median(w) if w else None,
+                        "mean": _mean(w) if w else None})
+        return out
+
+    def to_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {
+            "config": asdict(self.config),
+            "rng": [version, list(internal), gauss],
+            "buckets": {
+                str(b): {"round": st.round, "arms": [a.to_dict() for a in st.arms],
+                         "obs": {n: [list(o) for o in w] for n, w in st.obs.items()}}
+                for b, st in self._buckets.items()
+            },
+        }
+
+    # ---- policy -----------------------------------------------------------------------------------------------
+    def _choose(self, arms: list[Arm], windows: dict[str, list[float]]) -> Arm:
+        raise NotImplementedError
+
+    def _state(self, bucket: int) -> _BucketState:
+        try:
+            return self._buckets[bucket]
+        except KeyError:
+            raise KeyError(f"bucket {bucket} has no arms (known: {sorted(self._buckets)})") from None
+
+    @staticmethod
+    def _scale(windows: dict[str, list[float]]) -> float:
+        """Largest fresh reward of the bucket: rewards / scale lie in [0, 1] (tokens/s has no fixed range)."""
+        return max((max(w) for w in windows.values() if w), default=0.0) or 1.0
+
+
+class EpsilonGreedyMedian(WindowBandit):
+    """TLT's BEG-MAB: epsilon-greedy on the sliding-window median reward."""
+
+    kind = "epsilon_greedy"
+
+    def _choose(self, arms: list[Arm], windows: dict[str, list[float]]) -> Arm:
+        if self.rng.random() < self.config.epsilon:
+            return self.rng.choice(arms)
+        medians = [_median(windows[a.name]) for a in arms]
+        best = max(medians)
+        return self.rng.choice([a for a, m in zip(arms, medians, strict=True) if m == best])
+
+
+class SlidingUcb(WindowBandit):
+    """UCB1 on normalised reward over sliding windows."""
+
+    kind = "ucb"
+
+    def _choose(self, arms: list[Arm], windows: dict[str, list[float]]) -> Arm:
+        scale = self._scale(windows)
+        n_total = sum(len(windows[a.name]) for a in arms)
+        log_n = math.log(max(n_total, 2))
+
+        def index(a: Arm) -> float:
+            w = windows[a.name]
+            return _mean(w) / scale + self.config.ucb_c * math.sqrt(2.0 * log_n / len(w))
+
+        return max(arms, key=index)
+
+
+class GaussianThompson(WindowBandit):
+    """Thompson sampling with a Gaussian posterior on each arm's normalised window mean."""
+
+    kind = "thompson"
+
+    def _choose(self, arms: list[Arm], windows: dict[str, list[float]]) -> Arm:
+        scale = self._scale(windows)
+        best, best_sample = arms[0], -math.inf
+        for a in arms:
+            w = [r / scale for r in windows[a.name]]
+            std = max(_std(w), self.config.prior_std)
+            sample = self.rng.gauss(_mean(w), std / math.sqrt(len(w)))
+            if sample > best_sample:
+                best, best_sample = a, sample
+        return best
+
+
+BANDITS: dict[str, type[WindowBandit]] = {
+    "epsilon_greedy": EpsilonGreedyMedian,
+    "ucb": SlidingUcb,
+    "thompson": GaussianThompson,
+}
+
+
+def make_bandit(arms: Mapping[int, Sequence[Arm]], config: BanditConfig | None = None, seed: int = 0) -> WindowBandit:
+    """The policy `config.kind` over per-bucket arms (e.g. `arms_table(["ngram"])`)."""
+    config = config or BanditConfig()
+    return BANDITS[config.kind](arms, config, seed)
+
+
+def bandit_from_dict(d: dict) -> WindowBandit:
+    """Rebuild a bandit saved with `to_dict()`; it continues exactly (same windows, same random stream)."""
+    config = BanditConfig(**d["config"])
+    arms = {int(b): [Arm.from_dict(a) for a in st["arms"]] for b, st in d["buckets"].items()}
+    bandit = make_bandit(arms, config)
+    version, internal, gauss = d["rng"]
+    bandit.rng.setstate((version, tuple(internal), gauss))
+    for b, st in d["buckets"].items():
+        state = bandit._buckets[int(b)]
+        state.round = int(st["round"])
+        for name, obs in st["obs"].items():
+            state.obs[name].extend((int(t), float(r)) for t, r in obs)
+    return bandit

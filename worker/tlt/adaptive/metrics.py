@@ -1,0 +1,136 @@
+"""Rollout-level speculative-decoding metrics: what the adaptive engine did, step by step, summed per rollout.
+
+The engine calls `RolloutSdMetrics.observe_step(...)` once per decode step (host-side numbers it already has) and
+hands `summary()` to the Reporter at the end of the rollout. Names (DESIGN.md):
+
+- `sd/on_fraction`: decode steps with the SD switch on / all decode steps;
+- `sd/accept_len`: mean tokens emitted per sequence per drafting step, accepted drafts + the bonus/recovered token
+  (EAGLE's tau; 1.0 means no draft was ever accepted), before EOS / length truncation;
+- `sd/accept_rate_pos_<k>` (k = 1, 2, ...): sequences whose k-th draft token was accepted / sequences that had a
+  k-th draft token (so a drafter that proposed nothing at k does not count against position k);
+- `sd/verify_tokens`: mean drafted tokens verified per sequence on drafting steps;
+- `sd/arm/<name>`: switch-on steps that ran arm <name> ("none" = the bandit chose plain decoding);
+- `perf/tokens_per_s_full` / `perf/tokens_per_s_tail`: emitted tokens / wall seconds over steps with
+  active >= on_below (full batch) and active < on_below (the tail);
+- `perf/tokens_per_s_bucket/<label>`: the same per batch-size bucket ("1", "2-4", "5-20", "ge21").
+
+A metric with nothing to average over (no tail steps, no drafting) is left out rather than reported as 0.
+
+Run the tests: `python -m pytest tests/adaptive/test_adaptive_metrics.py -q`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from worker.tlt.adaptive.arms import TLT_BUCKETS, BucketScheme
+
+
+def per_position_counts(accepted: Sequence[int], drafted: Sequence[int]) -> tuple[list[int], list[int]]:
+    """From per-sequence accepted and drafted lengths of one step, the per-position counts `observe_step` takes:
+    (sequences with position k accepted, sequences with a draft at position k), k = 1..max(drafted)."""
+    if len(accepted) != len(drafted) or any(a > d or a < 0 for a, d in zip(accepted, drafted, strict=True)):
+        raise ValueError("need one accepted and one drafted length per sequence, 0 <= accepted <= drafted")
+    depth = max(drafted, default=0)
+    acc = [sum(a >= k for a in accepted) for k in range(1, depth + 1)]
+    dr = [sum(d >= k for d in drafted) for k in range(1, depth + 1)]
+    return acc, dr
+
+
+@dataclass
+class _Totals:
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.seconds += seconds
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
+@dataclass
+class RolloutSdMetrics:
+    on_below: int = 32  # steps with fewer active sequences are the tail (use the switch's on_below)
+    scheme: BucketScheme = TLT_BUCKETS  # buckets of the per-bucket tokens/s
+    steps: int = 0
+    sd_on_steps: int = 0
+    draft_seq_steps: int = 0  # sum of active over drafting steps
+    verify_tokens_total: int = 0  # sum of verify_tokens * active over drafting steps
+    accepted_total: int = 0
+    accepted_pos: list[int] = field(default_factory=list)  # [K] sequences with position k accepted
+    drafted_pos: list[int] = field(default_factory=list)  # [K] sequences with a draft at position k
+    arms: Counter[str] = field(default_factory=Counter)
+    full: _Totals = field(default_factory=_Totals)
+    tail: _Totals = field(default_factory=_Totals)
+    buckets: dict[int, _Totals] = field(default_factory=dict)
+    bucket_sd_steps: Counter[int] = field(default_factory=Counter)
+
+    def observe_step(self, *, active: int, sd_on: bool, arm: str | None, verify_tokens: int, emitted: int,
+                     seconds: float, accepted_per_pos: Sequence[int] = (),
+                     drafted_per_pos: Sequence[int] | None = None) -> None:
+        """One decode step.
+
+        active: sequences in the batch; sd_on: the switch's state; arm: the arm run when on (None when off);
+        verify_tokens: drafted tokens verified per sequence (0 for plain decoding); emitted: tokens appended across
+        the batch (after truncation); seconds: step wall time; accepted_per_pos[k-1]: sequences whose k-th draft
+        token was accepted; drafted_per_pos[k-1]: sequences that had a k-th draft token (default: all `active` for
+        every position of accepted_per_pos). See `per_position_counts`.
+        """
+        if active < 1 or seconds <= 0 or emitted < 0:
+            raise ValueError(f"need active >= 1, seconds > 0, emitted >= 0 (got {active}, {seconds}, {emitted})")
+        drafted = list(drafted_per_pos) if drafted_per_pos is not None else [active] * len(accepted_per_pos)
+        if len(drafted) != len(accepted_per_pos) or any(
+                not 0 <= a <= d <= active for a, d in zip(accepted_per_pos, drafted, strict=True)):
+            raise ValueError("per-position counts must satisfy 0 <= accepted <= drafted <= active")
+        self.steps += 1
+        (self.tail if active < self.on_below else self.full).add(emitted, seconds)
+        bucket = self.scheme.bucket(active)
+        self.buckets.setdefault(bucket, _Totals()).add(emitted, seconds)
+        if sd_on:
+            self.sd_on_steps += 1
+            self.bucket_sd_steps[bucket] += 1
+            self.arms[arm or "none"] += 1
+        if sd_on and verify_tokens > 0:
+            self.draft_seq_steps += active
+            self.verify_tokens_total += verify_tokens * active
+            self.accepted_total += sum(accepted_per_pos)
+            for k, (a, d) in enumerate(zip(accepted_per_pos, drafted, strict=True)):
+                if k == len(self.accepted_pos):
+                    self.accepted_pos.append(0)
+                    self.drafted_pos.append(0)
+                self.accepted_pos[k] += a
+                self.drafted_pos[k] += d
+
+    def summary(self) -> dict[str, float]:
+        """The metrics of everything observed so far (names above)."""
+        out: dict[str, float] = {}
+        if self.steps:
+            out["sd/on_fraction"] = self.sd_on_steps / self.steps
+        if self.draft_seq_steps:
+            out["sd/accept_len"] = 1.0 + self.accepted_total / self.draft_seq_steps
+            out["sd/verify_tokens"] = self.verify_tokens_total / self.draft_seq_steps
+        for k, (a, d) in enumerate(zip(self.accepted_pos, self.drafted_pos, strict=True), start=1):
+            if d:
+                out[f"sd/accept_rate_pos_{k}"] = a / d
+        for name, n in sorted(self.arms.items()):
+            out[f"sd/arm/{name}"] = float(n)
+        for key, totals in (("perf/tokens_per_s_full", self.full), ("perf/tokens_per_s_tail", self.tail)):
+            if totals.tokens_per_s is not None:
+                out[key] = totals.tokens_per_s
+        for b, totals in sorted(self.buckets.items()):
+            if totals.tokens_per_s is not None:
+                out[f"perf/tokens_per_s_bucket/{self.scheme.label(b)}"] = totals.tokens_per_s
+        return out
+
+    def per_bucket(self) -> list[dict]:
+        """Rows for a benchmark table: bucket label, steps, SD-on steps, tokens, seconds, tokens/s."""
+        return [{"bucket": self.scheme.label(b), "steps": t.steps, "sd_on_steps": self.bucket_sd_steps[b],
+                 "tokens": t.tokens, "seconds": t.seconds, "tokens_per_s": t.tokens_per_s}
+                for b, t in sorted(self.buckets.items())]

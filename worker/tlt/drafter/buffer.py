@@ -1,0 +1,169 @@
+"""Bounded buffer of (token id, target hidden state) rows from the last two RL steps' rollouts: the spot trainer's data.
+
+The engine fills it through `capture(seq_ids, token_ids, hidden)` from the hidden states its forwards compute anyway
+(no extra target forward). Contract, per sequence: rows arrive in position order, each position once; row i pairs
+the token *fed* at a position with the target hidden state computed there (`hidden[i]` is what predicts the next
+token). `hidden` is the drafter's training row: the final-norm hidden [H] for EAGLE-1; concat(the three EAGLE-3
+features, final-norm hidden) [4H] for EAGLE-3 (the final hidden gives the soft-CE target through the frozen head).
+
+Storage is one ring allocated once (GPU or pinned host memory) sized from a byte budget; `begin_step(step)` drops
+rows of steps older than the previous one, and when the ring is full the oldest rows are overwritten first (so the
+oldest step goes first). `capture` only writes by index: with the ring on the GPU no host sync, safe inside the decode loop (a host ring
+costs one blocking device -> host copy per call).
+`sample(batch, window, generator)` returns training windows: up to `window` consecutive rows of one sequence each.
+
+Run the tests: `python -m pytest tests/drafter/test_drafter_buffer.py -q`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Training windows, left-aligned; rows past `lengths[b]` are padding."""
+
+    tokens: torch.Tensor  # [B, W] int64
+    hidden: torch.Tensor  # [B, W, F]
+    lengths: torch.Tensor  # [B] int64 valid rows per window (>= 2)
+
+
+class HiddenStateBuffer:
+    def __init__(
+        self,
+        width: int,  # F: floats per row
+        budget_bytes: int,  # total memory for the ring (tokens + hidden + bookkeeping)
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.bfloat16,  # storage dtype of the hidden states
+        pin_memory: bool = False,  # host ring in pinned memory (for async device -> host copies)
+        keep_steps: int = 2,  # RL steps kept (TLT: this and the previous one)
+    ) -> None:
+        row_bytes = width * torch.empty(0, dtype=dtype).element_size() + 3 * 8
+        self.capacity = int(budget_bytes // row_bytes)
+        if self.capacity < 2:
+            raise ValueError(f"buffer budget {budget_bytes} B holds fewer than 2 rows of {row_bytes} B")
+        self.width, self.keep_steps = width, keep_steps
+        dev = torch.device(device)
+        pin = pin_memory and dev.type == "cpu" and torch.cuda.is_available()
+
+        def alloc(*shape: int, dt: torch.dtype, fill: int = 0) -> torch.Tensor:
+            t = torch.full(shape, fill, dtype=dt, device=dev)
+            return t.pin_memory() if pin else t
+
+        self.hidden = alloc(self.capacity, width, dt=dtype)  # [C, F]
+        self.tokens = alloc(self.capacity, dt=torch.int64)  # [C]
+        self.seq = alloc(self.capacity, dt=torch.int64, fill=-1)  # [C] sequence id
+        self.step = alloc(self.capacity, dt=torch.int64, fill=-1)  # [C] RL step; -1 = empty
+        self.device = dev
+        self.current_step = 0
+        self.written = 0  # rows ever written (the ring position is written % capacity)
+        self._index: tuple[torch.Tensor, torch.Tensor] | None = None  # cached (sorted rows, segment end)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.hidden, self.tokens, self.seq, self.step))
+
+    def begin_step(self, step: int) -> None:
+        """Rows captured from now on belong to `step`; rows older than `keep_steps` steps are dropped."""
+        self.current_step = step
+        stale = (self.step >= 0) & (self.step <= step - self.keep_steps)
+        self.step.masked_fill_(stale, -1)
+        self._index = None
+
+    def capture(
+        self,
+        seq_ids: torch.Tensor,  # [N] int64 sequence id of each row (unique within the step)
+        token_ids: torch.Tensor,  # [N] int64 token fed at the row's position
+        hidden: torch.Tensor,  # [N, F] target hidden state computed at that position
+    ) -> None:
+        n = int(token_ids.shape[0])
+        if n == 0:
+            return
+        if hidden.shape != (n, self.width):
+            raise ValueError(f"hidden has shape {tuple(hidden.shape)}, expected ({n}, {self.width})")
+        if n > self.capacity:  # keep the newest rows only
+            seq_ids, token_ids, hidden = seq_ids[-self.capacity:], token_ids[-self.capacity:], hidden[-self.capacity:]
+            self.written += n - self.capacity
+            n = self.capacity
+        start = self.written % self.capacity
+        idx = (torch.arange(n, device=self.device) + start) % self.capacity
+        # device -> host copies are blocking (a CPU op reads them next); keep the ring on the GPU for the hot path
+        self.hidden.index_copy_(0, idx, hidden.detach().to(self.device, self.hidden.dtype))
+        self.tokens.index_copy_(0, idx, token_ids.to(self.device, torch.int64))
+        self.seq.index_copy_(0, idx, seq_ids.to(self.device, torch.int64))
+        self.step.index_fill_(0, idx, self.current_step)
+        self.written += n
+        self._index = None
+
+    def __len__(self) -> int:
+        return int((self.step >= 0).sum())
+
+    def steps_held(self) -> list[int]:
+        return sorted(int(s) for s in torch.unique(self.step[self.step >= 0]).tolist())
+
+    def _build_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Valid rows sorted by (step, sequence, write order), and for each sorted row the end of its segment."""
+        c = self.capacity
+        # write order of each ring slot: slots at/after the ring position were written one lap earlier
+        pos = self.written % c
+        slot = torch.arange(c, device=self.device)
+        order = torch.where(slot < pos, slot + c, slot)
+        valid = self.step >= 0
+        rows = slot[valid]
+        key_order, key_seq, key_step = order[valid], self.seq[valid], self.step[valid]
+        perm = torch.argsort(key_order, stable=True)
+        perm = perm[torch.argsort(key_seq[perm], stable=True)]
+        perm = perm[torch.argsort(key_step[perm], stable=True)]
+        rows = rows[perm]
+        m = rows.numel()
+        if m == 0:
+            return rows, rows
+        seg_key_step, seg_key_seq = self.step[rows], self.seq[rows]
+        boundary = torch.ones(m, dtype=torch.bool, device=self.device)  # True where row i is last of its segment
+        boundary[:-1] = (seg_key_step[1:] != seg_key_step[:-1]) | (seg_key_seq[1:] != seg_key_seq[:-1])
+        idx = torch.arange(m, device=self.device)
+        # segment end = first boundary at or after i: reverse cumulative min of boundary positions
+        ends = torch.where(boundary, idx, torch.full_like(idx, m))
+        ends = torch.flip(torch.cummin(torch.flip(ends, [0]), 0).values, [0])
+        return rows, ends
+
+    def sample(
+        self,
+        batch: int,  # windows
+        window: int,  # max rows per window (>= 2: a training pair needs two consecutive rows)
+        generator: torch.Generator | None = None,  # CPU generator for the window starts
+        device: torch.device | str | None = None,  # where the batch goes (default: the buffer's device)
+        dtype: torch.dtype | None = None,  # hidden dtype of the batch (default: storage dtype)
+    ) -> Batch | None:
+        """Random windows of consecutive rows of one sequence; None when no sequence has two rows yet."""
+        if self._index is None:
+            self._index = self._build_index()
+        rows, ends = self._index
+        m = rows.numel()
+        if m < 2:
+            return None
+        # starts whose window holds at least two rows
+        ok = torch.nonzero(ends.cpu() > torch.arange(m)).squeeze(1)
+        if ok.numel() == 0:
+            return None
+        pick = ok[torch.randint(ok.numel(), (batch,), generator=generator)].to(self.device)
+        offs = torch.arange(window, device=self.device)
+        sorted_pos = pick[:, None] + offs[None, :]  # [B, W]
+        lengths = torch.minimum(ends[pick] - pick + 1, torch.full_like(pick, window))
+        valid = offs[None, :] < lengths[:, None]
+        src = rows[sorted_pos.clamp_max(m - 1)]
+        src = torch.where(valid, src, src[:, :1])
+        out_dev = torch.device(device) if device is not None else self.device
+        hid = self.hidden[src.reshape(-1)].view(batch, window, self.width)
+        return Batch(
+            tokens=self.tokens[src].to(out_dev, non_blocking=True),
+            hidden=hid.to(out_dev, dtype or self.hidden.dtype, non_blocking=True),
+            lengths=lengths.to(out_dev),
+        )
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:  # [V] how often each token occurs in the buffer
+        t = self.tokens[self.step >= 0]
+        return torch.bincount(t, minlength=vocab_size)[:vocab_size]

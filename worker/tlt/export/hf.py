@@ -1,0 +1,104 @@
+"""Export the policy as an HF directory that `transformers.AutoModelForCausalLM.from_pretrained` (and vLLM) load:
+config.json, model.safetensors, generation_config.json and the tokenizer files.
+
+    export_policy(model, tokenizer, out_dir, dtype=torch.bfloat16, generation={"temperature": 1.0})
+
+Our parameter names already are HF's (`model.layers.{i}.self_attn.q_proj.weight`, ...), so the weights are written
+as they are; a tied head is not written (HF ties it from `tie_word_embeddings`). HF tokenizers are saved with
+`save_pretrained`; the tiny models' `ByteTokenizer` becomes an equivalent `tokenizers` byte-level tokenizer
+(ids 0..255 = bytes, 256/257/258 = <bos>/<eos>/<pad>). The directory is written under a temporary name and renamed,
+so a reader never sees half an export.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from worker.tlt.model.tokenizer import ByteTokenizer, Tokenizer, TokenizerLike
+from worker.tlt.model.transformer import Transformer
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _byte_level_tokenizer_files(tok: ByteTokenizer, out: Path) -> None:
+    """tokenizer.json + tokenizer_config.json equivalent to ByteTokenizer (same ids for the same text)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # the 256 printable stand-ins of GPT-2 byte-level BPE
+    byte_to_char = _bytes_to_unicode()
+    assert set(byte_to_char.values()) == set(alphabet)
+    vocab = {byte_to_char[b]: b for b in range(256)}
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.decoder = decoders.ByteLevel()
+    specials = ["<bos>", "<eos>", "<pad>"]
+    hf.add_special_tokens(specials)  # ids 256, 257, 258 in this order
+    assert [hf.token_to_id(s) for s in specials] == [tok.BOS, tok.EOS, tok.PAD]
+    fast = PreTrainedTokenizerFast(tokenizer_object=hf, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    fast.save_pretrained(str(out))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table (the alphabet of byte-level BPE)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def save_tokenizer(tokenizer: TokenizerLike, out: Path) -> None:
+    if isinstance(tokenizer, Tokenizer):
+        tokenizer.hf.save_pretrained(str(out))
+    elif isinstance(tokenizer, ByteTokenizer):
+        _byte_level_tokenizer_files(tokenizer, out)
+    else:
+        raise TypeError(f"cannot export tokenizer of type {type(tokenizer).__name__}")
+
+
+def export_policy(
+    model: Transformer,
+    tokenizer: TokenizerLike,
+    out_dir: Path,
+    dtype: torch.dtype | None = None,  # None = the model's own dtype
+    generation: dict[str, Any] | None = None,  # extra generation_config.json fields (temperature, top_p, ...)
+) -> Path:
+    """Write the HF directory at out_dir (replacing an older export there). Returns out_dir."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    dt = dtype or model.head_weight.dtype
+    args = model.args
+    config = args.to_hf_config()
+    config["torch_dtype"] = _DTYPE_NAMES[dt]
+    eos = list(args.eos_token_ids) or list(tokenizer.eos_ids)
+    if eos:
+        config["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    config["pad_token_id"] = tokenizer.pad_id
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    weights = {k: v.detach().to("cpu", dt).clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    gen: dict[str, Any] = {"eos_token_id": config.get("eos_token_id"), "pad_token_id": tokenizer.pad_id}
+    if args.bos_token_id is not None:
+        gen["bos_token_id"] = args.bos_token_id
+    gen.update(generation or {})
+    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    save_tokenizer(tokenizer, tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir

@@ -1,0 +1,258 @@
+"""Decoder-only transformer for the Llama / Qwen2 / Qwen3 families: one implementation for training and inference.
+
+Parameter names mirror HF transformers (`model.embed_tokens`, `model.layers.{i}.self_attn.q_proj`, ..., `lm_head`),
+so an HF state dict loads as is and exports need no renaming. Build on the meta device and load with
+`load_state_dict(sd, assign=True)`, then call `init_rope(device)` (see `model/load.py`).
+
+Calls:
+  model(input_ids)                          # [B, S] -> logits [B, S, V]; plain causal, autograd (the trainer's call)
+  model.forward(input_ids, positions=..., cache=..., cache_rows=..., write_idx=..., attn_mask=..., logits_at=...)
+                                            # the engine's call: K/V written into `cache` rows, attention by mask
+  model.forward_hidden(..., layers=(2, 15, 27))
+                                            # -> (logits, final-norm hidden [B, S, H], {i: hidden entering layer i})
+                                            # from the same single forward (EAGLE-1 uses the 2nd, EAGLE-3 the 3rd)
+Set `model.gradient_checkpointing = True` to recompute each layer in backward (training path only).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from worker.tlt.model.args import ModelArgs
+
+
+class LayerCache(Protocol):
+    """What the model needs from a KV cache: per layer, K and V tensors of shape [slots, Hkv, T, D]."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies [D/2] with the checkpoint's scaling applied (HF's `_compute_*_parameters`)."""
+    d = args.hd
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    rs = args.rope_scaling
+    if rs.kind == "linear":
+        inv = inv / rs.factor
+    elif rs.kind == "llama3":
+        low_wl = rs.original_max_position_embeddings / rs.low_freq_factor
+        high_wl = rs.original_max_position_embeddings / rs.high_freq_factor
+        wl = 2 * math.pi / inv
+        scaled = torch.where(wl > low_wl, inv / rs.factor, inv)
+        smooth = (rs.original_max_position_embeddings / wl - rs.low_freq_factor) / (
+            rs.high_freq_factor - rs.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+        medium = ~(wl < high_wl) & ~(wl > low_wl)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:  # [..., D]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = args.n_heads, args.n_kv_heads, args.hd
+        self.q_proj = nn.Linear(args.dim, args.n_heads * args.hd, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.hd, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.hd, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(args.n_heads * args.hd, args.dim, bias=False)
+        self.q_norm = RMSNorm(args.hd, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.hd, args.norm_eps) if args.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, S, H]
+        cos: torch.Tensor,  # [B, 1, S, D]
+        sin: torch.Tensor,  # [B, 1, S, D]
+        kv: tuple[torch.Tensor, torch.Tensor] | None,  # K, V cache of this layer, each [slots, Hkv, T, D]
+        write_flat: torch.Tensor | None,  # [B*Hkv*S] flat row index into cache.view(-1, D)
+        mask: torch.Tensor | None,  # [B, 1, G*S, Tk] bool, True = attend (None: plain causal)
+        rows: slice,  # cache rows this batch occupies
+    ) -> torch.Tensor:  # [B, S, H]
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.n_heads, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.n_kv, self.hd).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        g = self.n_heads // self.n_kv
+        if kv is None:
+            if g > 1:
+                k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1)
+        else:
+            assert write_flat is not None and mask is not None
+            ck, cv = kv
+            d = self.hd
+            ck.view(-1, d).index_copy_(0, write_flat, k.reshape(-1, d).to(ck.dtype))
+            cv.view(-1, d).index_copy_(0, write_flat, v.reshape(-1, d).to(cv.dtype))
+            tk = mask.shape[-1]
+            keys, vals = ck[rows, :, :tk], cv[rows, :, :tk]  # [B, Hkv, Tk, D] views, no copy
+            # GQA without copying the cache: fold the G query heads of each KV head into the query length.
+            qg = q.reshape(b, self.n_kv, g * s, d)
+            out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask).reshape(b, self.n_heads, s, d)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, S, H]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, S, H]
+        cos: torch.Tensor,  # [B, 1, S, D]
+        sin: torch.Tensor,  # [B, 1, S, D]
+        kv: tuple[torch.Tensor, torch.Tensor] | None,
+        write_flat: torch.Tensor | None,  # [B*Hkv*S]
+        mask: torch.Tensor | None,  # [B, 1, G*S, Tk]
+        rows: slice,
+    ) -> torch.Tensor:  # [B, S, H]
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, write_flat, mask, rows)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class _Body(nn.Module):
+    """Holds the HF-named `model.*` parameters."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.model = _Body(args)
+        self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.gradient_checkpointing = False
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    def init_rope(self, device: torch.device | str | None = None, max_seq_len: int | None = None) -> None:
+        """(Re)compute the RoPE tables [T, D] in fp32 on `device` (needed after building on meta)."""
+        device = device if device is not None else self.model.norm.weight.device
+        n = max_seq_len or self.args.max_seq_len
+        inv = rope_inv_freq(self.args).to(device)
+        t = torch.arange(n, device=device, dtype=torch.float32)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos, self.rope_sin = emb.cos(), emb.sin()
+
+    @property
+    def head_weight(self) -> torch.Tensor:  # [V, H]
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:  # [..., H] final-norm hidden -> [..., V]
+        return F.linear(h, self.head_weight)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, S]
+        positions: torch.Tensor | None = None,  # [B, S] RoPE positions; None = 0..S-1
+        cache: LayerCache | None = None,  # None = plain causal attention over input_ids only
+        *,
+        cache_rows: slice | None = None,  # cache rows of this batch (default 0..B-1)
+        write_idx: torch.Tensor | None = None,  # [B, S] cache column of each token's K/V (default = positions)
+        attn_mask: torch.Tensor | None = None,  # [B, S, Tk] bool over cache columns 0..Tk-1; needed with a cache
+        logits_at: torch.Tensor | None = None,  # [B, K] positions (in 0..S-1) to compute logits for; None = all
+    ) -> torch.Tensor:  # [B, S or K, V]
+        return self.forward_hidden(
+            input_ids, positions, cache, cache_rows=cache_rows, write_idx=write_idx, attn_mask=attn_mask,
+            logits_at=logits_at,
+        )[0]
+
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,  # [B, S]
+        positions: torch.Tensor | None = None,  # [B, S]
+        cache: LayerCache | None = None,
+        *,
+        cache_rows: slice | None = None,
+        write_idx: torch.Tensor | None = None,  # [B, S]
+        attn_mask: torch.Tensor | None = None,  # [B, S, Tk]
+        logits_at: torch.Tensor | None = None,  # [B, K]
+        layers: tuple[int, ...] = (),  # also return the hidden states entering these layers (HF hidden_states[i])
+        compute_logits: bool = True,  # False: skip lm_head (logits returned empty)
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+        """One forward; returns (logits, final-norm hidden [B, S, H], {layer i: hidden entering layer i [B, S, H]})."""
+        b, s = input_ids.shape
+        if positions is None:
+            positions = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        cos = self.rope_cos[positions].unsqueeze(1)
+        sin = self.rope_sin[positions].unsqueeze(1)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        rows = cache_rows if cache_rows is not None else slice(0, b)
+        write_flat, mask = None, None
+        if cache is not None:
+            if attn_mask is None:
+                raise ValueError("a cached forward needs attn_mask [B, S, Tk]")
+            hkv = self.args.n_kv_heads
+            t = cache.k[0].shape[2]
+            widx = positions if write_idx is None else write_idx
+            row_ids = torch.arange(rows.start, rows.start + b, device=input_ids.device)
+            heads = torch.arange(hkv, device=input_ids.device)
+            write_flat = ((row_ids[:, None, None] * hkv + heads[None, :, None]) * t + widx[:, None, :]).reshape(-1)
+            g = self.args.n_heads // hkv
+            tk = attn_mask.shape[-1]
+            mask = attn_mask[:, None, None].expand(b, 1, g, s, tk).reshape(b, 1, g * s, tk)
+        captured: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            if i in layers:
+                captured[i] = x
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            if self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, None, None, None, rows, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, kv, write_flat, mask, rows)
+        h = self.model.norm(x)
+        if not compute_logits:
+            return h.new_empty(0), h, captured
+        hl = h if logits_at is None else h.gather(1, logits_at[..., None].expand(-1, -1, h.shape[-1]))
+        return self.logits_from_hidden(hl), h, captured

@@ -1,0 +1,139 @@
+"""Checkpoints of a training run: `run_dir/checkpoints/step-N/` with everything an exact resume needs.
+
+    path = save_checkpoint(root, step, model=..., optimizer=..., scheduler=..., rng=capture_rng(gen),
+                           trainer_state={...}, extra={"drafter": drafter_state}, keep=3)
+    ck = load_checkpoint(latest_checkpoint(root)); ...; restore_rng(ck.rng, gen)
+
+A checkpoint directory holds model.safetensors (policy weights), optimizer.pt + scheduler.pt, rng.pt (torch CPU and
+CUDA generators, the rollout's torch.Generator, Python `random`, NumPy), trainer_state.json (step, data position,
+anything else the trainer keeps) and extra.pt (e.g. the drafter's trainable parameters). It is written into a
+`.tmp-*` sibling and renamed into place, so a `step-N` directory is always complete; only then are the oldest
+checkpoints beyond `keep` deleted, so the previous one survives until its successor exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: dict[str, Any]
+    trainer_state: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def capture_rng(rollout_gen: torch.Generator | None) -> dict[str, Any]:
+    """Every random stream the run draws from."""
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "rollout": rollout_gen.get_state() if rollout_gen is not None else None,
+    }
+
+
+def restore_rng(state: dict[str, Any], rollout_gen: torch.Generator | None) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if rollout_gen is not None and state["rollout"] is not None:
+        rollout_gen.set_state(state["rollout"])
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under root, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    rng: dict[str, Any],
+    trainer_state: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    keep: int = 3,
+) -> Path:
+    """Write step-N atomically, then prune to the newest `keep`. Returns the checkpoint directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    tmp = root / f".tmp-step-{step}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    # clone: tied weights share storage, which safetensors refuses to write twice
+    weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, str(tmp / "model.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng, tmp / "rng.pt")
+    torch.save(extra or {}, tmp / "extra.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
+    for f in tmp.iterdir():
+        with f.open("rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():  # the same step saved again (a resumed run): swap, never leave a gap
+        old = root / f".old-step-{step}-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(final)
+    for _, path in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(path)
+    return final
+
+
+def clean_partial(root: Path) -> None:
+    """Remove leftovers of a save that was interrupted (never complete checkpoints)."""
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and (p.name.startswith(".tmp-step-") or p.name.startswith(".old-step-")):
+                shutil.rmtree(p)
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    state = json.loads((path / "trainer_state.json").read_text())
+    return Checkpoint(
+        path=path,
+        step=int(state["step"]),
+        model=load_file(str(path / "model.safetensors")),
+        optimizer=torch.load(path / "optimizer.pt", weights_only=False),
+        scheduler=torch.load(path / "scheduler.pt", weights_only=False),
+        rng=torch.load(path / "rng.pt", weights_only=False),
+        trainer_state=state,
+        extra=torch.load(path / "extra.pt", weights_only=False),
+    )

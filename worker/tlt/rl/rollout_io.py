@@ -1,0 +1,41 @@
+"""What the trainer needs from a rollout: `Trajectory` per generated response, and the `Rollout` protocol that
+rl/engine_adapter.py implements around the rollout engine.
+
+    trajs, sd_metrics = rollout(prompts, n, greedy)
+    # len(trajs) == len(prompts) * n, grouped by prompt: trajs[i*n:(i+1)*n] answer prompts[i]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from worker.tlt.data.prompts import RenderedPrompt
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    prompt: RenderedPrompt
+    response: tuple[int, ...]  # generated token ids, EOS included when the response stopped on it
+    logprobs: tuple[float, ...] | None  # engine's target log-prob of each response token (processed distribution)
+    finish_reason: str  # "stop" (EOS) | "length" (max_completion_length reached)
+
+
+class Rollout(Protocol):
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator every sampled token draws from (saved and restored by checkpoints)."""
+        ...
+
+    def __call__(
+        self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """n responses per prompt (greedy: temperature 0) -> (trajectories grouped by prompt, sd/* metrics)."""
+        ...
+
+    def on_weights_updated(self) -> None:
+        """Called after each optimizer step (the weight-sync point)."""
+        ...

@@ -1,0 +1,278 @@
+"""The TLT RL step: rollout -> rewards -> GRPO update -> weight sync -> drafter spot training in the tail.
+
+    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train_prompts, reward_fns, device=...)
+    metrics, samples, hist = trainer.step()       # one RL step; metric names as DESIGN.md
+    trainer.state_dict() / trainer.load_state_dict(...)   # via rl/checkpoint.py
+
+How this departs from the GRPO paper (Shao et al. 2024), beyond the loss choices listed in rl/grpo.py:
+- One policy update per rollout (TRL's num_iterations = 1, as DAPO and Dr.GRPO run it): old log-probs are the
+  trainer's own recompute (detached), so ratio = 1 in value and the gradient is the plain policy gradient; the
+  engine's log-probs are only compared (`rollout/logp_abs_diff`, `rollout/ppl_ratio`), never trained on.
+- Dynamic sampling (DAPO) drops zero-variance groups from the update without drawing replacement prompts, so an
+  update may use fewer than prompts_per_step groups (`actor/num_groups_used`); a step whose groups all drop skips
+  the optimizer step (the LR schedule still advances).
+- Rewards are scored after the rollout returns (the engine gives finished sequences in one batch); the overlong
+  penalty (DAPO) is added to the weighted reward sum when overlong_buffer > 0.
+- Weight sync is free: the rollout engine runs the very module being trained (colocated), so the update is visible
+  to the next rollout with no copy; `timing_s/sync` measures only the engine's notification hook.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from worker.tlt.config import JobSpec
+from worker.tlt.data.prompts import RenderedPrompt
+from worker.tlt.data.sampler import PromptSampler
+from worker.tlt.model.tokenizer import TokenizerLike
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rewards.registry import RewardFn, score_all
+from worker.tlt.rewards.shaping import overlong_penalty
+from worker.tlt.rl.batch import UpdateSeq, micro_batches
+from worker.tlt.rl.grpo import LossConfig, LossNorm, group_advantages, policy_loss, token_entropy, token_logprobs
+from worker.tlt.rl.optim import build_optimizer, build_scheduler
+from worker.tlt.rl.rollout_io import Rollout, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class DrafterHook(Protocol):
+    """Drafter spot training in the tail (issue 5). Called once per RL step after the weight sync; returns its
+    metrics (drafter/*, harvest/*) and must be preemptible. No hook configured = nothing runs (no metrics)."""
+
+    def after_update(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def length_stats(lengths: np.ndarray, clipped: np.ndarray) -> dict[str, float]:
+    """response_length/* metrics (verl names) of lengths [N] and their max-length flags [N]."""
+    return {
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/min": float(lengths.min()),
+        "response_length/p50": float(np.percentile(lengths, 50)),
+        "response_length/p90": float(np.percentile(lengths, 90)),
+        "response_length/clip_ratio": float(clipped.mean()),
+    }
+
+
+def length_histogram(lengths: np.ndarray, max_len: int, bins: int = 64) -> tuple[list[float], list[int]]:
+    """The whole response-length distribution: `bins` equal bins over [0, max_len] (fewer when max_len is small)."""
+    nb = max(1, min(bins, max_len))
+    counts, edges = np.histogram(lengths, bins=nb, range=(0, max_len))
+    return [float(e) for e in edges], [int(c) for c in counts]
+
+
+class GRPOTrainer:
+    def __init__(
+        self,
+        spec: JobSpec,
+        model: Transformer,
+        tokenizer: TokenizerLike,
+        rollout: Rollout,
+        train_prompts: list[RenderedPrompt],
+        reward_fns: list[RewardFn],
+        device: torch.device | str = "cpu",
+        drafter: DrafterHook | None = None,
+        num_samples: int = 2,
+    ) -> None:
+        self.spec, self.algo = spec, spec.algorithm
+        self.model, self.tokenizer, self.rollout = model, tokenizer, rollout
+        self.reward_fns, self.device, self.drafter = reward_fns, device, drafter
+        self.num_samples = num_samples  # sample rows reported per step
+        self.sampler: PromptSampler[RenderedPrompt] = PromptSampler(train_prompts, seed=spec.seed)
+        self.generator = rollout.generator  # the rollout's sampling stream (checkpointed)
+        self.optimizer = build_optimizer(model, self.algo)
+        self.scheduler = build_scheduler(self.optimizer, self.algo, total_steps=spec.max_steps)
+        self.loss_cfg = LossConfig(
+            loss_type=self.algo.loss_type,
+            epsilon=self.algo.epsilon,
+            epsilon_high=self.algo.epsilon_high if self.algo.epsilon_high is not None else self.algo.epsilon,
+            beta=self.algo.beta,
+            max_completion_length=self.algo.max_completion_length,
+        )
+        self.ref_model = None
+        if self.algo.beta > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        model.gradient_checkpointing = self.algo.gradient_checkpointing
+        self.step_count = 0  # RL steps completed
+
+    # ------------------------------------------------------------------------------------------------ phases
+    def score(self, trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Rewards [N] (weighted sum + overlong penalty) and per-function means."""
+        texts = [self.tokenizer.decode(list(t.response)) for t in trajs]
+        answers = [t.prompt.example.answer for t in trajs]
+        scored = score_all(self.reward_fns, self.algo.reward_weights, texts, answers)
+        totals = []
+        for (total, _), t in zip(scored, trajs, strict=True):
+            pen = overlong_penalty(len(t.response), self.algo.max_completion_length, self.algo.overlong_buffer)
+            totals.append(total + pen)
+        metrics = {}
+        for k, name in enumerate(self.algo.reward_funcs):
+            metrics[f"reward/{name}/mean"] = float(np.mean([parts[k] for _, parts in scored]))
+        self._last_texts = texts
+        return torch.tensor(totals, dtype=torch.float32), metrics
+
+    def update(self, seqs: list[UpdateSeq]) -> dict[str, float]:
+        """One optimizer step over `seqs` in micro-batches; returns actor/* and rollout/* metrics."""
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.model.train()
+        stats = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip": 0.0, "tokens": 0.0, "lp_diff": 0.0,
+                 "lp_diff_max": 0.0, "lp_sum_train": 0.0, "lp_sum_roll": 0.0, "lp_tokens": 0.0}
+        grad_norm = 0.0
+        if seqs:
+            norm = LossNorm(num_sequences=len(seqs), num_tokens=sum(len(s.response_ids) for s in seqs))
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in micro_batches(seqs, self.algo.micro_batch_tokens, self.tokenizer.pad_id, self.device):
+                logits = self.model(mb.input_ids)[:, :-1]  # [b, S-1, V]
+                logp = token_logprobs(logits, mb.targets, self.algo.temperature)  # [b, S-1]
+                ref_logp = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref_logits = self.ref_model(mb.input_ids)[:, :-1]
+                        ref_logp = token_logprobs(ref_logits, mb.targets, self.algo.temperature)
+                loss, st = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, self.loss_cfg, norm, ref_logp)
+                loss.backward()
+                with torch.no_grad():
+                    m = mb.mask
+                    stats["loss"] += float(loss)
+                    stats["entropy"] += float((token_entropy(logits, self.algo.temperature) * m).sum())
+                    stats["kl"] += float(st["kl_sum"])
+                    stats["clip"] += float(st["clip_low_tokens"] + st["clip_high_tokens"])
+                    stats["tokens"] += float(m.sum())
+                    if mb.rollout_logp is not None:
+                        d = (logp.detach() - mb.rollout_logp).abs() * m
+                        stats["lp_diff"] += float(d.sum())
+                        stats["lp_diff_max"] = max(stats["lp_diff_max"], float(d.max()))
+                        stats["lp_sum_train"] += float((logp.detach() * m).sum())
+                        stats["lp_sum_roll"] += float((mb.rollout_logp * m).sum())
+                        stats["lp_tokens"] += float(m.sum())
+                del logits, logp
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.algo.max_grad_norm))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.model.eval()
+        tokens = max(stats["tokens"], 1.0)
+        out = {
+            "actor/pg_loss": stats["loss"],
+            "actor/entropy": stats["entropy"] / tokens,
+            "actor/kl": stats["kl"] / tokens,
+            "actor/grad_norm": grad_norm,
+            "actor/clipfrac": stats["clip"] / tokens,
+            "actor/lr": lr,
+        }
+        if stats["lp_tokens"] > 0:
+            n = stats["lp_tokens"]
+            out["rollout/logp_abs_diff"] = stats["lp_diff"] / n
+            out["rollout/logp_abs_diff_max"] = stats["lp_diff_max"]
+            # exp(mean train logp - mean rollout logp): 1.0 when trainer and engine agree
+            out["rollout/ppl_ratio"] = float(np.exp((stats["lp_sum_roll"] - stats["lp_sum_train"]) / n))
+        return out
+
+    # ------------------------------------------------------------------------------------------------ the step
+    def step(self) -> tuple[dict[str, float], list[dict], tuple[list[float], list[int]]]:
+        """One RL step. Returns (metrics, sample rows, response-length histogram (edges, counts))."""
+        algo, g = self.algo, self.algo.num_generations
+        t_step = time.perf_counter()
+        prompts = self.sampler.next_batch(algo.prompts_per_step)
+
+        t0 = time.perf_counter()  # 1. rollout
+        trajs, sd_metrics = self.rollout(prompts, g, False)
+        t_gen = time.perf_counter() - t0
+
+        t0 = time.perf_counter()  # 2. rewards
+        rewards, reward_metrics = self.score(trajs)
+        adv = group_advantages(rewards, g, algo.scale_rewards)
+        groups = rewards.view(-1, g)
+        zero_std = (groups.max(1).values - groups.min(1).values) == 0  # [P]
+        t_reward = time.perf_counter() - t0
+
+        t0 = time.perf_counter()  # 3. update
+        keep = ~zero_std if algo.dynamic_sampling else torch.ones_like(zero_std)
+        seqs = [
+            UpdateSeq(t.prompt.ids, t.response, float(adv[i]), t.logprobs)
+            for i, t in enumerate(trajs)
+            if keep[i // g] and len(t.response) > 0
+        ]
+        actor = self.update(seqs)
+        t_update = time.perf_counter() - t0
+
+        t0 = time.perf_counter()  # 4. weight sync: colocated, the engine runs this module (see docstring)
+        self.rollout.on_weights_updated()
+        t_sync = time.perf_counter() - t0
+
+        t0 = time.perf_counter()  # 5. drafter spot training in the tail (no-op when no drafter is configured)
+        drafter_metrics = self.drafter.after_update(self.step_count + 1, trajs) if self.drafter is not None else {}
+        t_drafter = time.perf_counter() - t0
+
+        self.step_count += 1
+        lengths = np.array([len(t.response) for t in trajs], dtype=np.float64)
+        clipped = np.array([t.finish_reason == "length" for t in trajs], dtype=np.float64)
+        metrics: dict[str, float] = {
+            **length_stats(lengths, clipped),
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "frac_reward_zero_std": float(zero_std.float().mean()),
+            **reward_metrics,
+            **actor,
+            "actor/num_groups_used": float(keep.sum()),
+            "timing_s/gen": t_gen,
+            "timing_s/reward": t_reward,
+            "timing_s/update": t_update,
+            "timing_s/sync": t_sync,
+            "timing_s/drafter": t_drafter,
+            "timing_s/step": time.perf_counter() - t_step,
+            "perf/tokens_per_s": float(lengths.sum()) / max(t_gen, 1e-9),
+            **sd_metrics,
+            **drafter_metrics,
+        }
+        samples = [
+            {
+                "prompt": trajs[i].prompt.text[-2000:],
+                "response": self._last_texts[i][:4000],
+                "reward": float(rewards[i]),
+                "advantage": float(adv[i]),
+                "length": len(trajs[i].response),
+                "finish_reason": trajs[i].finish_reason,
+                "answer": trajs[i].prompt.example.answer[-500:],
+            }
+            for i in range(0, min(len(trajs), self.num_samples * g), g)  # the first response of each group
+        ][: self.num_samples]
+        return metrics, samples, length_histogram(lengths, algo.max_completion_length)
+
+    def validate(self, val_prompts: list[RenderedPrompt]) -> dict[str, float]:
+        """pass@1 with greedy decoding on the validation prompts: the fraction whose first reward function scores 1,
+        and the mean weighted reward."""
+        if not val_prompts:
+            return {}
+        t0 = time.perf_counter()
+        trajs, _ = self.rollout(val_prompts, 1, True)
+        rewards, per_fn = self.score(trajs)
+        first = score_all(self.reward_fns[:1], None, self._last_texts, [t.prompt.example.answer for t in trajs])
+        return {
+            "val/pass@1": float(np.mean([s >= 1.0 for s, _ in first])),
+            "val/reward_mean": float(rewards.mean()),
+            "val/response_length_mean": float(np.mean([len(t.response) for t in trajs])),
+            "timing_s/val": time.perf_counter() - t0,
+        }
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Trainer state beyond the weights, optimizer, scheduler and RNG (those go to checkpoint.py directly)."""
+        return {"step_count": self.step_count, "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_count = int(state["step_count"])
+        self.sampler.load_state_dict(state["sampler"])

@@ -1,0 +1,368 @@
+"""The rollout engine: continuous batching over a ragged KV cache, plain and speculative decoding, exact sampling.
+
+    engine = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=1024, max_slots=64))
+    out = engine.generate([Request(prompt_ids, SamplingParams(temperature=1.0, max_new_tokens=256, n=8))])
+    out.sequences[i].tokens / .logprobs / .finish_reason;  out.steps: per-step StepStats
+
+Phases (gpt-fast style; `generate()` only orchestrates):
+- `prefill(items)`: prompts of newly admitted sequences (one forward per distinct prompt, K/V copied to its
+  siblings), first token sampled;
+- `decode_step(batch)`: one token for rows 0..batch-1 (CUDA-graph replay on CUDA), no host sync;
+- `speculative_step(batch)`: the proposer drafts a chain or tree per row, ONE target forward verifies all rows with
+  the tree mask, spec/verify.py accepts per row, the KV cache keeps only accepted nodes, EOS / max_new_tokens cut
+  inside accepted runs;
+- `sync()`: the only place the host waits: finished sequences leave (results copied out), rows are compacted so
+  active sequences stay in rows 0..n-1, and waiting requests join in the freed rows.
+Randomness comes from one explicit torch.Generator (EngineConfig.seed). Sampling and acceptance use the processed
+distribution of spec/sampling.py; log-probs are of emitted tokens under it (greedy rows: log_softmax of the logits).
+Hidden-state capture: `hidden_hook(seq_ids, token_ids, hidden [N, H])` is called per step with the final-norm
+hidden state at every position whose K/V entered the cache (prompt tokens, roots, accepted drafts).
+Run the tests: `python -m pytest tests/engine -q`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.graphs import DecodeGraphs
+from worker.tlt.rollout.kv_cache import KVCache, slots_for_budget
+from worker.tlt.rollout.proposer_api import DraftContext, Proposer
+from worker.tlt.rollout.state import MAX_EOS, RowState
+from worker.tlt.rollout.types import (
+    EngineConfig,
+    GenerationOutput,
+    Request,
+    SequenceResult,
+    SpecConfig,
+    StepStats,
+)
+from worker.tlt.spec.sampling import processed_probs, sample, token_logprobs
+from worker.tlt.spec.tree import ancestor_mask, node_depths
+from worker.tlt.spec.verify import verify_greedy, verify_sampling
+
+log = logging.getLogger(__name__)
+
+HiddenHook = Callable[[list[tuple[int, int]], torch.Tensor, torch.Tensor], None]  # (seq ids, tokens [N], hidden [N, H])
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        eos_ids: Sequence[int],
+        config: EngineConfig | None = None,
+        spec: SpecConfig | None = None,
+        proposer: Proposer | None = None,
+        hidden_hook: HiddenHook | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.config = config = config or EngineConfig()
+        self.spec = spec or SpecConfig()
+        self.proposer = proposer
+        self.hidden_hook = hidden_hook
+        self.eos_ids = tuple(eos_ids)
+        w = model.head_weight
+        self.device, self.dtype = w.device, w.dtype
+        self.max_nodes = max(self.spec.num_nodes, 1)
+        self.max_len = config.max_len
+        t = _round_up(config.max_len + self.max_nodes + 2, 64)  # headroom: a verify writes up to max_nodes columns
+        slots = config.max_slots or slots_for_budget(model.args, t, config.kv_cache_gb, self.dtype)
+        self.cache = KVCache.allocate(model.args, slots, t, self.device, self.dtype)
+        if model.rope_cos.shape[0] < t:
+            model.init_rope(self.device, t)
+        self.rows = RowState(slots, t, config.max_len, self.max_nodes + 1, self.device)
+        self.gen = torch.Generator(device=self.device).manual_seed(config.seed)
+        self._cols = torch.arange(t, device=self.device)
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and config.cuda_graphs:
+            self.graphs = DecodeGraphs(self._decode_forward, compile_step=config.compile)
+        # host mirrors of the rows 0..n_active-1
+        self.n_active = 0
+        self.row_seq: list[tuple[int, int]] = []  # (request, sample) per active row
+        self.row_params: list[tuple[float, float, int]] = []  # (temperature, top_p, top_k) per active row
+        self.row_hi = np.zeros(slots, dtype=np.int64)  # upper bound of lens per row (picks the attention length)
+        self.row_cap = np.zeros(slots, dtype=np.int64)  # prompt_len + max_new_tokens per row
+
+    @property
+    def slots(self) -> int:
+        return self.cache.slots
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def bucket(self, n: int) -> int:
+        for b in self.config.batch_buckets:
+            if b >= n:
+                return min(b, self.slots)
+        return self.slots
+
+    def _tk(self, n_rows: int, extra: int) -> int:
+        hi = int(self.row_hi[:n_rows].max()) + extra if n_rows else extra
+        return min(_round_up(max(hi, 1), self.config.attn_bucket), self.cache.max_len)
+
+    def _params(self, rows: slice) -> tuple[object, object, object]:
+        """Scalars when every active row shares one setting (cheaper processing), else per-row tensors."""
+        if len(set(self.row_params)) == 1:
+            return self.row_params[0]
+        return self.rows.temp[rows], self.rows.top_p[rows], self.rows.top_k[rows]
+
+    def _all_greedy(self) -> bool:
+        return all(p[0] <= 0.0 for p in self.row_params)
+
+    def _sample_no_sync(self, logits: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [B, V] -> (token [B], log-prob [B]) from the processed distribution of each row."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        if self._all_greedy():
+            tok = logits.argmax(dim=-1)
+            return tok, logp.gather(1, tok[:, None]).squeeze(1)
+        temp, top_p, top_k = self._params(rows)
+        probs = processed_probs(logits, temp, top_p, top_k)  # type: ignore[arg-type]
+        tok = sample(probs, self.gen)
+        lp = token_logprobs(probs, tok)
+        greedy_lp = logp.gather(1, tok[:, None]).squeeze(1)
+        return tok, torch.where(self.rows.temp[rows] <= 0.0, greedy_lp, lp)
+
+    # ------------------------------------------------------------------------------------------------ prefill
+    def prefill(self, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
+        """Admit `items` ((request, sample) pairs) into rows n_active.. ; one forward per distinct prompt."""
+        t0 = time.perf_counter()
+        head: list[tuple[int, int]] = []  # first sample of each distinct request: prefilled
+        tail: list[tuple[int, int]] = []  # its siblings: K/V copied from the first
+        for it in items:
+            (tail if any(h[0] == it[0] for h in head) else head).append(it)
+        order = head + tail
+        firsts = {r: i for i, (r, _) in enumerate(head)}
+        r0, m = self.n_active, len(order)
+        uniq = [order[i][0] for i in range(len(firsts))]  # request of rows r0 .. r0+u-1
+        dev = self.device
+        last_logits = torch.empty(len(uniq), self.model.args.vocab_size, device=dev, dtype=torch.float32)
+        j = 0
+        while j < len(uniq):  # chunks of distinct prompts within the token budget
+            s_max, c = 0, 0
+            while j + c < len(uniq):
+                s_new = max(s_max, len(requests[uniq[j + c]].prompt))
+                if c and _round_up(s_new, 16) * (c + 1) > self.config.prefill_tokens:
+                    break
+                s_max, c = s_new, c + 1
+            s = _round_up(s_max, 16)
+            ids = torch.zeros(c, s, dtype=torch.int64)
+            plen = torch.tensor([len(requests[uniq[j + i]].prompt) for i in range(c)])
+            for i in range(c):
+                ids[i, : plen[i]] = torch.tensor(requests[uniq[j + i]].prompt)
+            ids, plen = ids.to(dev), plen.to(dev)
+            pos = self._cols[:s].expand(c, s)
+            mask = (self._cols[:s][None, :] <= self._cols[:s][:, None])[None] & (self._cols[:s] < plen[:, None])[:, None]
+            logits, hidden, _ = self.model.forward_hidden(
+                ids, pos, self.cache, cache_rows=slice(r0 + j, r0 + j + c), write_idx=pos, attn_mask=mask,
+                logits_at=(plen - 1)[:, None],
+            )
+            last_logits[j : j + c] = logits[:, 0].float()
+            if self.hidden_hook is not None:
+                valid = self._cols[:s][None, :] < plen[:, None]
+                seq = [order[j + i] for i in range(c) for _ in range(int(plen[i]))]
+                self.hidden_hook(seq, ids[valid], hidden[valid])
+            j += c
+        # siblings share their prompt's K/V
+        src = [r0 + firsts[r] for r, _ in order[len(uniq):]]
+        if src:
+            dst = torch.arange(r0 + len(uniq), r0 + m, device=dev)
+            self.cache.move_rows(torch.tensor(src, device=dev), dst)
+        # row state
+        rows = slice(r0, r0 + m)
+        st = self.rows
+        plens = [len(requests[r].prompt) for r, _ in order]
+        for i, (r, _) in enumerate(order):
+            p = requests[r].params
+            eos = p.eos_ids if p.eos_ids is not None else self.eos_ids
+            if len(eos) > MAX_EOS:
+                raise ValueError(f"at most {MAX_EOS} eos ids per request")
+            st.hist[r0 + i, : plens[i]] = torch.tensor(requests[r].prompt, device=dev)
+            st.eos[r0 + i] = torch.tensor(list(eos) + [-1] * (MAX_EOS - len(eos)), device=dev)
+            self.row_seq.append((r, _))
+            self.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
+            self.row_hi[r0 + i] = plens[i]
+            self.row_cap[r0 + i] = plens[i] + p.max_new_tokens
+        host = torch.tensor(
+            [[plens[i] - 1, plens[i], requests[r].params.max_new_tokens, r, requests[r].params.top_k]
+             for i, (r, _) in enumerate(order)], dtype=torch.int64).to(dev)
+        st.lens[rows], st.prompt_len[rows], st.max_new[rows], st.group[rows], st.top_k[rows] = host.unbind(1)
+        fl = torch.tensor([[requests[r].params.temperature, requests[r].params.top_p] for r, _ in order],
+                          dtype=torch.float32).to(dev)
+        st.temp[rows], st.top_p[rows] = fl.unbind(1)
+        st.n_gen[rows] = 0
+        st.done[rows] = False
+        self.n_active += m
+        logits = last_logits[torch.tensor([firsts[r] for r, _ in order], device=dev)]
+        tok, lp = self._sample_no_sync(logits, rows)
+        n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
+        return StepStats("prefill", m, m, int(max(plens)), int(n.sum()), 0, time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------------------------------------- decode
+    def _decode_forward(self, batch: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target forward of rows 0..batch-1 on their root tokens -> (logits [B, V], hidden [B, H])."""
+        ids = self.rows.last[:batch, None]
+        pos = self.rows.lens[:batch, None]
+        mask = self._cols[:tk][None, None, :] <= pos[:, :, None]  # [B, 1, tk]
+        logits, hidden, _ = self.model.forward_hidden(ids, pos, self.cache, write_idx=pos, attn_mask=mask)
+        return logits[:, 0], hidden[:, 0]
+
+    def decode_step(self, batch: int) -> torch.Tensor:
+        """One plain decode step for rows 0..batch-1 (no host sync) -> tokens emitted per row [B] (device)."""
+        tk = self._tk(self.n_active, 1)
+        if self.graphs is not None:
+            logits, hidden = self.graphs.run(batch, tk)
+        else:
+            logits, hidden = self._decode_forward(batch, tk)
+        rows = slice(0, batch)
+        if self.hidden_hook is not None:
+            self._emit_hidden(batch, self.rows.last[:batch, None], hidden[:, None], torch.ones_like(self.rows.lens[:batch]))
+        tok, lp = self._sample_no_sync(logits, rows)
+        n = self.rows.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
+        self.row_hi[: self.n_active] = np.minimum(self.row_hi[: self.n_active] + 1, self.row_cap[: self.n_active])
+        return n
+
+    # -------------------------------------------------------------------------------------------- speculative
+    def speculative_step(self, batch: int) -> StepStats:
+        """Draft, verify all rows in one target forward, accept, roll back, commit (syncs once for the stats)."""
+        if self.proposer is None:
+            raise RuntimeError("speculative_step needs a proposer")
+        t0 = time.perf_counter()
+        rows, st = slice(0, batch), self.rows
+        ctx = DraftContext(
+            tokens=st.hist[:batch], seq_lens=st.lens[:batch] + 1, roots=st.last[:batch], groups=st.group[:batch],
+            prompt_lens=st.prompt_len[:batch], active=~st.done[:batch], spec=self.spec,
+            temperature=st.temp[:batch], top_p=st.top_p[:batch], top_k=st.top_k[:batch], generator=self.gen,
+        )
+        prop = self.proposer.propose(ctx)
+        n_nodes = prop.num_nodes
+        if n_nodes > self.max_nodes:
+            raise ValueError(f"proposal has {n_nodes} nodes > SpecConfig.num_nodes {self.max_nodes}")
+        lens = st.lens[:batch]
+        depth = node_depths(prop.parents)  # [B, N]
+        anc = ancestor_mask(prop.parents)  # [B, N, N]
+        node_i = self._cols[:n_nodes]
+        pos = lens[:, None] + depth
+        widx = lens[:, None] + node_i[None, :]
+        tk = self._tk(self.n_active, n_nodes)
+        mask = (self._cols[:tk][None, None, :] < lens[:, None, None]).expand(batch, n_nodes, tk).clone()
+        mask.scatter_(2, widx[:, None, :].expand(batch, n_nodes, n_nodes), anc)
+        logits, hidden, _ = self.model.forward_hidden(prop.tokens, pos, self.cache, write_idx=widx, attn_mask=mask)
+        chain = self.spec.method == "chain"
+        max_depth = n_nodes - 1 if chain else None
+        max_children = 1 if chain else None
+        if self._all_greedy():
+            res = verify_greedy(prop, logits, max_depth=max_depth, max_children=max_children)
+        else:
+            temp, top_p, top_k = self._params(rows)
+            probs = processed_probs(logits, temp, top_p, top_k)  # type: ignore[arg-type]
+            res = verify_sampling(prop, probs, self.gen, max_depth=max_depth, max_children=max_children)
+        n_acc = res.num_emitted - 1
+        acc_nodes = res.accepted_nodes[:, : res.accepted_nodes.shape[1] - 1].clamp_min(0)  # [B, D]
+        if not chain:
+            self.cache.compact_accepted(lens, acc_nodes, n_acc)
+        if self.hidden_hook is not None:
+            kept = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes], dim=1)  # root + accepted nodes
+            self._emit_hidden(batch, prop.tokens.gather(1, kept),
+                              hidden.gather(1, kept[..., None].expand(-1, -1, hidden.shape[-1])), res.num_emitted)
+        active = ~st.done[:batch]
+        n = st.commit_no_sync(rows, res.tokens, res.logprobs, res.num_emitted)
+        if hasattr(self.proposer, "observe"):
+            self.proposer.observe(res, ctx)
+        self.row_hi[: self.n_active] = np.minimum(self.row_hi[: self.n_active] + n_nodes,
+                                                  self.row_cap[: self.n_active])
+        stats = torch.stack([n.sum(), (n_acc * active).sum()]).tolist()
+        return StepStats("spec", self.n_active, batch, n_nodes, int(stats[0]), int(stats[1]), time.perf_counter() - t0)
+
+    def _emit_hidden(self, batch: int, toks: torch.Tensor, hidden: torch.Tensor, n_kept: torch.Tensor) -> None:
+        """toks [B, K], hidden [B, K, H], n_kept [B]: first n_kept[b] entries of live rows go to the hook."""
+        assert self.hidden_hook is not None
+        live = ~self.rows.done[:batch]
+        keep = (self._cols[: toks.shape[1]][None, :] < n_kept[:, None]) & live[:, None]
+        counts = keep.sum(1).tolist()
+        seq = [self.row_seq[b] for b in range(min(batch, self.n_active)) for _ in range(counts[b])]
+        self.hidden_hook(seq, toks[keep], hidden[keep])
+
+    # --------------------------------------------------------------------------------------------------- sync
+    def sync(self, results: dict[tuple[int, int], SequenceResult]) -> None:
+        """Finished rows leave (results copied to the host); the rest are compacted into rows 0..n-1."""
+        n = self.n_active
+        if n == 0:
+            return
+        st = self.rows
+        done = st.done[:n].cpu()
+        fin = torch.nonzero(done).flatten().tolist()
+        if not fin:
+            return
+        fin_t = torch.tensor(fin, device=self.device)
+        counts = st.n_gen.index_select(0, fin_t).cpu().tolist()
+        width = max(counts)
+        toks = st.out_tok.index_select(0, fin_t)[:, :width].cpu().tolist()
+        lps = st.out_lp.index_select(0, fin_t)[:, :width].cpu().tolist()
+        eos_rows = st.eos.index_select(0, fin_t).cpu().tolist()
+        for i, row in enumerate(fin):
+            r, s = self.row_seq[row]
+            tk = toks[i][: counts[i]]
+            reason = "stop" if tk and tk[-1] in eos_rows[i] else "length"
+            results[(r, s)] = SequenceResult(r, s, tk, lps[i][: counts[i]], reason)  # type: ignore[arg-type]
+        keep = [i for i in range(n) if not done[i]]
+        n_new = len(keep)
+        holes = [i for i in range(n_new) if done[i]]
+        movers = [i for i in keep if i >= n_new]
+        if holes:
+            src = torch.tensor(movers, device=self.device)
+            dst = torch.tensor(holes, device=self.device)
+            self.cache.move_rows(src, dst)
+            st.move_rows(src, dst)
+            if hasattr(self.proposer, "move_rows"):
+                self.proposer.move_rows(src, dst)  # type: ignore[union-attr]
+            for h, mv in zip(holes, movers, strict=True):
+                self.row_seq[h], self.row_params[h] = self.row_seq[mv], self.row_params[mv]
+                self.row_hi[h], self.row_cap[h] = self.row_hi[mv], self.row_cap[mv]
+        st.done[n_new:n] = True
+        del self.row_seq[n_new:], self.row_params[n_new:]
+        self.n_active = n_new
+
+    # ----------------------------------------------------------------------------------------------- generate
+    def generate(self, requests: Sequence[Request]) -> GenerationOutput:
+        t_start = time.perf_counter()
+        for i, req in enumerate(requests):
+            if not req.prompt:
+                raise ValueError(f"request {i} has an empty prompt")
+            if len(req.prompt) + req.params.max_new_tokens > self.max_len:
+                raise ValueError(f"request {i}: prompt {len(req.prompt)} + max_new_tokens "
+                                 f"{req.params.max_new_tokens} > EngineConfig.max_len {self.max_len}")
+        queue = deque((r, s) for r, req in enumerate(requests) for s in range(req.params.n))
+        results: dict[tuple[int, int], SequenceResult] = {}
+        steps: list[StepStats] = []
+        use_spec = self.spec.mode == "on" and self.proposer is not None
+        if hasattr(self.proposer, "reset"):
+            self.proposer.reset(self.slots)  # type: ignore[union-attr]
+        while queue or self.n_active:
+            if queue and self.n_active < self.slots:
+                items = [queue.popleft() for _ in range(min(self.slots - self.n_active, len(queue)))]
+                if hasattr(self.proposer, "on_admit"):
+                    self.proposer.on_admit(self.n_active, len(items))  # type: ignore[union-attr]
+                steps.append(self.prefill(items, requests))
+            batch = self.bucket(self.n_active)
+            if use_spec:
+                steps.append(self.speculative_step(batch))
+            else:
+                t0, active = time.perf_counter(), self.n_active
+                emitted = [self.decode_step(batch).sum() for _ in range(self.config.sync_every)]
+                counts = torch.stack(emitted).tolist()
+                dt = (time.perf_counter() - t0) / len(counts)
+                steps += [StepStats("decode", active, batch, 1, int(c), 0, dt) for c in counts]
+            self.sync(results)
+        seqs = [results[k] for k in sorted(results)]
+        return GenerationOutput(seqs, steps, time.perf_counter() - t_start)
+

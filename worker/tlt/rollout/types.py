@@ -1,0 +1,92 @@
+"""The rollout engine's configs and records: per-request `SamplingParams`, `Request`, `EngineConfig`, `SpecConfig`,
+and what `Engine.generate` returns (`SequenceResult` per sequence, `StepStats` per engine step).
+
+Pure data; see `rollout/engine.py` for the engine itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation settings (the processed distribution is spec/sampling.py's)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 256  # cap on emitted tokens (the EOS token counts)
+    eos_ids: tuple[int, ...] | None = None  # None = the engine's default (tokenizer EOS ids)
+    n: int = 1  # samples per prompt (a GRPO group); they share one prefill
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: list[int]  # prompt token ids (already chat-templated)
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding in the engine. The drafter (a `Proposer`) is passed to the engine separately."""
+
+    mode: Literal["off", "on"] = "off"  # adaptive switching is the adaptive engine's (issue 4)
+    method: Literal["chain", "tree"] = "chain"  # chain of `depth` tokens, or a top-k tree
+    depth: int = 4  # chain length k / tree depth
+    topk: int = 1  # tree branching (candidates per node); 1 with method=chain
+    verify_tokens: int = 16  # tree verify budget: nodes per sequence including the root
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes per sequence in the verify forward (root included)."""
+        return self.depth + 1 if self.method == "chain" else self.verify_tokens
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_len: int = 2048  # prompt + new tokens per sequence (KV columns, before headroom)
+    max_slots: int | None = None  # sequences resident at once; None = from kv_cache_gb
+    kv_cache_gb: float = 8.0  # KV memory budget when max_slots is None
+    sync_every: int = 8  # plain decode steps between host checks for finished sequences
+    cuda_graphs: bool = True  # capture the plain decode step per (batch bucket, attention-length bucket); CUDA only
+    compile: bool = False  # torch.compile the decode forward before capture (CUDA only)
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+    attn_bucket: int = 256  # decode attends over columns 0..Tk-1, Tk rounded up to a multiple of this
+    prefill_tokens: int = 16384  # padded prompt tokens per prefill forward
+    seed: int = 0  # the engine's torch.Generator seed
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SequenceResult:
+    request: int  # index of the request in generate()'s list
+    sample: int  # 0..n-1 within the request
+    tokens: list[int]  # emitted tokens (EOS included when finish_reason == "stop")
+    logprobs: list[float]  # target log-prob of each emitted token (processed distribution; greedy: log_softmax)
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class StepStats:
+    kind: Literal["prefill", "decode", "spec"]
+    active: int  # sequences in the batch (not counting bucket padding)
+    bucket: int  # rows actually computed
+    verify_tokens: int  # tokens per row in the target forward (1 for decode)
+    emitted: int  # tokens emitted by the step (after EOS / budget truncation)
+    accepted: int  # accepted draft tokens (spec steps)
+    seconds: float  # wall time of the step (decode: the sync window's time shared equally)
+
+
+@dataclass
+class GenerationOutput:
+    sequences: list[SequenceResult]  # ordered by (request, sample)
+    steps: list[StepStats]
+    seconds: float  # wall time of generate()
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.sequences)

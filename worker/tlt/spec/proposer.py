@@ -1,0 +1,77 @@
+"""The drafter interface: what the engine tells a drafter each speculative step, and what it gets back.
+
+The engine builds one `DraftContext` per speculative step for its active batch and calls `proposer.propose(ctx)`;
+the returned `DraftProposal` (types.py) goes, with the target's verify forward, to verify.py. Drafters: the n-gram
+drafter (ngram.py), the engine's small-model drafter and the EAGLE drafter implement `Proposer`; they share nothing
+else with the verifier.
+
+Rules a proposal must follow (the verifier relies on them):
+- row b's root (node 0) is `ctx.histories[b][-1]`;
+- at most `ctx.max_nodes` nodes per row (root included) and tree depth at most `ctx.max_depth`;
+- a tree with `draft_probs` must have drawn each node's children sequentially without replacement from that node's
+  `draft_probs` row (a chain: one draw per node); deterministic drafts (`draft_probs=None`) may be any tokens chosen
+  without looking at the target's outputs of this step;
+- tensors on `ctx.device`.
+
+Run the tests: `python -m pytest tests/spec -q`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .sampling import SamplingParams
+from .types import DraftProposal
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """The active batch as a drafter sees it (row b = the b-th active sequence of the engine's batch)."""
+
+    histories: Sequence[Sequence[int]]  # [B] prompt + emitted tokens of each sequence; the last one is the root
+    prompt_lens: Sequence[int]  # [B] number of prompt tokens at the start of each history
+    group_ids: Sequence[int]  # [B] GRPO group of each sequence (same prompt = same group)
+    sample_ids: Sequence[int]  # [B] index of the sequence within its group (0..n-1); (group, sample) is its identity
+    max_nodes: int  # verify budget per row, root included (the arm's verify tokens)
+    max_depth: int  # longest chain / deepest tree level to draft
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where the proposal's tensors go
+    # group id -> histories of ALL sequences of that group so far (active and finished), indexed by sample id, so
+    # groups[group_ids[b]][sample_ids[b]] is histories[b]; the engine passes references to its own growing token
+    # lists (no copy) and drafters index them incrementally. None: only the active histories are known.
+    groups: Mapping[int, Sequence[Sequence[int]]] | None = None
+    sampling: SamplingParams | None = None  # the target's per-row settings, for drafters that sample
+    hidden: torch.Tensor | None = None  # [B, T, H] target hidden states at each row's last T positions (EAGLE)
+    hidden_lens: torch.Tensor | None = None  # [B] int64 valid positions in `hidden` (right-aligned)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.histories)
+
+    def roots(self) -> torch.Tensor:  # [B] int64 last emitted token of each row
+        return torch.tensor([h[-1] for h in self.histories], dtype=torch.int64, device=self.device)
+
+
+class Proposer(Protocol):
+    """A drafter. Implementations: ngram.NGramProposer, the engine's small-model drafter, the EAGLE drafter."""
+
+    def propose(self, ctx: DraftContext) -> DraftProposal:
+        """Draft a chain or tree per active sequence within ctx.max_nodes / ctx.max_depth."""
+        ...
+
+    def reset(self) -> None:
+        """Forget per-rollout state (caches, indexes); called by the engine when a rollout ends."""
+        ...
+
+
+def empty_proposal(ctx: DraftContext) -> DraftProposal:
+    """Root-only proposal: verification then emits exactly one token per row, i.e. plain decoding."""
+    bsz = ctx.batch_size
+    return DraftProposal(
+        tokens=ctx.roots().view(bsz, 1),
+        parents=torch.full((bsz, 1), -1, dtype=torch.int64, device=ctx.device),
+        counts=torch.ones(bsz, dtype=torch.int64, device=ctx.device),
+    )

@@ -1,0 +1,170 @@
+"""Run a TLT training job: `run(spec, run_dir, reporter)` (what the Celery worker calls) and `tlt train` (no service).
+
+    tlt train spec.yaml [--run-dir DIR] [--preset NAME]
+    python -m worker.tlt.train spec.yaml --run-dir runs/demo
+    python -m worker.tlt.train --preset demo-cpu --run-dir runs/demo     # a named preset instead of a file
+
+With `--preset` and a spec file, the file's keys override the preset's. The run directory receives metrics.jsonl,
+histograms.jsonl, samples.jsonl, artifacts.jsonl, train.log (file_reporter.py), checkpoints/step-N and policy/ (the
+HF export). A run directory that already holds checkpoints resumes from the newest one (resume=False starts over).
+Stop a `tlt train` run at its next safe point with `touch DIR/STOP`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from worker.tlt.config import PRESETS, JobSpec
+from worker.tlt.data.dataset import load_examples, split_examples
+from worker.tlt.data.prompts import render_examples
+from worker.tlt.export.hf import export_policy
+from worker.tlt.file_reporter import FileReporter
+from worker.tlt.model.load import load_model
+from worker.tlt.reporting import Reporter
+from worker.tlt.rewards.registry import resolve
+from worker.tlt.rl.checkpoint import capture_rng, clean_partial, latest_checkpoint, load_checkpoint, restore_rng
+from worker.tlt.rl.checkpoint import save_checkpoint as write_checkpoint
+from worker.tlt.rl.engine_adapter import make_rollout
+from worker.tlt.rl.trainer import GRPOTrainer
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(spec: JobSpec) -> torch.device:
+    if spec.resources.gpus > 0:
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"the spec asks for {spec.resources.gpus} GPU(s) but CUDA is not available")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]:
+    """Model, data, rewards and rollout engine wired into a trainer; also returns the validation prompts."""
+    device = pick_device(spec)
+    seed_everything(spec.seed)
+    model, tokenizer = load_model(spec.model, device)
+    ds = spec.dataset
+    rows = load_examples(ds)
+    train_rows, val_rows = split_examples(rows, ds.validation_size if spec.eval_steps > 0 else 0)
+    train = render_examples(train_rows, tokenizer, ds.system_prompt, ds.max_prompt_length)
+    val = render_examples(val_rows, tokenizer, ds.system_prompt, ds.max_prompt_length)
+    if not train:
+        raise ValueError(f"no training prompts fit max_prompt_length={ds.max_prompt_length}")
+    reward_fns = resolve(spec.algorithm.reward_funcs)
+    rollout = make_rollout(spec, model, tokenizer, device)
+    reporter.log(
+        f"model {spec.model.model_dump(exclude_none=True)} on {device}; {len(train)} training prompts, "
+        f"{len(val)} validation; rewards {spec.algorithm.reward_funcs}; rollout speculative={spec.rollout.speculative}"
+    )
+    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device)
+    return trainer, val
+
+
+def save_checkpoint(trainer: GRPOTrainer, root: Path, keep: int) -> Path:
+    extra = {"drafter": trainer.drafter.state_dict()} if trainer.drafter is not None else {}
+    return write_checkpoint(
+        root, trainer.step_count, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler,
+        rng=capture_rng(trainer.generator), trainer_state=trainer.state_dict(), extra=extra, keep=keep,
+    )
+
+
+def resume_from(trainer: GRPOTrainer, root: Path) -> int:
+    """Load the newest checkpoint under root into the trainer; returns its step (0 when there is none)."""
+    clean_partial(root)
+    path = latest_checkpoint(root)
+    if path is None:
+        return 0
+    ck = load_checkpoint(path)
+    trainer.model.load_state_dict(ck.model, strict=False)  # tied heads have no separate lm_head tensor
+    trainer.optimizer.load_state_dict(ck.optimizer)
+    trainer.scheduler.load_state_dict(ck.scheduler)
+    trainer.load_state_dict(ck.trainer_state)
+    restore_rng(ck.rng, trainer.generator)
+    if trainer.drafter is not None and "drafter" in ck.extra:
+        trainer.drafter.load_state_dict(ck.extra["drafter"])
+    return ck.step
+
+
+def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True) -> None:
+    """Train `spec` to max_steps (or until reporter.should_stop()), checkpointing and exporting into run_dir."""
+    if spec.type != "grpo":
+        raise ValueError(f"job type {spec.type!r} is not a GRPO job (drafter warm-up jobs run elsewhere)")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_root = run_dir / "checkpoints"
+    trainer, val = build_trainer(spec, reporter)
+    start = resume_from(trainer, ckpt_root) if resume else 0
+    if start:
+        reporter.log(f"resumed from checkpoint step-{start}")
+    step = start
+    while step < spec.max_steps:
+        if reporter.should_stop():
+            reporter.log(f"stop requested: stopping after step {step}")
+            if step > start:
+                path = save_checkpoint(trainer, ckpt_root, spec.save_total_limit)
+                reporter.artifact("checkpoint", path, step)
+            return
+        metrics, samples, (edges, counts) = trainer.step()
+        step = trainer.step_count
+        if spec.eval_steps and step % spec.eval_steps == 0:
+            metrics.update(trainer.validate(val))
+        reporter.metrics(step, metrics)
+        reporter.histogram(step, "response_length", edges, counts)
+        reporter.samples(step, samples)
+        reporter.log(
+            f"step {step}/{spec.max_steps} reward {metrics['reward/mean']:.4f} loss {metrics['actor/pg_loss']:.4f} "
+            f"len {metrics['response_length/mean']:.1f} step {metrics['timing_s/step']:.2f}s"
+        )
+        if step % spec.save_steps == 0 or step == spec.max_steps:
+            path = save_checkpoint(trainer, ckpt_root, spec.save_total_limit)
+            reporter.artifact("checkpoint", path, step)
+    policy = export_policy(
+        trainer.model, trainer.tokenizer, run_dir / "policy",
+        generation={"do_sample": True, "temperature": spec.algorithm.temperature, "top_p": spec.algorithm.top_p},
+    )
+    reporter.artifact("policy", policy, step)
+    reporter.log(f"done: {step} steps; policy exported to {policy}")
+
+
+def load_spec(path: str | None, preset_name: str | None) -> JobSpec:
+    data: dict = dict(PRESETS[preset_name]) if preset_name else {}
+    if preset_name and preset_name not in PRESETS:
+        raise KeyError(f"unknown preset {preset_name!r}; known: {', '.join(PRESETS)}")
+    if path:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        data = {**data, **loaded}
+    return JobSpec.model_validate(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tlt train", description="Run a TLT GRPO job without the service.")
+    parser.add_argument("spec", nargs="?", help="job spec YAML (JobSpec fields)")
+    parser.add_argument("--run-dir", default=None, help="output directory (default runs/<spec name>)")
+    parser.add_argument("--preset", default=None, choices=sorted(PRESETS), help="start from a named preset")
+    parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in the run directory")
+    args = parser.parse_args(argv)
+    if not args.spec and not args.preset:
+        parser.error("give a spec file or --preset")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = load_spec(args.spec, args.preset)
+    run_dir = Path(args.run_dir or f"runs/{spec.name}")
+    run(spec, run_dir, FileReporter(run_dir), resume=not args.no_resume)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
