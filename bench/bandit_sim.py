@@ -6,7 +6,13 @@ of every arm at every batch size (worker/tlt/adaptive/sim.py). Printed per (scen
 regret (1 - expected tokens/s of chosen arms / oracle's, all rounds), realised tokens/s relative to always "none"
 (SD off), and the fraction of the last 20% of rounds on the oracle's arm.
 
-Run: `python -m bench.bandit_sim [--rounds 3000] [--seeds 5] [--out bench/results/bandit_sim.md]` (CPU, ~1 min).
+A second table runs whole simulated rollouts (`--rollouts` of 512 sequences, log-normal lengths <= 1024; the bandit
+keeps its state from one rollout to the next, as across RL steps; in the changing scenarios the acceptance changes
+at the middle rollout) with the SD switch (on below 32, patience 3): rollout time, tail tokens/s and per-bucket
+tokens/s relative to SD off, for each bandit and for the per-step oracle.
+
+Run: `python -m bench.bandit_sim [--rounds 3000] [--seeds 5] [--rollouts 8] [--jobs 2]
+[--out bench/results/bandit_sim.md]` (CPU; a few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from worker.tlt.adaptive.arms import NO_SD, TLT_BUCKETS, arms_table
-from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, make_bandit
-from worker.tlt.adaptive.sim import SimEnv, run_bucket
+from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, BanditKind, WindowBandit, make_bandit
+from worker.tlt.adaptive.metrics import RolloutSdMetrics
+from worker.tlt.adaptive.sim import SimEnv, response_lengths, run_bucket, simulate_rollout
 
 # Batch range per bucket while SD is on (the switch turns SD off at >= 48 active with on_below 32).
 BATCH_RANGES = {0: (1, 1), 1: (2, 4), 2: (5, 20), 3: (21, 47)}
@@ -42,7 +49,7 @@ SCENARIOS = (
 )
 
 
-def run(scenario: Scenario, kind: str, rounds: int, seed: int, config: BanditConfig) -> dict[str, float]:
+def run(scenario: Scenario, kind: BanditKind, rounds: int, seed: int, config: BanditConfig) -> dict[str, float]:
     kinds = list(scenario.alphas)
     table = arms_table(kinds)  # type: ignore[arg-type]
     bandit = make_bandit(table, replace(config, kind=kind), seed=seed)
@@ -67,7 +74,62 @@ def run(scenario: Scenario, kind: str, rounds: int, seed: int, config: BanditCon
             "best_last": statistics.fmean(last_best), "tokens_per_s": tokens / seconds}
 
 
-def _cell(job: tuple[Scenario, str, bool, int, int, BanditConfig]) -> dict[str, float]:
+def run_rollouts(scenario: Scenario, policy: str, rollouts: int, seed: int,
+                 config: BanditConfig) -> list[RolloutSdMetrics]:
+    """Metrics of `rollouts` consecutive rollouts under one policy ("off", "oracle" or a bandit kind)."""
+    table = arms_table(list(scenario.alphas))  # type: ignore[arg-type]
+    pol: WindowBandit | str = policy
+    if policy not in ("off", "oracle"):
+        pol = make_bandit(table, replace(config, kind=policy), seed=seed)  # type: ignore[arg-type]
+    env = SimEnv(dict(scenario.alphas), seed=seed)
+    out = []
+    for r in range(rollouts):
+        for frac, alphas in scenario.events.items():
+            if r == int(frac * rollouts):
+                env.alphas.update(alphas)
+        out.append(simulate_rollout(env, response_lengths(512, seed=seed * 100 + r), table, pol))
+    return out
+
+
+def _rollout_cell(job: tuple[Scenario, str, int, int, BanditConfig]) -> dict[str, float]:
+    sc, policy, rollouts, seed, config = job
+    ms = run_rollouts(sc, policy, rollouts, seed, config)
+    out = {"seconds": sum(m.full.seconds + m.tail.seconds for m in ms),
+           "tail_tokens": sum(m.tail.tokens for m in ms), "tail_seconds": sum(m.tail.seconds for m in ms)}
+    for m in ms:
+        for row in m.per_bucket():
+            out[f"tok/{row['bucket']}"] = out.get(f"tok/{row['bucket']}", 0.0) + row["tokens"]
+            out[f"sec/{row['bucket']}"] = out.get(f"sec/{row['bucket']}", 0.0) + row["seconds"]
+    return out
+
+
+def rollout_table(args: argparse.Namespace, config: BanditConfig, pool: multiprocessing.pool.Pool) -> list[str]:
+    policies = ["off", "oracle", *BANDITS]
+    jobs = [(sc, p, args.rollouts, seed, config) for sc in SCENARIOS for p in policies for seed in range(args.seeds)]
+    results = iter(pool.map(_rollout_cell, jobs, chunksize=1))
+    labels = [TLT_BUCKETS.label(b) for b in range(TLT_BUCKETS.num_buckets)]
+    lines = ["", f"Simulated rollouts: {args.rollouts} consecutive rollouts x 512 sequences, {args.seeds} seeds, "
+             "switch on below 32 (patience 3); ratios to SD off (same lengths, same seeds)", "",
+             "| scenario | policy | rollout time vs off | tail tok/s vs off | " + " | ".join(
+                 f"bucket {lb} tok/s vs off" for lb in labels) + " |", "|---|---|---|---|" + "---|" * len(labels)]
+    for sc in SCENARIOS:
+        rows = {p: [next(results) for _ in range(args.seeds)] for p in policies}
+        off = rows["off"]
+        for p in policies[1:]:
+            rs = rows[p]
+            time_ratio = statistics.fmean(r["seconds"] / o["seconds"] for r, o in zip(rs, off, strict=True))
+            tail = statistics.fmean((r["tail_tokens"] / r["tail_seconds"]) / (o["tail_tokens"] / o["tail_seconds"])
+                                    for r, o in zip(rs, off, strict=True))
+            cells = []
+            for lb in labels:
+                pairs = [(r, o) for r, o in zip(rs, off, strict=True) if r.get(f"sec/{lb}") and o.get(f"sec/{lb}")]
+                cells.append(f"{statistics.fmean((r[f'tok/{lb}'] / r[f'sec/{lb}']) / (o[f'tok/{lb}'] / o[f'sec/{lb}']) for r, o in pairs):.2f}x"
+                             if pairs else "-")
+            lines.append(f"| {sc.name} | {p} | {time_ratio:.3f}x | {tail:.2f}x | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cell(job: tuple[Scenario, BanditKind, bool, int, int, BanditConfig]) -> dict[str, float]:
     sc, kind, per_seq, rounds, seed, config = job
     return run(sc, kind, rounds, seed, replace(config, per_sequence=per_seq))
 
@@ -82,16 +144,18 @@ def main() -> None:
     ap.add_argument("--epsilon", type=float, default=BanditConfig.epsilon)
     ap.add_argument("--reward", choices=["both", "per_seq", "raw"], default="both",
                     help="reward per active sequence, raw tokens/s of the step, or both as separate rows")
+    ap.add_argument("--rollouts", type=int, default=8, help="consecutive simulated rollouts; 0 = skip that table")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
     args = ap.parse_args()
     config = BanditConfig(window=args.window, max_age=args.max_age, ucb_c=args.ucb_c, epsilon=args.epsilon)
     rewards = {"both": (False, True), "per_seq": (True,), "raw": (False,)}[args.reward]
-    variants = [(kind, ps) for kind in BANDITS for ps in rewards]
+    variants: list[tuple[BanditKind, bool]] = [(kind, ps) for kind in BANDITS for ps in rewards]
     jobs = [(sc, kind, ps, args.rounds, seed, config) for sc in SCENARIOS for kind, ps in variants
             for seed in range(args.seeds)]
     with multiprocessing.Pool(args.jobs) as pool:
         results = iter(pool.map(_cell, jobs, chunksize=1))
+        extra = rollout_table(args, config, pool) if args.rollouts else []
     lines = [
         f"Bandit comparison on the simulated cost model: {args.rounds} rounds per bucket x 4 buckets "
         f"({', '.join(TLT_BUCKETS.label(b) for b in range(4))}), {args.seeds} seeds; window={config.window} "
@@ -112,6 +176,7 @@ def main() -> None:
                          f"| {m['oracle_vs_off']:.2f}x | {m['best_last']:.0%} |")
     ranked = sorted(totals.items(), key=lambda kv: statistics.fmean(kv[1]))
     lines += ["", "Mean regret over scenarios: " + ", ".join(f"{k} {statistics.fmean(v):.2%}" for k, v in ranked)]
+    lines += extra
     text = "\n".join(lines)
     print(text)  # this is a CLI script: the table is its output
     if args.out:

@@ -17,6 +17,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -117,6 +118,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     from backend.core.config import get_settings
     from backend.core.migrate import upgrade
 
+    with socket.socket() as sock:  # fail early and clearly instead of talking to whatever holds the port
+        if sock.connect_ex((args.host, args.port)) == 0:
+            sys.stderr.write(f"tlt: {args.host}:{args.port} is already in use; pick another with --port\n")
+            return EXIT_API
     settings = get_settings()
     settings.ensure_dirs()
     upgrade(settings.database_url)
@@ -312,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "alembic.runtime.plugins"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if argv and argv[0] in LIBRARY_COMMANDS:
         module = importlib.import_module(LIBRARY_COMMANDS[argv[0]][0])
         return int(module.main(argv[1:]))

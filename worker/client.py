@@ -155,7 +155,7 @@ class TltClient:
 
 def parse_sse(lines: Iterator[str]) -> Iterator[SseEvent]:
     """Server-sent events from text lines (the subset the API emits: event, id, data, comments)."""
-    event, ident, data = "message", None, []
+    event, ident, data = "message", None, list[str]()
     for line in lines:
         if not line:
             if data:

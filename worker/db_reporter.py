@@ -59,13 +59,10 @@ class DbReporter:
     # ------------------------------------------------------------ Reporter protocol
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
-        rows: list[tuple[int, str, float]] = []
-        bad: list[tuple[int, str, float]] = []
-        for name, value in values.items():
-            v = float(value)
-            (rows if math.isfinite(v) else bad).append((int(step), name, v))
-        if bad:  # NaN/inf cannot be stored portably (SQLite turns NaN into NULL): say so in the job's log
-            self.log(f"step {step}: non-finite metrics not stored: " + ", ".join(f"{n}={v}" for _, n, v in bad))
+        rows = [(int(step), name, float(v)) for name, v in values.items()]
+        bad = [f"{n}={v}" for _, n, v in rows if not math.isfinite(v)]
+        if bad:  # stored as null (SQLite cannot hold NaN); say so in the job's log where a person will see it
+            self.log(f"step {step}: non-finite metrics: " + ", ".join(bad))
         with self._lock:
             self._metrics.extend(rows)
             full = self._pending() >= self.max_rows

@@ -43,7 +43,7 @@ def resolve_spec(spec: JobSpec, sessions) -> JobSpec:  # type: ignore[no-untyped
     if not spec.dataset.dataset_id:
         return spec
     with sessions() as s:
-        ds = crud.get_dataset(s, None, int(spec.dataset.dataset_id))
+        ds = crud.get_dataset(s, None, spec.dataset.dataset_id)
     dataset = spec.dataset.model_copy(update={"dataset_id": None, "path": ds.path, "builtin": None})
     return spec.model_copy(update={"dataset": dataset})
 

@@ -130,16 +130,23 @@ class JobSupervisor:
                "--parent-pid", str(os.getpid())]
         return cmd + (["--resume"] if resume else [])
 
-    def child_env(self) -> dict[str, str]:
+    def child_env(self, gpus: int) -> dict[str, str]:
         env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = assign_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
         env.update(TLT_DATABASE_URL=self.settings.database_url, TLT_BROKER_URL=self.settings.broker_url,
                    TLT_ARTIFACT_DIR=str(self.settings.artifacts), TLT_HOME=str(self.settings.home),
                    PYTHONUNBUFFERED="1")
         return env
 
     def supervise(self, attempt: int, resume: bool) -> tuple[JobStatus, str]:
+        with self.sessions() as s:
+            gpus = int(crud.get_job(s, None, self.job_id).spec.get("resources", {}).get("gpus", 0))
+        try:
+            env = self.child_env(gpus)
+        except ValueError as e:
+            return S.failed, str(e)
         proc = subprocess.Popen(
-            self.child_command(attempt, resume), env=self.child_env(), stdin=subprocess.DEVNULL,
+            self.child_command(attempt, resume), env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True, errors="replace",
         )
         log.info("job %s attempt %s: child pid %s", self.job_id, attempt, proc.pid)
@@ -222,7 +229,7 @@ class JobSupervisor:
         if lines:
             try:
                 with self.sessions() as s:
-                    crud.add_logs(s, self.job_id, attempt, lines)
+                    crud.add_logs(s, self.job_id, attempt, lines, stream="output")
                     s.commit()
             except Exception:  # noqa: BLE001 - losing output lines must not kill the job
                 log.exception("job %s: could not store %d output lines", self.job_id, len(lines))
@@ -254,6 +261,19 @@ def _sweep_loop(app: Celery, settings: Settings, queues: list[str]) -> None:
         except Exception:  # noqa: BLE001 - the sweeper must outlive a database or broker hiccup
             log.exception("stale-job sweep failed")
         time.sleep(settings.heartbeat_timeout_s / 2)
+
+
+def assign_gpus(visible: str | None, gpus: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a child that needs `gpus` GPUs, from the worker's own (None: not restricted).
+    A CPU job sees no GPU; a GPU job gets the first `gpus` of the worker's devices (one job per worker at a time)."""
+    if gpus == 0:
+        return ""
+    if visible is None:
+        return ",".join(str(i) for i in range(gpus))
+    devices = [d for d in visible.split(",") if d.strip()]
+    if len(devices) < gpus:
+        raise ValueError(f"the job needs {gpus} GPUs; this worker has {len(devices)} (CUDA_VISIBLE_DEVICES={visible!r})")
+    return ",".join(devices[:gpus])
 
 
 def _age_s(ts: datetime | None) -> float:

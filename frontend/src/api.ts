@@ -17,7 +17,10 @@ export interface JobEvent {
 }
 export interface MetricPoint { step: number; value: number }
 export interface MetricSeries { name: string; points: MetricPoint[]; total: number }
-export interface MetricHistory { series: MetricSeries[]; last_step: number | null }
+export interface MetricHistory {
+  series: MetricSeries[]; last_step: number | null;
+  stream_cursor?: string | null; // requested from the backend: the SSE cursor at the time of this query
+}
 export interface Histogram { step: number; name: string; edges: number[]; counts: number[] }
 export interface LogLine { id: number; created_at: string; attempt: number; stream: string; line: string }
 export interface Sample { id: number; step: number; rows: Record<string, unknown>[] }

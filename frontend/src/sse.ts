@@ -57,6 +57,9 @@ export class EventStream {
 
   start(): void { void this.loop(); }
 
+  /** Drop the current connection and open a new one that resumes from the last event id. */
+  reconnect(): void { this.ctrl?.abort(); }
+
   stop(): void {
     this.stopped = true;
     this.ctrl?.abort();

@@ -81,10 +81,11 @@ def test_topk_tree_random_is_ancestor_closed_and_optimal() -> None:
     bsz, k, depth = 6, 3, 4
     root = torch.zeros(bsz, dtype=torch.int64)
     tokens, parents, logps = [], [], []
-    width = 1
+    width, first_id = 1, 1
     for d in range(depth):
         m = width * k
-        tokens.append(torch.randint(0, 50, (bsz, m), generator=g))
+        tokens.append(torch.arange(first_id, first_id + m).expand(bsz, m))  # unique ids identify candidates
+        first_id += m
         parents.append(torch.arange(m).div(k, rounding_mode="floor").expand(bsz, m).clone())
         lp = torch.log_softmax(torch.randn(bsz, m, generator=g), -1)
         lp[0, :] = -math.inf if d == 3 else lp[0, :]  # row 0 has no depth-3 candidates
@@ -95,6 +96,18 @@ def test_topk_tree_random_is_ancestor_closed_and_optimal() -> None:
     assert (prop.counts <= budget).all() and (prop.counts == budget).all()
     depth_of = node_depths(prop.parents)
     assert int(depth_of[0].max()) <= 3
+    # cumulative log-prob of every candidate, by id; the kept ids must be the budget-1 best
+    score: list[dict[int, float]] = [{0: 0.0} for _ in range(bsz)]
+    prev_ids = [torch.zeros(bsz, 1, dtype=torch.int64)]
+    for d in range(depth):
+        for b in range(bsz):
+            for j in range(tokens[d].shape[1]):
+                parent_id = 0 if d == 0 else int(prev_ids[-1][b, int(parents[d][b, j])])
+                score[b][int(tokens[d][b, j])] = score[b][parent_id] + float(logps[d][b, j])
+        prev_ids.append(tokens[d])
     for b in range(bsz):
         for i in range(1, int(prop.counts[b])):
             assert 0 <= int(prop.parents[b, i]) < i  # parents first
+        kept = sorted(score[b][int(t)] for t in prop.tokens[b, 1 : int(prop.counts[b])])
+        finite = sorted(v for key, v in score[b].items() if key != 0 and v > -math.inf)
+        assert kept == finite[-(budget - 1) :]

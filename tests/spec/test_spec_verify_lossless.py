@@ -19,7 +19,7 @@ import torch
 
 from worker.tlt.spec import verify as verify_module
 from worker.tlt.spec.sampling import processed_probs, sample
-from worker.tlt.spec.stat_tests import joint_pair_pvalue
+from worker.tlt.spec.stat_tests import chi_square_pvalue, joint_pair_pvalue
 from worker.tlt.spec.tree import chain_proposal
 from worker.tlt.spec.types import DraftProposal, VerifyResult
 from worker.tlt.spec.verify import verify_sampling
@@ -146,3 +146,36 @@ def test_wrong_rules_are_rejected(monkeypatch: pytest.MonkeyPatch, patch: str, t
     step = m.chain if draft == "chain" else (lambda r: m.tree(r, draft))
     pv, _ = m.two_tokens_pvalue(step)
     assert pv < 1e-6, pv
+
+
+def test_mixed_settings_in_one_batch() -> None:
+    """Half the rows greedy, half sampled at T=1 with top-p: each half follows its own processed distribution."""
+    g = torch.Generator().manual_seed(21)
+    raw = torch.randn(VOCAB, VOCAB, generator=g) * 1.5
+    q_table = torch.softmax(0.8 * raw + torch.randn(VOCAB, VOCAB, generator=g), dim=-1)
+    s = SAMPLES
+    greedy_rows = torch.arange(s) % 2 == 0
+    temp = torch.where(greedy_rows, 0.0, 1.0)
+    top_p = torch.where(greedy_rows, 1.0, 0.9)
+    roots = torch.full((s,), ROOT, dtype=torch.int64)
+    x, toks, qs = roots, [], []
+    for _ in range(3):
+        q = q_table[x]
+        x = sample(q, g)
+        toks.append(x)
+        qs.append(q)
+    prop = chain_proposal(roots, torch.stack(toks, 1), torch.stack(qs, 1))
+    probs = processed_probs(raw[prop.tokens], temp, top_p, 0)  # [S, 4, V] per-row settings
+    res = verify_sampling(prop, probs, g)
+    first = res.tokens[:, 0]
+    assert (first[greedy_rows] == raw[ROOT].argmax()).all()
+    p_root = processed_probs(raw[ROOT].unsqueeze(0), 1.0, 0.9, 0)[0]
+    counts = torch.bincount(first[~greedy_rows], minlength=VOCAB)
+    assert chi_square_pvalue(counts, p_root) > PASS
+    # greedy rows accept exactly the drafts that equal the greedy path
+    greedy_path = [ROOT]
+    for _ in range(4):
+        greedy_path.append(int(raw[greedy_path[-1]].argmax()))
+    for b in torch.nonzero(greedy_rows).flatten()[:200].tolist():
+        n = int(res.num_emitted[b])
+        assert res.tokens[b, :n].tolist() == greedy_path[1 : n + 1]

@@ -49,7 +49,12 @@ export class StepHistogram extends CanvasChart {
 
   constructor(parent: HTMLElement) { super(parent, "Response length — current step", "length-histogram", 180); }
 
-  set(hist: Histogram | null, marks: Marks): void { this.hist = hist; this.marks = marks; this.draw(); }
+  set(hist: Histogram | null, marks: Marks): void {
+    this.hist = hist;
+    this.marks = marks;
+    this.box.dataset.step = hist ? String(hist.step) : "";
+    this.draw();
+  }
 
   draw(): void {
     const ctx = setupCanvas(this.canvas, this.width, this.height);

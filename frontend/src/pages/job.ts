@@ -1,7 +1,9 @@
 // Job page: header (status, step, live step time, cancel / retry), chart panels, samples, artifacts, events and
 // log tail. Loads the downsampled metric history (points=HISTORY_POINTS) plus a full-resolution recent window, then
 // follows the job's SSE stream; histograms, samples and artifacts (not on the stream) are refetched when a new step
-// arrives. Charts redraw at most every REDRAW_MS, so a 10,000-step job stays responsive.
+// arrives. Charts redraw at most every REDRAW_MS, so a 10,000-step job stays responsive. For a long job (more than
+// STREAM_BACKLOG_MAX metric rows) the stream carries events and logs only and metrics are polled by step, until the
+// API returns the stream cursor with the history (see stream_cursor in api.ts).
 import {
   ApiError, FINAL_STATUSES, get, post, qs, type Artifact, type Histogram, type Job, type JobEvent, type LogLine,
   type MetricHistory, type Sample,
@@ -17,6 +19,11 @@ import { statusBadge } from "./jobs";
 const HISTORY_POINTS = 1000; // points per series in the initial history
 const WINDOW_STEPS = 300; // steps of full-resolution histograms and length lines (heat-map)
 const REDRAW_MS = 300;
+// Above this many stored metric rows the stream's replay of old rows (it starts at the first row unless given a
+// cursor) would hold the live tail back for long: the stream then skips metrics and they are polled by step instead.
+const STREAM_BACKLOG_MAX = 20_000;
+const SKIP_METRICS = String(Number.MAX_SAFE_INTEGER);
+const POLL_MS = 1000;
 
 export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   const store = new MetricStore();
@@ -24,6 +31,9 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   let hists: Histogram[] = [];
   let panels: Panels | null = null;
   let stream: EventStream | null = null;
+  let startCursor = "";
+  let pollMetrics = false;
+  let pollTimer = 0;
   let alive = true;
 
   const head = h("div", { class: "jobhead" });
@@ -42,6 +52,8 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
 
   const cancelBtn = h("button", { "data-testid": "cancel" }, "Cancel");
   const retryBtn = h("button", { "data-testid": "retry" }, "Retry");
+  const reconnectBtn = h("button", { class: "link small", "data-testid": "reconnect", title: "drop the stream and resume from the last event" }, "reconnect");
+  reconnectBtn.addEventListener("click", () => stream?.reconnect());
   cancelBtn.addEventListener("click", () => void act("cancel"));
   retryBtn.addEventListener("click", () => void act("retry"));
 
@@ -59,7 +71,7 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
         h("span", { class: "stat" }, "step time ", liveStepTime),
         h("span", { class: "stat" }, `attempt ${job.attempt}`), h("span", { class: "stat" }, `queue ${job.queue}`),
         h("span", { class: "stat" }, `owner ${job.owner}`), job.worker ? h("span", { class: "stat" }, `worker ${job.worker}`) : null,
-        h("span", { class: "stat muted" }, `created ${fmtTime(job.created_at)}`), h("span", { class: "stat" }, "stream: ", streamState)),
+        h("span", { class: "stat muted" }, `created ${fmtTime(job.created_at)}`), h("span", { class: "stat" }, "stream: ", streamState, " ", reconnectBtn)),
       job.reason ? h("p", { class: job.status === "failed" ? "error" : "muted", "data-testid": "reason" }, h("pre", {}, job.reason)) : null,
     ]);
   }
@@ -69,7 +81,7 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
     try {
       job = await post<Job>(`jobs/${jobId}/${what}`);
       drawHead();
-      if (what === "retry") startStream();
+      if (what === "retry") { startStream(); if (pollMetrics) { clearTimeout(pollTimer); void poll(); } }
     } catch (e) {
       err.textContent = `${what} failed: ${e instanceof ApiError ? e.message : e}`;
     }
@@ -133,9 +145,20 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
     redraw();
   }
 
+  async function poll(): Promise<void> {
+    const after = store.lastStep;
+    try {
+      const m = await get<MetricHistory>(`jobs/${jobId}/metrics${qs({ after_step: after })}`);
+      let newStep = false;
+      for (const s of m.series) for (const p of s.points) if (store.add(p.step, s.name, p.value) && p.step > after) newStep = true;
+      if (newStep) { refreshHists(); refreshSamples(); refreshArtifacts(); redraw(); }
+    } catch { /* the stream's state shows connection trouble; try again */ }
+    if (alive && pollMetrics && !(job && FINAL_STATUSES.has(job.status))) pollTimer = window.setTimeout(() => void poll(), POLL_MS);
+  }
+
   function startStream(): void {
     stream?.stop();
-    const last = stream?.lastEventId ?? "";
+    const last = stream?.lastEventId || startCursor;
     stream = new EventStream(`/api/v1/jobs/${jobId}/stream`, onMessages, (s, detail) => {
       streamState.textContent = s;
       streamState.title = detail ?? "";
@@ -152,6 +175,9 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
       panels = new Panels(chartsRoot, gpus);
       const hist = await get<MetricHistory>(`jobs/${jobId}/metrics${qs({ points: HISTORY_POINTS })}`);
       store.loadHistory(hist.series);
+      const rows = hist.series.reduce((a, x) => a + x.total, 0);
+      if (hist.stream_cursor) startCursor = hist.stream_cursor;
+      else if (rows > STREAM_BACKLOG_MAX) { startCursor = `${SKIP_METRICS}.0.0`; pollMetrics = true; }
       if (hist.last_step !== null) {
         const win = await get<MetricHistory>(`jobs/${jobId}/metrics${qs({
           names: ["response_length/p50", "response_length/p90", "response_length/max"].join(","),
@@ -163,10 +189,11 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
       redraw();
       refreshHists(); refreshSamples(); refreshArtifacts();
       startStream();
+      if (pollMetrics) void poll();
     } catch (e) {
       err.textContent = e instanceof ApiError && e.status === 404 ? `Job ${jobId} not found.` : `Could not load job: ${e}`;
     }
   })();
 
-  return () => { alive = false; stream?.stop(); panels?.destroy(); };
+  return () => { alive = false; clearTimeout(pollTimer); stream?.stop(); panels?.destroy(); };
 }

@@ -4,19 +4,29 @@
 - arms.py: `Arm` (drafter x depth x top-k x verify tokens), presets, `BucketScheme`, `default_arms()`;
 - bandit.py: per-bucket bandits choosing the arm (BEG-MAB epsilon-greedy, sliding UCB1, Gaussian Thompson);
 - metrics.py: `RolloutSdMetrics`, the sd/* and perf/tokens_per_s_* metrics of a rollout;
+- controller.py: `AdaptiveSd`, the three above wired for the engine's loop (plan / record per step);
 - sim.py: a simulated step-cost model where the best arm is known (tests, `python -m bench.bandit_sim`).
 
-Per decode step the engine does: `on = switch.update(active)`; if on, `arm = bandit.select(scheme.bucket(active))`,
-runs the step with it, then `bandit.observe(bucket, arm, emitted, seconds)` and `metrics.observe_step(...)`.
+Per decode step the engine does `arm = ctl.plan(active)`, runs the step with it, then
+`ctl.record(active, arm, emitted, seconds, accepted_per_pos)`; see controller.py.
 """
 
-from worker.tlt.adaptive.arms import NO_SD, TLT_BUCKETS, Arm, BucketScheme, arms_table, default_arms
+from worker.tlt.adaptive.arms import (
+    NO_SD,
+    TLT_BUCKETS,
+    Arm,
+    BucketScheme,
+    arms_table,
+    default_arms,
+    verify_lengths,
+)
 from worker.tlt.adaptive.bandit import BanditConfig, WindowBandit, bandit_from_dict, make_bandit
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.metrics import RolloutSdMetrics, per_position_counts
 from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
 
 __all__ = [
-    "NO_SD", "TLT_BUCKETS", "Arm", "BucketScheme", "arms_table", "default_arms",
+    "NO_SD", "TLT_BUCKETS", "Arm", "BucketScheme", "arms_table", "default_arms", "verify_lengths", "AdaptiveSd",
     "BanditConfig", "WindowBandit", "bandit_from_dict", "make_bandit",
     "RolloutSdMetrics", "per_position_counts", "SdSwitch", "SwitchConfig",
 ]

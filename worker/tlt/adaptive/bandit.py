@@ -1,8 +1,10 @@
 """Per-bucket bandits that pick the speculative-decoding arm of each decode step.
 
 One independent bandit per batch-size bucket (see arms.py). Reward of a step = tokens emitted across the batch /
-step wall time (emitted tokens per second), observed by the engine after the step. Three policies share one
-interface, `select(bucket) -> Arm` and `observe(bucket, arm, tokens, seconds)`:
+step wall time (emitted tokens per second), observed by the engine after the step; by default divided by the active
+batch (`BanditConfig.per_sequence`: a bucket spans batch sizes, and per sequence the reward no longer depends on
+which batch size an arm happened to run at; measured lower regret for all three policies). Three policies share
+one interface, `select(bucket) -> Arm` and `observe(bucket, arm, tokens, seconds, active=None)`:
 
 - `EpsilonGreedyMedian` ("epsilon_greedy"): TLT's BEG-MAB. With probability epsilon a uniformly random arm,
   otherwise the arm with the highest *median* reward in its sliding window (robust to outlier steps).
@@ -40,12 +42,12 @@ BanditKind = Literal["epsilon_greedy", "ucb", "thompson"]
 
 @dataclass(frozen=True)
 class BanditConfig:
-    kind: BanditKind = "epsilon_greedy"  # TLT's BEG-MAB; see bench/bandit_sim.py for the measured comparison
+    kind: BanditKind = "thompson"  # lowest regret on the simulated cost model (bench/results/bandit_sim.md)
     window: int = 16  # observations kept per arm (sliding window)
     max_age: int = 500  # an observation expires after this many rounds of its bucket; 0 = never
     min_pulls: int = 2  # forced exploration: fresh observations an arm needs before the policy ranks it
     epsilon: float = 0.1  # epsilon_greedy: exploration probability (TLT: 0.1)
-    ucb_c: float = 0.5  # ucb: exploration coefficient on normalised reward (1.0 = textbook UCB1)
+    ucb_c: float = 0.25  # ucb: exploration coefficient on normalised reward (1.0 = textbook UCB1; 0.25 measured best)
     prior_std: float = 0.05  # thompson: floor of a window's std, in units of the bucket's best reward
     # Reward per active sequence (tokens/s / active) when observe() is given `active`. Same ranking of arms at one
     # batch size, but a bucket spans batch sizes (5-20: 4x in tokens/s while memory-bound), and raw tokens/s would
@@ -247,7 +249,7 @@ class GaussianThompson(WindowBandit):
         return best
 
 
-BANDITS: dict[str, type[WindowBandit]] = {
+BANDITS: dict[BanditKind, type[WindowBandit]] = {
     "epsilon_greedy": EpsilonGreedyMedian,
     "ucb": SlidingUcb,
     "thompson": GaussianThompson,

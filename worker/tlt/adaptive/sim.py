@@ -120,9 +120,9 @@ class SimTrace:
         pairs = list(zip(self.chosen[-last:], self.best[-last:], strict=True))
         return sum(c == b for c, b in pairs) / max(1, len(pairs))
 
-    def regret(self) -> float:
-        """Relative regret: 1 - sum(expected reward of chosen) / sum(oracle's)."""
-        return 1.0 - sum(self.reward) / max(sum(self.oracle_reward), 1e-12)
+    def regret(self, last: int = 0) -> float:
+        """Relative regret over all rounds (or the last `last`): 1 - sum(expected reward of chosen) / sum(oracle's)."""
+        return 1.0 - sum(self.reward[-last:]) / max(sum(self.oracle_reward[-last:]), 1e-12)
 
     @property
     def tokens_per_s(self) -> float:

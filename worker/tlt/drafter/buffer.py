@@ -167,3 +167,49 @@ class HiddenStateBuffer:
     def token_counts(self, vocab_size: int) -> torch.Tensor:  # [V] how often each token occurs in the buffer
         t = self.tokens[self.step >= 0]
         return torch.bincount(t, minlength=vocab_size)[:vocab_size]
+
+
+class EngineCapture:
+    """The rollout engine's `hidden_hook` -> `HiddenStateBuffer.capture`, response rows only.
+
+    The engine reports every position whose K/V entered its cache with (request, sample) ids. The first call that
+    mentions a request is its prefill (the prompt of sample 0; siblings share that K/V and report nothing): those rows
+    are dropped except the prompt's last one, whose hidden state predicts the first response token. Rows of later
+    calls are response tokens. Sequence ids are integers `(rollout << 40) + request * max_samples + sample`.
+    """
+
+    def __init__(self, buffer: HiddenStateBuffer, max_samples: int = 4096) -> None:
+        self.buffer, self.max_samples = buffer, max_samples
+        self._seen: set[int] = set()
+        self._epoch = 0  # rollouts seen: keeps ids of different generate() calls apart
+
+    def reset(self) -> None:
+        """Call before each new rollout (`Engine.generate` numbers requests from 0 again)."""
+        self._seen.clear()
+        self._epoch += 1
+
+    def __call__(
+        self,
+        seq_ids: list[tuple[int, int]],  # [N] (request, sample) of each row
+        token_ids: torch.Tensor,  # [N]
+        hidden: torch.Tensor,  # [N, F]
+    ) -> None:
+        n = len(seq_ids)
+        if n == 0:
+            return
+        keep = [True] * n
+        new = {r for r, _ in seq_ids if r not in self._seen}
+        if new:
+            for i, (r, _) in enumerate(seq_ids):
+                # a prompt row unless it is the last row of that request's prefill in this call
+                if r in new and not (i + 1 == n or seq_ids[i + 1][0] != r):
+                    keep[i] = False
+            self._seen |= new
+        base = self._epoch << 40
+        ids = torch.tensor([base + r * self.max_samples + s for r, s in seq_ids], dtype=torch.int64)
+        if all(keep):
+            self.buffer.capture(ids, token_ids, hidden)
+        else:
+            k = torch.tensor(keep)
+            kd = k.to(hidden.device)
+            self.buffer.capture(ids[k], token_ids[kd], hidden[kd])

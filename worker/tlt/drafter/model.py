@@ -99,8 +99,7 @@ class EagleDrafter(nn.Module):
             self.t2d[:dv] = True
         self.post_attention_layernorm = RMSNorm(h, targs.norm_eps)
         self.mlp = MLP(self.args)
-        inv = rope_inv_freq(self.args)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self._inv_freq = rope_inv_freq(self.args)  # [D/2] fp32; a plain attribute so .to(dtype) never rounds it
         self.reset_parameters()
 
     # ------------------------------------------------------------------------------------------------ setup
@@ -165,7 +164,9 @@ class EagleDrafter(nn.Module):
         return torch.cat([captured[i] for i in self.feature_layers], dim=-1)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [B, S] -> 2x [B, 1, S, D]
-        freqs = positions.float()[..., None] * self.inv_freq.float()
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        freqs = positions.float()[..., None] * self._inv_freq
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)
         return emb.cos(), emb.sin()
 

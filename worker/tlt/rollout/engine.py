@@ -33,7 +33,6 @@ import torch
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache, slots_for_budget
-from worker.tlt.rollout.proposer_api import DraftContext, Proposer
 from worker.tlt.rollout.state import MAX_EOS, RowState
 from worker.tlt.rollout.types import (
     EngineConfig,
@@ -43,7 +42,10 @@ from worker.tlt.rollout.types import (
     SpecConfig,
     StepStats,
 )
+from worker.tlt.spec.proposer import DraftContext, Proposer
+from worker.tlt.spec.sampling import SamplingParams as RowParams
 from worker.tlt.spec.sampling import processed_probs, sample, token_logprobs
+from worker.tlt.spec.stats import AcceptanceStats
 from worker.tlt.spec.tree import ancestor_mask, node_depths
 from worker.tlt.spec.verify import verify_greedy, verify_sampling
 
@@ -94,6 +96,10 @@ class Engine:
         self.row_params: list[tuple[float, float, int]] = []  # (temperature, top_p, top_k) per active row
         self.row_hi = np.zeros(slots, dtype=np.int64)  # upper bound of lens per row (picks the attention length)
         self.row_cap = np.zeros(slots, dtype=np.int64)  # prompt_len + max_new_tokens per row
+        self.row_known = np.zeros(slots, dtype=np.int64)  # emitted tokens already appended to `histories`
+        # request -> per-sample host token lists (prompt + emitted), what drafters read; filled lazily
+        self.histories: dict[int, list[list[int]]] = {}
+        self.accept_stats = AcceptanceStats()  # speculative steps of the last generate() (spec/stats.py)
 
     @property
     def slots(self) -> int:
@@ -186,7 +192,7 @@ class Engine:
             eos = p.eos_ids if p.eos_ids is not None else self.eos_ids
             if len(eos) > MAX_EOS:
                 raise ValueError(f"at most {MAX_EOS} eos ids per request")
-            st.hist[r0 + i, : plens[i]] = torch.tensor(requests[r].prompt, device=dev)
+            self.row_known[r0 + i] = 0
             st.eos[r0 + i] = torch.tensor(list(eos) + [-1] * (MAX_EOS - len(eos)), device=dev)
             self.row_seq.append((r, _))
             self.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
@@ -238,15 +244,23 @@ class Engine:
             raise RuntimeError("speculative_step needs a proposer")
         t0 = time.perf_counter()
         rows, st = slice(0, batch), self.rows
+        self._sync_histories(batch)
+        seqs = self.row_seq[:batch]
         ctx = DraftContext(
-            tokens=st.hist[:batch], seq_lens=st.lens[:batch] + 1, roots=st.last[:batch], groups=st.group[:batch],
-            prompt_lens=st.prompt_len[:batch], active=~st.done[:batch], spec=self.spec,
-            temperature=st.temp[:batch], top_p=st.top_p[:batch], top_k=st.top_k[:batch], generator=self.gen,
+            histories=[self.histories[r][s] for r, s in seqs],
+            prompt_lens=st.prompt_len[:batch].tolist(),
+            group_ids=[r for r, _ in seqs],
+            sample_ids=[s for _, s in seqs],
+            max_nodes=self.spec.num_nodes,
+            max_depth=self.spec.depth,
+            device=self.device,
+            groups=self.histories,
+            sampling=RowParams(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
         )
         prop = self.proposer.propose(ctx)
         n_nodes = prop.num_nodes
-        if n_nodes > self.max_nodes:
-            raise ValueError(f"proposal has {n_nodes} nodes > SpecConfig.num_nodes {self.max_nodes}")
+        if n_nodes > self.max_nodes or prop.tokens.shape[0] != batch:
+            raise ValueError(f"proposal of shape {tuple(prop.tokens.shape)}: want {batch} rows, <= {self.max_nodes} nodes")
         lens = st.lens[:batch]
         depth = node_depths(prop.parents)  # [B, N]
         anc = ancestor_mask(prop.parents)  # [B, N, N]
@@ -259,7 +273,7 @@ class Engine:
         logits, hidden, _ = self.model.forward_hidden(prop.tokens, pos, self.cache, write_idx=widx, attn_mask=mask)
         chain = self.spec.method == "chain"
         max_depth = n_nodes - 1 if chain else None
-        max_children = 1 if chain else None
+        max_children = None  # the drafter decides the branching (one host sync in the verifier)
         if self._all_greedy():
             res = verify_greedy(prop, logits, max_depth=max_depth, max_children=max_children)
         else:
@@ -276,12 +290,23 @@ class Engine:
                               hidden.gather(1, kept[..., None].expand(-1, -1, hidden.shape[-1])), res.num_emitted)
         active = ~st.done[:batch]
         n = st.commit_no_sync(rows, res.tokens, res.logprobs, res.num_emitted)
-        if hasattr(self.proposer, "observe"):
-            self.proposer.observe(res, ctx)
+        self.accept_stats.observe(prop, res)
         self.row_hi[: self.n_active] = np.minimum(self.row_hi[: self.n_active] + n_nodes,
                                                   self.row_cap[: self.n_active])
         stats = torch.stack([n.sum(), (n_acc * active).sum()]).tolist()
         return StepStats("spec", self.n_active, batch, n_nodes, int(stats[0]), int(stats[1]), time.perf_counter() - t0)
+
+    def _sync_histories(self, n: int) -> None:
+        """Append the tokens emitted since the last call to the host histories of rows 0..n-1 (one copy)."""
+        n_gen = self.rows.n_gen[:n].cpu().numpy()
+        known = self.row_known[:n]
+        lo, hi = int(known.min()), int(n_gen.max())
+        if hi <= lo:
+            return
+        block = self.rows.out_tok[:n, lo:hi].cpu().tolist()
+        for b, (r, s) in enumerate(self.row_seq[:n]):
+            self.histories[r][s].extend(block[b][known[b] - lo : n_gen[b] - lo])
+        self.row_known[:n] = n_gen
 
     def _emit_hidden(self, batch: int, toks: torch.Tensor, hidden: torch.Tensor, n_kept: torch.Tensor) -> None:
         """toks [B, K], hidden [B, K, H], n_kept [B]: first n_kept[b] entries of live rows go to the hook."""
@@ -323,11 +348,10 @@ class Engine:
             dst = torch.tensor(holes, device=self.device)
             self.cache.move_rows(src, dst)
             st.move_rows(src, dst)
-            if hasattr(self.proposer, "move_rows"):
-                self.proposer.move_rows(src, dst)  # type: ignore[union-attr]
             for h, mv in zip(holes, movers, strict=True):
                 self.row_seq[h], self.row_params[h] = self.row_seq[mv], self.row_params[mv]
                 self.row_hi[h], self.row_cap[h] = self.row_hi[mv], self.row_cap[mv]
+                self.row_known[h] = self.row_known[mv]
         st.done[n_new:n] = True
         del self.row_seq[n_new:], self.row_params[n_new:]
         self.n_active = n_new
@@ -345,24 +369,23 @@ class Engine:
         results: dict[tuple[int, int], SequenceResult] = {}
         steps: list[StepStats] = []
         use_spec = self.spec.mode == "on" and self.proposer is not None
-        if hasattr(self.proposer, "reset"):
-            self.proposer.reset(self.slots)  # type: ignore[union-attr]
+        self.histories = {r: [list(req.prompt) for _ in range(req.params.n)] for r, req in enumerate(requests)}
+        self.accept_stats = AcceptanceStats()
         while queue or self.n_active:
             if queue and self.n_active < self.slots:
                 items = [queue.popleft() for _ in range(min(self.slots - self.n_active, len(queue)))]
-                if hasattr(self.proposer, "on_admit"):
-                    self.proposer.on_admit(self.n_active, len(items))  # type: ignore[union-attr]
                 steps.append(self.prefill(items, requests))
-            batch = self.bucket(self.n_active)
             if use_spec:
-                steps.append(self.speculative_step(batch))
+                steps.append(self.speculative_step(self.n_active))
             else:
-                t0, active = time.perf_counter(), self.n_active
+                t0, active, batch = time.perf_counter(), self.n_active, self.bucket(self.n_active)
                 emitted = [self.decode_step(batch).sum() for _ in range(self.config.sync_every)]
                 counts = torch.stack(emitted).tolist()
                 dt = (time.perf_counter() - t0) / len(counts)
                 steps += [StepStats("decode", active, batch, 1, int(c), 0, dt) for c in counts]
             self.sync(results)
+        if self.proposer is not None:
+            self.proposer.reset()
         seqs = [results[k] for k in sorted(results)]
         return GenerationOutput(seqs, steps, time.perf_counter() - t_start)
 

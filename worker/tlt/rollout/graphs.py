@@ -54,7 +54,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool):  # type: ignore[arg-type]
             logits, hidden = self._step(batch, tk)
         torch.cuda.synchronize()
         self.capture_seconds += time.perf_counter() - t0

@@ -4,7 +4,6 @@ Row r of every tensor here belongs to the sequence in KV-cache row r. Active seq
 (continuous batching moves rows to keep it so: `move_rows`). Conventions (see rollout/engine.py):
 - `lens[r]`: tokens whose K/V are in the cache (columns 0..lens-1);
 - `last[r]`: the last emitted token (the *root* of the next step), not yet in the cache; its position is lens[r];
-- `hist[r, :lens+1]`: prompt + emitted tokens, root included (what drafters read);
 - `out_tok[r, :n_gen]`, `out_lp[r, :n_gen]`: emitted tokens and their target log-probs.
 Columns past the live region are scratch: masked writes go there instead of branching.
 """
@@ -37,11 +36,10 @@ class RowState:
         self.eos = z(slots, MAX_EOS, fill=-1)  # [S, E] stop tokens, -1 padding
         self.out_tok = z(slots, max_new + spare)  # [S, cap + spare]
         self.out_lp = z(slots, max_new + spare, dtype=torch.float32)  # [S, cap + spare]
-        self.hist = z(slots, max_len + spare)  # [S, T + spare]
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.lens, self.last, self.n_gen, self.done, self.max_new, self.prompt_len, self.group, self.temp,
-                self.top_p, self.top_k, self.eos, self.out_tok, self.out_lp, self.hist]
+                self.top_p, self.top_k, self.eos, self.out_tok, self.out_lp]
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:  # [M] int64 each, disjoint
         for t in self.tensors():
@@ -68,12 +66,10 @@ class RowState:
         n = torch.where(done, torch.zeros_like(n), n.clamp_min(0))
         finished = ~done & ((first_eos < n) | (n >= remaining))
         valid = i[None, :] < n[:, None]
-        lens, n_gen = self.lens[rows], self.n_gen[rows]
+        n_gen = self.n_gen[rows]
         out_col = torch.where(valid, n_gen[:, None] + i[None, :], self.cap + i[None, :])
         self.out_tok[rows].scatter_(1, out_col, toks)
         self.out_lp[rows].scatter_(1, out_col, lps.float())
-        hist_col = torch.where(valid, lens[:, None] + 1 + i[None, :], self.max_len + i[None, :])
-        self.hist[rows].scatter_(1, hist_col, toks)
         new_last = toks.gather(1, (n - 1).clamp_min(0)[:, None]).squeeze(1)
         self.last[rows] = torch.where(n > 0, new_last, self.last[rows])
         self.lens[rows] += n

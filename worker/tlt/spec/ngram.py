@@ -118,8 +118,8 @@ class _Trie:
 
     def select(self, topk: int, budget: int) -> list[int]:
         """Up to budget-1 nodes (root excluded): at most topk children per node, most supported first; returned in
-        breadth-first order so parents precede children. Counts never grow along a path and ties go to the earlier
-        (shallower, older) node, so the selection is closed under ancestors."""
+        breadth-first order so parents precede children. Counts never grow along a path and ties go to the shallower,
+        then earlier-created node (matches are added most recent first), so the selection is closed under ancestors."""
         eligible: list[int] = []
         frontier = [0]
         while frontier:
@@ -203,6 +203,4 @@ class NGramProposer:
             tokens[b, : len(toks)] = torch.tensor(toks, dtype=torch.int64)
             parents[b, : len(pars)] = torch.tensor(pars, dtype=torch.int64)
             counts[b] = len(toks)
-        return DraftProposal(
-            tokens=tokens.to(ctx.device), parents=parents.to(ctx.device), counts=counts.to(ctx.device)
-        )
+        return DraftProposal(tokens=tokens.to(ctx.device), parents=parents.to(ctx.device), counts=counts.to(ctx.device))

@@ -1,129 +1,155 @@
 """Small-model drafter: any causal LM sharing the target's tokenizer (e.g. a smaller model of the same family)
-drafts a chain of `depth` tokens or an EAGLE-2-style top-k tree, from its own KV cache.
+drafts a chain of `ctx.max_depth` tokens or an EAGLE-2-style top-k tree, from its own KV cache.
 
-It implements the engine's Proposer protocol (rollout/proposer_api.py) with its hooks: rows move with the engine's
-rows (`move_rows`), new sequences reset their row (`on_admit`), and `observe` records how much of the drafted chain
-was accepted, so the next `propose` only feeds the tokens the drafter has not seen ("catch-up"; the prompt on a
-row's first step). Chains sample drafts from the drafter's processed distribution with the target's sampling
-settings and hand those distributions to the verifier (exact speculative sampling); greedy rows and trees are
+Implements spec/proposer.Proposer. The drafter keeps one cache row per batch row and remembers, per row, which
+sequence (group, sample) it holds and which tokens it has fed. Each `propose` compares that with the row's history:
+the longest common prefix stays cached, the rest ("catch-up": the prompt on a sequence's first step, the newly
+accepted tokens and the new root afterwards, the whole history when the engine moved a sequence to another row) is
+fed in one forward. Chains sample drafts from the drafter's processed distribution with the target's sampling
+settings and hand those distributions to the verifier (exact speculative sampling); greedy rows and top-k trees are
 deterministic (draft_probs None, for which the verifier's rule is exact too).
 
-    proposer = SmallModelProposer(draft_model)
+    proposer = SmallModelProposer(draft_model, SmallModelConfig(topk=1))
     engine = Engine(target, eos_ids=..., spec=SpecConfig(mode="on", depth=4), proposer=proposer)
 Run the tests: `python -m pytest tests/engine/test_engine_spec_greedy.py -q`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.kv_cache import KVCache
-from worker.tlt.rollout.proposer_api import DraftContext
+from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.sampling import processed_probs, sample
 from worker.tlt.spec.tree import chain_proposal, topk_tree
-from worker.tlt.spec.types import DraftProposal, VerifyResult
+from worker.tlt.spec.types import DraftProposal
+
+
+@dataclass(frozen=True)
+class SmallModelConfig:
+    topk: int = 1  # 1 = chain of ctx.max_depth drafted tokens; > 1 = top-k tree pruned to ctx.max_nodes
+    max_len: int = 4096  # drafter KV columns per row (history + draft must fit)
+    seed: int = 0  # the drafter's own torch.Generator (sampled chain drafts)
 
 
 class SmallModelProposer:
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, config: SmallModelConfig | None = None) -> None:
         self.model = model.eval()
+        self.config = config or SmallModelConfig()
         self.device = model.head_weight.device
         self.cache: KVCache | None = None
-        self.dlen = torch.zeros(0, dtype=torch.int64, device=self.device)  # [slots] drafter-cached prefix per row
-        self._valid_end: torch.Tensor | None = None  # [B] cache valid up to here if every draft is accepted
+        self._rows: list[tuple[int, int]] = []  # sequence held by each cache row
+        self._fed: list[list[int]] = []  # tokens whose K/V are in each cache row, in column order
+        self.gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
+        self._tk = self.config.max_len  # columns attended this step (bounded by the longest history + draft)
 
-    # ----------------------------------------------------------------------------------------------- hooks
-    def reset(self, slots: int) -> None:
-        self.dlen = torch.zeros(slots, dtype=torch.int64, device=self.device)
+    def reset(self) -> None:
+        self._rows, self._fed = [], []
 
-    def on_admit(self, row0: int, m: int) -> None:
-        self.dlen[row0 : row0 + m] = 0
-
-    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:  # [M] int64 each
-        if self.cache is not None:
-            self.cache.move_rows(src, dst)
-        self.dlen.index_copy_(0, dst, self.dlen.index_select(0, src))
-
-    def observe(self, result: VerifyResult, ctx: DraftContext) -> None:
-        assert self._valid_end is not None
-        b = ctx.seq_lens.shape[0]
-        accepted_end = ctx.seq_lens + result.num_emitted - 1  # root + accepted drafts are now known tokens
-        self.dlen[:b] = torch.minimum(accepted_end, self._valid_end)
-
-    # ------------------------------------------------------------------------------------------------ draft
-    def _ensure_cache(self, ctx: DraftContext) -> int:
-        need = ctx.tokens.shape[1] + ctx.spec.depth * max(ctx.spec.topk, 1) + 2
-        if self.cache is None or self.cache.max_len < need or self.cache.slots < self.dlen.shape[0]:
+    def _ensure_cache(self, batch: int) -> None:
+        if self.cache is None or self.cache.slots < batch:
             w = self.model.head_weight
-            self.cache = KVCache.allocate(self.model.args, self.dlen.shape[0], need, w.device, w.dtype)
-            self.dlen.zero_()
-            if self.model.rope_cos.shape[0] < need:
-                self.model.init_rope(w.device, need)
-        return self.cache.max_len
+            slots = max(batch, 2 * (self.cache.slots if self.cache is not None else 0))
+            old = self.cache
+            self.cache = KVCache.allocate(self.model.args, slots, self.config.max_len, w.device, w.dtype)
+            if old is not None:  # keep what is cached
+                rows = torch.arange(old.slots, device=w.device)
+                for new_t, old_t in zip((*self.cache.k, *self.cache.v), (*old.k, *old.v), strict=True):
+                    new_t[rows] = old_t
+            if self.model.rope_cos.shape[0] < self.config.max_len:
+                self.model.init_rope(w.device, self.config.max_len)
 
-    def _catch_up(self, ctx: DraftContext, t_len: int) -> torch.Tensor:  # -> logits after the root [B, V]
-        """Feed each row's unseen tokens (dlen .. root) in one forward; one host sync for the widest gap."""
-        assert self.cache is not None
-        b = ctx.seq_lens.shape[0]
-        dl = self.dlen[:b]
-        gap = (ctx.seq_lens - dl).clamp_min(1)
-        s = int(torch.where(ctx.active, gap, 1).max())
-        i = torch.arange(s, device=self.device)
-        valid = i[None, :] < gap[:, None]
-        pos = torch.where(valid, dl[:, None] + i[None, :], t_len - 1)  # padding writes into the scratch column
-        ids = ctx.tokens.gather(1, torch.where(valid, pos, 0))
-        cols = torch.arange(t_len, device=self.device)
+    def _catch_up(self, ctx: DraftContext) -> torch.Tensor:  # -> drafter logits after each root [B, V]
+        b = ctx.batch_size
+        while len(self._rows) < b:
+            self._rows.append((-1, -1))
+            self._fed.append([])
+        starts, gaps = [], []
+        for i in range(b):
+            hist, ident = ctx.histories[i], (ctx.group_ids[i], ctx.sample_ids[i])
+            if len(hist) + ctx.max_nodes + 1 > self.config.max_len:
+                raise ValueError(f"history of {len(hist)} tokens exceeds SmallModelConfig.max_len")
+            if self._rows[i] != ident:
+                self._rows[i], self._fed[i] = ident, []
+            fed, n = self._fed[i], 0
+            limit = min(len(fed), len(hist) - 1)  # the root is always fed again (its logits start the draft)
+            while n < limit and fed[n] == hist[n]:
+                n += 1
+            starts.append(n)
+            gaps.append(list(hist[n:]))
+            self._fed[i] = list(hist)
+        s = max(len(g) for g in gaps)
+        ids = torch.zeros(b, s, dtype=torch.int64)
+        for i, g in enumerate(gaps):
+            ids[i, : len(g)] = torch.tensor(g)
+        dev, t_len = self.device, self.config.max_len
+        longest = max(len(h) for h in ctx.histories) + ctx.max_nodes * max(self.config.topk, 1) + 2
+        self._tk = min(t_len, (longest + 63) // 64 * 64)
+        start = torch.tensor(starts, device=dev)
+        gap = torch.tensor([len(g) for g in gaps], device=dev)
+        i_s = torch.arange(s, device=dev)
+        valid = i_s[None, :] < gap[:, None]
+        pos = torch.where(valid, start[:, None] + i_s[None, :], t_len - 1)  # padding writes a scratch column
+        cols = torch.arange(self._tk, device=dev)
         mask = (cols[None, None, :] <= pos[:, :, None]) & (valid[:, :, None] | (cols[None, None, :] == 0))
-        logits = self.model.forward(ids, pos, self.cache, write_idx=pos, attn_mask=mask,
+        assert self.cache is not None
+        logits = self.model.forward(ids.to(dev), pos, self.cache, write_idx=pos, attn_mask=mask,
                                     logits_at=(gap - 1)[:, None])
         return logits[:, 0]
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> DraftProposal:
-        t_len = self._ensure_cache(ctx)
-        logits = self._catch_up(ctx, t_len)
-        if ctx.spec.method == "tree" and ctx.spec.topk > 1:
-            return self._tree(ctx, logits, t_len)
-        return self._chain(ctx, logits, t_len)
+        self._ensure_cache(ctx.batch_size)
+        logits = self._catch_up(ctx)
+        seq = torch.tensor([len(h) for h in ctx.histories], device=self.device)  # root at seq - 1
+        depth = max(0, min(ctx.max_depth, ctx.max_nodes - 1))
+        if depth == 0:
+            return chain_proposal(ctx.roots(), torch.zeros(ctx.batch_size, 0, dtype=torch.int64, device=self.device))
+        if self.config.topk > 1:
+            return self._tree(ctx, logits, seq, depth)
+        return self._chain(ctx, logits, seq, depth)
 
-    def _chain(self, ctx: DraftContext, logits: torch.Tensor, t_len: int) -> DraftProposal:
+    def _chain(self, ctx: DraftContext, logits: torch.Tensor, seq: torch.Tensor, k: int) -> DraftProposal:
         assert self.cache is not None
-        k, seq = ctx.spec.depth, ctx.seq_lens
-        greedy = bool((ctx.temperature <= 0).all())
-        cols = torch.arange(t_len, device=self.device)
+        sp = ctx.sampling
+        greedy = sp is None or bool((sp.temperature <= 0).all())
+        cols = torch.arange(self._tk, device=self.device)
         drafts, qs = [], []
         for j in range(k):
-            if greedy:
+            if greedy or sp is None:
                 tok = logits.argmax(dim=-1)
             else:
-                q = processed_probs(logits, ctx.temperature, ctx.top_p, ctx.top_k)
-                tok = sample(q, ctx.generator)
+                q = processed_probs(logits, sp.temperature, sp.top_p, sp.top_k)
+                tok = sample(q, self.gen)
                 qs.append(q)
             drafts.append(tok)
             if j < k - 1:
-                p = (seq + j)[:, None]  # d_j sits right after the root (at seq - 1)
+                p = (seq + j)[:, None]  # d_j sits right after the root
                 mask = cols[None, None, :] <= p[:, :, None]
                 logits = self.model.forward(tok[:, None], p, self.cache, write_idx=p, attn_mask=mask)[:, 0]
-        self._valid_end = seq + k - 1
-        return chain_proposal(ctx.roots, torch.stack(drafts, 1), torch.stack(qs, 1) if qs else None)
+        stacked = torch.stack(drafts, 1)  # [B, k]
+        for i, row in enumerate(stacked[:, : k - 1].tolist()):
+            self._fed[i].extend(row)
+        return chain_proposal(ctx.roots(), stacked, torch.stack(qs, 1) if qs else None)
 
-    def _tree(self, ctx: DraftContext, logits: torch.Tensor, t_len: int) -> DraftProposal:
-        """EAGLE-2-style: expand the top-k frontier per depth, rerank by cumulative log-prob (spec/tree.topk_tree)."""
+    def _tree(self, ctx: DraftContext, logits: torch.Tensor, seq: torch.Tensor, depth: int) -> DraftProposal:
+        """EAGLE-2-style: expand the top-k frontier per depth, rerank by cumulative log-prob (spec/tree.topk_tree).
+        Tree nodes go to scratch columns after the history; they are not a prefix, so `_fed` stays the history."""
         assert self.cache is not None
-        kk, depth, seq = ctx.spec.topk, ctx.spec.depth, ctx.seq_lens
-        b = seq.shape[0]
-        cols = torch.arange(t_len, device=self.device)
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        lp, tok = logq.topk(kk, dim=-1)  # [B, K]
+        kk, b, dev = self.config.topk, ctx.batch_size, self.device
+        cols = torch.arange(self._tk, device=dev)
+        lp, tok = torch.log_softmax(logits.float(), dim=-1).topk(kk, dim=-1)  # [B, K]
         lv_tok, lv_par, lv_lp = [tok], [torch.zeros_like(tok)], [lp]
-        front_tok, front_idx, front_score = tok, torch.arange(kk, device=self.device).expand(b, kk), lp
-        anc_cols = torch.zeros(b, kk, 0, dtype=torch.int64, device=self.device)  # ancestors' cache columns
+        front_tok, front_idx, front_score = tok, torch.arange(kk, device=dev).expand(b, kk), lp
+        anc_cols = torch.zeros(b, kk, 0, dtype=torch.int64, device=dev)  # ancestors' cache columns
         for d in range(1, depth):
-            own = (seq[:, None] + (d - 1) * kk + torch.arange(kk, device=self.device)[None, :])  # [B, K]
+            own = seq[:, None] + (d - 1) * kk + torch.arange(kk, device=dev)[None, :]  # [B, K]
             my_cols = torch.cat([anc_cols, own[..., None]], dim=2)  # [B, K, d]
             pos = (seq + d - 1)[:, None].expand(b, kk)
-            mask = (cols[None, None, :] < seq[:, None, None]).expand(b, kk, t_len).clone()
+            mask = (cols[None, None, :] < seq[:, None, None]).expand(b, kk, cols.shape[0]).clone()
             mask.scatter_(2, my_cols, True)
             out = self.model.forward(front_tok, pos, self.cache, write_idx=own, attn_mask=mask)  # [B, K, V]
             clp, ctok = torch.log_softmax(out.float(), dim=-1).topk(kk, dim=-1)  # [B, K, K]
@@ -135,5 +161,5 @@ class SmallModelProposer:
             front_tok = ctok.reshape(b, kk * kk).gather(1, sel)
             front_idx = sel
             anc_cols = my_cols.gather(1, (sel // kk)[..., None].expand(b, kk, d))
-        self._valid_end = seq.clone()
-        return topk_tree(ctx.roots, lv_tok, lv_par, lv_lp, budget=ctx.spec.verify_tokens)
+        return topk_tree(ctx.roots(), lv_tok, lv_par, lv_lp, budget=ctx.max_nodes)
+

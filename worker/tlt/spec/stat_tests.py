@@ -21,8 +21,11 @@ def chi2_sf(stat: float, dof: int) -> float:
     """P(X >= stat) for X ~ chi-square with `dof` degrees of freedom."""
     if dof <= 0:
         return 1.0
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
-                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+        )
+    )
 
 
 def chi_square_pvalue(

@@ -132,7 +132,9 @@ def topk_tree(
     kept_valid = torch.isfinite(all_score.gather(1, order))
     new_index = torch.full((bsz, all_tok.shape[1] + 1), -1, dtype=torch.int64, device=device)
     new_index[:, 0] = 0
-    new_index.scatter_(1, order + 1, torch.where(kept_valid, torch.arange(1, keep + 1, device=device), -1).expand(bsz, -1))
+    new_index.scatter_(
+        1, order + 1, torch.where(kept_valid, torch.arange(1, keep + 1, device=device), -1).expand(bsz, -1)
+    )
     tokens = torch.cat([root.view(bsz, 1).to(torch.int64), all_tok.gather(1, order)], dim=1)
     parents = torch.cat(
         [torch.full((bsz, 1), -1, dtype=torch.int64, device=device), new_index.gather(1, all_par.gather(1, order))],

@@ -11,7 +11,10 @@ Per sequence the verifier walks the tree from the root and returns (`VerifyResul
   from the target row of that node (greedy: its argmax).
 
 So every sequence emits between 1 and D+1 tokens per step (D = tree depth), and `accepted_nodes` lists the nodes whose
-KV entries the engine keeps. EOS / max_new_tokens truncation inside the emitted run is left to the engine
+KV entries the engine keeps (`tokens` and `accepted_nodes` have D+1 columns, D = max_depth or the proposal's depth;
+`accepted_nodes` never uses its last column). Passing `max_depth` / `max_children` avoids the verifier's one host
+sync; a `max_depth` below the tree's depth stops the walk there and samples the bonus from that node (still exact).
+EOS / max_new_tokens truncation inside the emitted run is left to the engine
 (`truncate_emitted` helps).
 
 Greedy (`verify_greedy`): accept a child whose token equals argmax of the target row of its parent (the first such
@@ -71,7 +74,7 @@ def _structure(proposal: DraftProposal, max_depth: int | None, max_children: int
 def verify_greedy(
     proposal: DraftProposal,
     target_logits: torch.Tensor,  # [B, N, V] target logits at the proposal's nodes
-    max_depth: int | None = None,  # optional known tree depth (saves a host sync)
+    max_depth: int | None = None,  # bound on the tree depth (saves a host sync); a smaller one caps acceptance
     max_children: int | None = None,  # optional known max children per node (saves a host sync)
 ) -> VerifyResult:
     """Greedy acceptance; logprobs are log_softmax(target_logits) of the emitted tokens (the processed greedy
@@ -112,7 +115,7 @@ def verify_sampling(
     proposal: DraftProposal,
     target_probs: torch.Tensor,  # [B, N, V] processed target distributions at the proposal's nodes
     generator: torch.Generator | None = None,
-    max_depth: int | None = None,  # optional known tree depth (saves a host sync)
+    max_depth: int | None = None,  # bound on the tree depth (saves a host sync); a smaller one caps acceptance
     max_children: int | None = None,  # optional known max children per node (saves a host sync)
 ) -> VerifyResult:
     """Exact speculative sampling over a chain or tree (module docstring). Rows whose target is a one-hot

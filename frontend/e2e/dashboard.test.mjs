@@ -1,0 +1,201 @@
+// Browser tests of the dashboard: playwright-core driving Debian's chromium (headless) against the REAL backend.
+// Started by tests/ui/test_ui_dashboard.py, which migrates a fresh database, seeds jobs through the worker's
+// DbReporter, starts uvicorn and passes (environment):
+//   UI_BASE_URL   http://127.0.0.1:PORT          UI_SEED     the seed's JSON (token, job ids, artifact sha256)
+//   UI_LIVE_CMD   JSON argv that writes one more step of a job (appended: --job ID --step N)
+//   UI_SCREENSHOTS  directory for screenshots     CHROMIUM    browser binary (default /usr/bin/chromium)
+// Run alone: node --test e2e/   (with those variables set).
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { chromium } from "playwright-core";
+
+const BASE = process.env.UI_BASE_URL;
+const SEED = JSON.parse(process.env.UI_SEED ?? "{}");
+const LIVE_CMD = JSON.parse(process.env.UI_LIVE_CMD ?? "[]");
+const SHOTS = process.env.UI_SCREENSHOTS ?? "test-artifacts";
+const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+
+let browser, context, page;
+const pageErrors = [];
+
+function writeStep(jobId, step) {
+  execFileSync(LIVE_CMD[0], [...LIVE_CMD.slice(1), "--job", String(jobId), "--step", String(step)], { stdio: "inherit" });
+}
+
+async function signIn(p) {
+  await p.goto(`${BASE}/`);
+  await p.evaluate((t) => localStorage.setItem("tlt.token", t), SEED.token);
+}
+
+const chart = (id) => `[data-chart="${id}"]`;
+
+describe("dashboard against the real backend", { concurrency: false }, () => {
+  before(async () => {
+    assert.ok(BASE && SEED.token, "UI_BASE_URL and UI_SEED must be set (run through tests/ui/test_ui_dashboard.py)");
+    mkdirSync(SHOTS, { recursive: true });
+    browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", args: ARGS });
+    context = await browser.newContext({ viewport: { width: 1400, height: 900 }, acceptDownloads: true });
+    context.setDefaultTimeout(20_000);
+    page = await context.newPage();
+    page.on("pageerror", (e) => pageErrors.push(e.message));
+  });
+
+  after(async () => { await browser?.close(); });
+
+  test("sign-in refuses a bad token, accepts a good one, and the job list shows steps and step time", async () => {
+    await page.goto(`${BASE}/`);
+    await page.waitForURL(/#\/signin$/);
+    await page.fill("input[name=token]", "tlt_not-a-real-token");
+    await page.click("button[type=submit]");
+    await page.waitForSelector("[data-testid=signin-error]:has-text('invalid')");
+    await page.fill("input[name=token]", SEED.token);
+    await page.click("button[type=submit]");
+    await page.waitForURL(/#\/jobs$/);
+    assert.equal(await page.evaluate(() => localStorage.getItem("tlt.token")), SEED.token);
+    const row = page.locator(`tr[data-job-id="${SEED.job_id}"]`);
+    await row.locator("[data-testid=job-step]:has-text('12')").waitFor();
+    assert.match(await row.locator("[data-testid=job-step-time]").innerText(), /^\d+(\.\d+)? s$/);
+    assert.equal(await row.locator("[data-testid=status]").innerText(), "running");
+    await page.screenshot({ path: join(SHOTS, "ui-jobs.png") });
+  });
+
+  test("job page renders every panel from the seeded run", async () => {
+    await page.goto(`${BASE}/#/jobs/${SEED.job_id}`);
+    await page.waitForSelector("[data-testid=stream-state]:has-text('open')");
+    await page.waitForSelector(`${chart("reward")}[data-last-x="${SEED.steps}"]`);
+    for (const id of ["length-lines", "sd-accept-len", "sd-pos-lines", "sd-on-fraction-line", "sd-arms", "sd-tail",
+      "validation", "step-time", "tokens-per-s", "harvest-lines"]) {
+      await page.waitForSelector(`${chart(id)}[data-last-x] canvas`);
+    }
+    await page.waitForSelector(`${chart("length-histogram")}[data-step="${SEED.steps}"]`);
+    await page.waitForSelector(`${chart("length-heatmap")}[data-steps="${SEED.steps}"]`);
+    // the heat-map and the GPU timeline drew something: more than one colour on each canvas
+    for (const id of ["length-heatmap", "gpu-timeline"]) {
+      const colours = await page.$eval(`${chart(id)} canvas`, (c) => {
+        const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+        const seen = new Set();
+        for (let i = 0; i < d.length; i += 4 * 97) seen.add(`${d[i]},${d[i + 1]},${d[i + 2]},${d[i + 3]}`);
+        return seen.size;
+      });
+      assert.ok(colours > 3, `${id} looks blank (${colours} colours)`);
+    }
+    assert.match(await page.innerText("[data-testid=harvest-ratio]"), /%$/);
+    assert.match(await page.innerText("[data-testid=tail-speedup]"), /×$/);
+    await page.waitForSelector("[data-testid=samples] td:has-text('Natalia')");
+    await page.waitForSelector("[data-testid=artifacts] tr[data-artifact-kind=drafter]");
+    await page.waitForSelector("[data-testid=events] td:has-text('starting → running')");
+    assert.match(await page.innerText("[data-testid=log-tail]"), /step 12 reward/);
+    await page.screenshot({ path: join(SHOTS, "ui-job-page.png"), fullPage: true });
+    await page.screenshot({ path: join(SHOTS, "ui-job-page-top.png") });
+  });
+
+  test("a metric written while the page is open arrives over SSE and is drawn", async () => {
+    const step = SEED.steps + 1;
+    writeStep(SEED.job_id, step);
+    await page.waitForSelector(`${chart("reward")}[data-last-x="${step}"]`);
+    await page.waitForSelector("[data-testid=live-step]:has-text('" + step + "')");
+    await page.waitForSelector(`${chart("length-heatmap")}[data-last-step="${step}"]`);
+    await page.waitForSelector(`${chart("length-histogram")}[data-step="${step}"]`);
+    assert.match(await page.innerText("[data-testid=log-tail]"), new RegExp(`step ${step} reward 0\\.9877`));
+  });
+
+  test("after a dropped connection the stream resumes from Last-Event-ID without duplicates", async () => {
+    const events = await page.locator("[data-testid=events] tbody tr").count();
+    const resumed = page.waitForRequest((r) => r.url().endsWith(`/jobs/${SEED.job_id}/stream`) &&
+      (r.headers()["last-event-id"] ?? "").length > 0, { timeout: 30_000 });
+    const step = SEED.steps + 2;
+    try {
+      await context.setOffline(true); // the next connection attempts fail until we are back online
+      await page.click("[data-testid=reconnect]"); // drop the open stream
+      await page.waitForSelector("[data-testid=stream-state]:has-text('reconnecting')");
+      writeStep(SEED.job_id, step); // written while the page has no connection
+    } finally {
+      await context.setOffline(false);
+    }
+    await resumed;
+    await page.waitForSelector(`${chart("reward")}[data-last-x="${step}"]`);
+    assert.equal(await page.locator("[data-testid=events] tbody tr").count(), events);
+    const log = await page.innerText("[data-testid=log-tail]");
+    for (const s of [1, SEED.steps, step]) {
+      assert.equal(log.split("\n").filter((l) => l.startsWith(`step ${s} reward`)).length, 1, `log line of step ${s}`);
+    }
+    await page.screenshot({ path: join(SHOTS, "ui-job-page-live.png") });
+  });
+
+  test("an artifact downloads with the token and matches the server's sha256", async () => {
+    const [download] = await Promise.all([
+      page.waitForEvent("download"),
+      page.click("[data-testid=artifacts] tr[data-artifact-kind=drafter] button"),
+    ]);
+    assert.equal(download.suggestedFilename(), `${SEED.artifact.name}.tar`);
+    const bytes = readFileSync(await download.path());
+    assert.equal(bytes.length, SEED.artifact.size);
+    assert.equal(createHash("sha256").update(bytes).digest("hex"), SEED.artifact.sha256);
+    await page.waitForSelector("[data-testid=download-status]:has-text('sha256 verified')");
+  });
+
+  test("cancel moves a running job to cancelling; retry requeues a failed one", async () => {
+    page.once("dialog", (d) => void d.accept());
+    await page.click("[data-testid=cancel]");
+    await page.waitForSelector(".jobhead [data-testid=status]:has-text('cancelling')");
+    await page.goto(`${BASE}/#/jobs/${SEED.failed_job_id}`);
+    await page.waitForSelector("[data-testid=reason]:has-text('oom in step 3')");
+    await page.click("[data-testid=retry]");
+    await page.waitForSelector(".jobhead [data-testid=status]:has-text('queued')");
+  });
+
+  test("the new-job form shows the API's 422 next to the field, then the submitted job appears in the list", async () => {
+    await page.goto(`${BASE}/#/jobs/new`);
+    const lr = page.locator('input[name="algorithm.learning_rate"]');
+    await lr.waitFor();
+    await page.fill('input[name="name"]', "ui-form-job");
+    await lr.fill("5");
+    await page.fill('input[name="algorithm.num_generations"]', "1");
+    await page.click("button[type=submit]");
+    const lrErr = page.locator('[data-error-for="algorithm.learning_rate"]');
+    await page.waitForSelector('[data-error-for="algorithm.learning_rate"]:not(:empty)');
+    assert.match(await lrErr.innerText(), /less than or equal to 1/);
+    assert.match(await page.innerText('[data-error-for="algorithm.num_generations"]'), /greater than or equal to 2/);
+    await page.screenshot({ path: join(SHOTS, "ui-new-job-422.png"), fullPage: true });
+    await lr.fill("0.00001");
+    await page.fill('input[name="algorithm.num_generations"]', "4");
+    await page.click("button[type=submit]");
+    await page.waitForURL(/#\/jobs\?new=\d+$/);
+    const id = page.url().match(/new=(\d+)/)[1];
+    const row = page.locator(`tr[data-job-id="${id}"]`);
+    await row.waitFor();
+    assert.equal(await row.locator("[data-testid=job-name]").innerText(), "ui-form-job");
+    assert.equal(await row.locator("[data-testid=status]").innerText(), "queued");
+  });
+
+  test("a 10,000-step job loads downsampled history fast and still draws live points", async () => {
+    if (!SEED.big_job_id) return assert.fail("the seed has no 10,000-step job");
+    const t0 = Date.now();
+    await page.goto(`${BASE}/#/jobs/${SEED.big_job_id}`);
+    await page.waitForSelector(`${chart("step-time-total")}[data-last-x="10000"]`, { timeout: 30_000 });
+    const loadMs = Date.now() - t0;
+    const drawn = Number(await page.getAttribute(chart("step-time-total"), "data-points"));
+    assert.ok(drawn <= 1100, `history not downsampled: ${drawn} points`);
+    // the page answers while the stream works through its backlog
+    let worst = 0;
+    for (let i = 0; i < 10; i++) {
+      const a = Date.now();
+      await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => r(1))));
+      worst = Math.max(worst, Date.now() - a);
+    }
+    writeStep(SEED.big_job_id, 10_001);
+    const t1 = Date.now();
+    await page.waitForSelector(`${chart("reward")}[data-last-x="10001"]`, { timeout: 30_000 });
+    console.log(`10k-step job: first draw ${loadMs} ms (${drawn} points per series), worst frame wait ${worst} ms, ` +
+      `live point drawn ${Date.now() - t1} ms after the write`);
+    assert.ok(loadMs < 15_000, `10k-step job took ${loadMs} ms to draw`);
+    assert.ok(worst < 1000, `page blocked for ${worst} ms`);
+    await page.screenshot({ path: join(SHOTS, "ui-job-10k-steps.png") });
+    assert.deepEqual(pageErrors, []);
+  });
+});

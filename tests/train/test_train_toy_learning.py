@@ -1,0 +1,56 @@
+"""Learning happens: GRPO on the toy-count task with the tiny random Llama raises the mean reward from about 0.04
+to well above it within 10 steps (fixed seeds, CPU). Also: the loss variants, KL, dynamic sampling, overlong
+shaping and gradient checkpointing each run a step with finite metrics, and gradient checkpointing changes no
+result.
+
+Run: python -m pytest tests/train/test_train_toy_learning.py -q
+"""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from worker.tlt.file_reporter import FileReporter, read_metrics
+from worker.tlt.train import run
+
+
+def test_reward_rises_on_toy_count(tmp_path: Path, toy_spec) -> None:
+    spec = toy_spec({"prompts_per_step": 4, "num_generations": 8, "max_completion_length": 8}, max_steps=10,
+                    save_steps=100)
+    run(spec, tmp_path, FileReporter(tmp_path))
+    rewards = [r["metrics"]["reward/mean"] for r in read_metrics(tmp_path)]
+    first, last = np.mean(rewards[:2]), np.mean(rewards[-3:])
+    assert first < 0.1, rewards  # a random byte model rarely writes letters
+    assert last > first + 0.2, rewards
+
+
+@pytest.mark.parametrize(
+    "algo",
+    [
+        {"loss_type": "grpo", "beta": 0.1},
+        {"loss_type": "dr_grpo", "scale_rewards": False, "dynamic_sampling": True},
+        {"loss_type": "dapo", "epsilon_high": 0.28, "overlong_buffer": 2, "micro_batch_tokens": 64},
+    ],
+)
+def test_algorithm_options_run(tmp_path: Path, toy_spec, algo: dict) -> None:
+    spec = toy_spec(algo, max_steps=2, save_steps=100)
+    run(spec, tmp_path, FileReporter(tmp_path))
+    recs = read_metrics(tmp_path)
+    assert len(recs) == 2
+    for r in recs:
+        assert all(v is not None and math.isfinite(v) for v in r["metrics"].values())
+    if algo.get("beta"):
+        assert recs[0]["metrics"]["actor/kl"] == 0.0 and recs[1]["metrics"]["actor/kl"] > 0.0
+
+
+def test_gradient_checkpointing_changes_nothing(tmp_path: Path, toy_spec) -> None:
+    out = {}
+    for gc in (False, True):
+        d = tmp_path / str(gc)
+        run(toy_spec({"gradient_checkpointing": gc}, max_steps=1, save_steps=1), d, FileReporter(d))
+        out[gc] = load_file(str(d / "checkpoints/step-1/model.safetensors"))
+    assert all(torch.allclose(out[False][k], out[True][k], atol=1e-6) for k in out[False])

@@ -1,0 +1,94 @@
+"""The adaptive SD controller the rollout engine calls once per decode step: switch + per-bucket bandit + metrics.
+
+    ctl = AdaptiveSd.from_spec(spec.rollout, drafters=["ngram"])     # once per job (keeps the bandit's state)
+    ctl.start_rollout()                                              # per rollout: switch off, fresh metrics
+    arm = ctl.plan(active)                                           # per step: NO_SD, or the arm to draft with
+    ... run the step with `arm` ...
+    ctl.record(active, arm, emitted, seconds, accepted_per_pos, drafted_per_pos)
+    reporter.metrics(step, ctl.metrics.summary())                    # per rollout
+
+Speculative modes (the job spec's `rollout.speculative`): "off" never drafts; "on" drafts every step with the fixed
+arm of the spec (draft_depth, draft_topk, verify_tokens) -- a baseline, no bandit; "adaptive" switches SD by the
+active batch (SdSwitch) and lets the bandit pick the arm per bucket, "none" included.
+
+Run the tests: `python -m pytest tests/adaptive/test_adaptive_controller.py -q`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from worker.tlt.adaptive.arms import NO_SD, TLT_BUCKETS, Arm, BucketScheme, DrafterKind, arms_table, chain_arm, tree_arm
+from worker.tlt.adaptive.bandit import BanditConfig, WindowBandit, bandit_from_dict, make_bandit
+from worker.tlt.adaptive.metrics import RolloutSdMetrics
+from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
+
+if TYPE_CHECKING:
+    from worker.tlt.config import RolloutConfig
+
+
+class AdaptiveSd:
+    def __init__(self, switch: SwitchConfig, bandit: WindowBandit | None, fixed_arm: Arm = NO_SD,
+                 scheme: BucketScheme = TLT_BUCKETS) -> None:
+        if switch.mode == "adaptive" and bandit is None:
+            raise ValueError("adaptive mode needs a bandit")
+        self.switch = SdSwitch(switch)
+        self.bandit = bandit  # None unless adaptive
+        self.fixed_arm = fixed_arm  # the arm of mode "on"
+        self.scheme = scheme
+        self.metrics = RolloutSdMetrics(on_below=switch.on_below, scheme=scheme)
+
+    @classmethod
+    def from_spec(cls, rollout: RolloutConfig, drafters: Sequence[DrafterKind],
+                  scheme: BucketScheme = TLT_BUCKETS) -> AdaptiveSd:
+        """From the job spec's rollout section; `drafters` are the drafter kinds the engine has now."""
+        switch = SwitchConfig.from_rollout(rollout)
+        kind = next((d for d in drafters if d != "none"), None)
+        fixed = NO_SD
+        if switch.mode == "on" and kind is not None:
+            depth, topk = rollout.draft_depth, (rollout.draft_topk if kind != "ngram" else 1)
+            capacity = sum(topk**d for d in range(1, depth + 1))
+            fixed = chain_arm(kind, depth) if topk == 1 else tree_arm(
+                kind, depth, topk, min(max(rollout.verify_tokens, depth), capacity))
+        bandit = None
+        if switch.mode == "adaptive":
+            bandit = make_bandit(arms_table(drafters, scheme), BanditConfig(kind=rollout.bandit), seed=rollout.seed)
+        return cls(switch, bandit, fixed, scheme)
+
+    def start_rollout(self) -> None:
+        """A new rollout starts with a full batch: switch off, metrics empty; the bandit keeps what it learned."""
+        self.switch.reset()
+        self.metrics = RolloutSdMetrics(on_below=self.switch.config.on_below, scheme=self.scheme)
+
+    def plan(self, active: int) -> Arm:
+        """The arm of this decode step (NO_SD = plain decoding). Call exactly once per step."""
+        if not self.switch.update(active):
+            return NO_SD
+        if self.bandit is None:
+            return self.fixed_arm
+        return self.bandit.select(self.scheme.bucket(active))
+
+    def record(self, active: int, arm: Arm, emitted: int, seconds: float, accepted_per_pos: Sequence[int] = (),
+               drafted_per_pos: Sequence[int] | None = None) -> None:
+        """What the step planned with `arm` did; feeds the bandit (switch-on steps only) and the metrics."""
+        on = self.switch.on
+        if on and self.bandit is not None:
+            self.bandit.observe(self.scheme.bucket(active), arm, emitted, seconds, active=active)
+        self.metrics.observe_step(active=active, sd_on=on, arm=arm.name if on else None,
+                                  verify_tokens=arm.verify_tokens, emitted=emitted, seconds=seconds,
+                                  accepted_per_pos=accepted_per_pos, drafted_per_pos=drafted_per_pos)
+
+    def set_drafters(self, drafters: Sequence[DrafterKind]) -> None:
+        """The drafters changed (e.g. the learned one is loaded): new arms are explored, kept ones keep their data."""
+        if self.bandit is not None:
+            for b, arms in arms_table(drafters, self.scheme).items():
+                self.bandit.set_arms(b, arms)
+
+    def state_dict(self) -> dict:
+        """For the checkpoint: the bandit's state (the switch and metrics are per rollout)."""
+        return {"bandit": self.bandit.to_dict() if self.bandit is not None else None}
+
+    def load_state_dict(self, d: dict) -> None:
+        if d.get("bandit") is not None and self.bandit is not None:
+            self.bandit = bandit_from_dict(d["bandit"])

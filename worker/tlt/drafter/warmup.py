@@ -1,0 +1,128 @@
+"""The `drafter` job type: warm up a drafter for a model from a prompt dataset, then export it.
+
+Each round (`spec.max_steps` rounds) the target generates one response per prompt for `prompts_per_step` prompts with
+the rollout engine (plain decoding, the spec's temperature / top-p / top-k and max_completion_length); the engine's
+hidden hook fills the buffer (EAGLE-1: the final-norm hidden, no extra forward). EAGLE-3 needs the hidden states
+entering three target layers, which the engine hook does not report, so for it the responses are re-read by one
+teacher-forced target forward per round. Then the spot trainer runs `drafter.max_train_steps_per_rl_step` steps.
+Metrics per round: drafter/{loss,acc,steps}, timing_s/{gen,drafter}; at the end the drafter is exported in its own
+form (EAGLE-3 when `drafter.kind == "eagle3"`, else EAGLE-1) under `out_dir` and reported as a `drafter` artifact.
+
+    warmup(spec, target, tokenizer, prompts, reporter, out_dir=Path("runs/x/drafter"))
+Run the tests: `python -m pytest tests/drafter/test_drafter_warmup.py -q`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from worker.tlt.config import JobSpec
+from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
+from worker.tlt.drafter.export import export_eagle1, export_eagle3, load_exported
+from worker.tlt.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
+from worker.tlt.model.tokenizer import TokenizerLike
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.reporting import Reporter
+from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def build_drafter(spec: JobSpec, target: Transformer) -> EagleDrafter:
+    """A fresh drafter of the spec's kind (or the warm start directory's weights), on the target's device."""
+    if spec.drafter.warm_start:
+        return load_exported(spec.drafter.warm_start, target, ttt_steps=_ttt(spec))
+    kind = "eagle3" if spec.drafter.kind == "eagle3" else "eagle1"
+    d = EagleDrafter(target, EagleConfig(kind=kind, ttt_steps=_ttt(spec), feature_noise=0.0))
+    return d.to(target.head_weight.device)
+
+
+def _ttt(spec: JobSpec) -> int:
+    return 3 if spec.drafter.kind == "eagle3" else 1
+
+
+def _eagle3_rows(target: Transformer, drafter: EagleDrafter, prompts: Sequence[list[int]],
+                 responses: Sequence[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Teacher-forced features for EAGLE-3: per sequence, tokens [N] and rows [N, 3H + H] from the last prompt
+    position through the response."""
+    toks_out, rows_out = [], []
+    dev = target.head_weight.device
+    with torch.no_grad():
+        for p, r in zip(prompts, responses, strict=True):
+            ids = torch.tensor([p + r], device=dev)
+            _, h, cap = target.forward_hidden(ids, layers=drafter.feature_layers, compute_logits=False)
+            rows = torch.cat([drafter.features(h, cap), h], dim=-1)[0, len(p) - 1:]
+            toks_out.append(ids[0, len(p) - 1:])
+            rows_out.append(rows)
+    return toks_out, rows_out
+
+
+def warmup(
+    spec: JobSpec,
+    target: Transformer,
+    tokenizer: TokenizerLike,
+    prompts: Sequence[list[int]],  # chat-templated prompt token ids
+    reporter: Reporter,
+    out_dir: Path | str = Path("drafter"),  # where the exported drafter goes
+    eos_ids: Sequence[int] | None = None,  # default: the tokenizer's `eos_ids` / the model's
+) -> Path:
+    if not prompts:
+        raise ValueError("warm-up needs at least one prompt")
+    dev = target.head_weight.device
+    drafter = build_drafter(spec, target)
+    width = drafter.feature_dim + (drafter.args.dim if drafter.cfg.kind == "eagle3" else 0)
+    buf_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    buffer = HiddenStateBuffer(width, int(spec.drafter.buffer_gb * 2**30), device=dev, dtype=buf_dtype)
+    trainer = SpotTrainer(drafter, buffer, SpotTrainerConfig(learning_rate=spec.drafter.learning_rate,
+                                                             seed=spec.seed))
+    capture = EngineCapture(buffer)
+    eos = tuple(eos_ids if eos_ids is not None else getattr(tokenizer, "eos_ids", target.args.eos_token_ids))
+    alg = spec.algorithm
+    longest = max(len(p) for p in prompts)
+    engine = Engine(
+        target, eos_ids=eos,
+        config=EngineConfig(max_len=longest + alg.max_completion_length, max_slots=max(alg.prompts_per_step, 1),
+                            cuda_graphs=spec.rollout.cuda_graphs, seed=spec.seed),
+        hidden_hook=capture if drafter.cfg.kind == "eagle1" else None,
+    )
+    params = SamplingParams(temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k,
+                            max_new_tokens=alg.max_completion_length)
+    n = alg.prompts_per_step
+    for rnd in range(spec.max_steps):
+        if reporter.should_stop():
+            reporter.log(f"drafter warm-up cancelled at round {rnd}")
+            break
+        batch = [list(prompts[(rnd * n + i) % len(prompts)]) for i in range(n)]
+        buffer.begin_step(rnd)
+        capture.reset()
+        t0 = time.perf_counter()
+        out = engine.generate([Request(p, params) for p in batch])
+        if drafter.cfg.kind == "eagle3":
+            toks, rows = _eagle3_rows(target, drafter, batch, [s.tokens for s in out.sequences])
+            for i, (t, r) in enumerate(zip(toks, rows, strict=True)):
+                buffer.capture(torch.full((t.shape[0],), i, dtype=torch.int64), t, r)
+            if rnd == 0 and drafter.draft_vocab_size < drafter.args.vocab_size:
+                drafter.set_draft_vocab(buffer.token_counts(drafter.args.vocab_size))
+        t_gen = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        trainer.train(lambda: reporter.should_stop(), spec.drafter.max_train_steps_per_rl_step)
+        m = trainer.metrics()
+        m.update({"timing_s/gen": t_gen, "timing_s/drafter": time.perf_counter() - t1,
+                  "perf/tokens_per_s": out.tokens / max(out.seconds, 1e-9)})
+        reporter.metrics(rnd, m)
+        log.info("drafter warm-up round %d: %s", rnd, m)
+    out_path = Path(out_dir)
+    if drafter.cfg.kind == "eagle3":
+        export_eagle3(drafter, out_path)
+    else:
+        export_eagle1(drafter, out_path)
+    reporter.artifact("drafter", out_path, step=trainer.steps)
+    reporter.log(f"drafter exported to {out_path} ({drafter.cfg.kind}, {trainer.steps} steps)")
+    return out_path

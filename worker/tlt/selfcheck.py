@@ -1,0 +1,208 @@
+"""`tlt selfcheck`: prove on your own hardware that speculative decoding (SD) in the rollout engine is lossless.
+
+    tlt selfcheck --model tiny --json                      # tiny random models, < 1 minute on 2 CPU cores
+    tlt selfcheck --model smollm2-135m-instruct --json     # the real model (GPU recommended)
+    tlt selfcheck --model /path/to/hf_dir_or.gguf --prompts 32
+
+Two checks, printed as one JSON object (keys: sequences, identical_sequences, identical_token_fraction,
+sampling_pvalue_min, negative_control_pvalue, passed, ...):
+1. Greedy: SD (small-model chains of several lengths, top-k trees, the n-gram drafter) must emit exactly the tokens
+   of plain greedy decoding, for every sequence, over random prompts and several batch shapes (slot counts: the
+   continuous batcher mixes admission and retirement). A few are also checked against a naive full-recompute decoder.
+   identical_token_fraction = common-prefix tokens / reference tokens (1.0 unless a sequence diverges).
+2. Sampling: the engine's first three emitted tokens (the first from prefill, the next two from one decode / SD
+   step) are sampled many times for several temperature / top-p / top-k settings, and the empirical joint law of
+   tokens 2-3 is compared with the exact one (enumerated from the target) by a chi-square test, for plain decoding,
+   SD chains with sampled drafts and SD trees. A negative control (samples tested against a different temperature)
+   must be rejected, which shows the test has power.
+passed: every sequence identical in fp32 (identical_token_fraction >= 0.95 in bf16/fp16, where batch shapes change
+rounding), every sampling p-value >= 1e-4 and the negative control's p-value < 1e-4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections import Counter
+
+import torch
+
+from worker.tlt.config import ModelSource
+from worker.tlt.model.args import preset
+from worker.tlt.model.load import load_model, random_model
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.reference import naive_greedy, perturbed_copy, random_prompts, tiny_target
+from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.spec.ngram import NGramConfig, NGramProposer
+from worker.tlt.spec.proposer import Proposer
+from worker.tlt.spec.sampling import processed_probs
+from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
+from worker.tlt.spec.stat_tests import chi_square_pvalue
+
+log = logging.getLogger(__name__)
+P_MIN, NEG_MAX = 1e-4, 1e-4
+
+
+def _spec_variants(drafter: Transformer) -> list[tuple[str, SpecConfig, Proposer]]:
+    return [
+        ("chain1", SpecConfig("on", "chain", depth=1), SmallModelProposer(drafter)),
+        ("chain4", SpecConfig("on", "chain", depth=4), SmallModelProposer(drafter)),
+        ("chain8", SpecConfig("on", "chain", depth=8), SmallModelProposer(drafter)),
+        ("tree3x2", SpecConfig("on", "tree", depth=3, topk=2, verify_tokens=8),
+         SmallModelProposer(drafter, SmallModelConfig(topk=2))),
+        ("ngram5", SpecConfig("on", "chain", depth=5), NGramProposer(NGramConfig(topk=1))),
+        ("ngram-tree", SpecConfig("on", "tree", depth=4, topk=2, verify_tokens=10), NGramProposer(NGramConfig(topk=2))),
+    ]
+
+
+def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[int]], max_new: int,
+                 eos: tuple[int, ...], slot_counts: tuple[int, ...], naive: int = 4) -> dict:
+    """SD vs plain greedy over every (variant, slot count); the plain run is checked against naive recompute."""
+    max_len = max(len(p) for p in prompts) + max_new + 1
+    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=max_new)) for p in prompts]
+    plain = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts))).generate(reqs)
+    ref = [s.tokens for s in plain.sequences]
+    naive_ok = all(naive_greedy(target, prompts[i], max_new, eos) == ref[i] for i in range(min(naive, len(prompts))))
+    seqs = identical = ref_tokens = common = 0
+    per_variant: dict[str, float] = {}
+    for name, spec, proposer in _spec_variants(drafter):
+        for slots in slot_counts:
+            engine = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=slots), spec=spec,
+                            proposer=proposer)
+            out = engine.generate(reqs)
+            for got, want in zip((s.tokens for s in out.sequences), ref, strict=True):
+                seqs += 1
+                identical += got == want
+                ref_tokens += len(want)
+                k = 0
+                while k < min(len(got), len(want)) and got[k] == want[k]:
+                    k += 1
+                common += k
+            key = f"{name}/slots{slots}"
+            per_variant[key] = engine.accept_stats.mean_accept_len if engine.accept_stats.steps else 0.0
+    return {
+        "sequences": seqs,
+        "identical_sequences": identical,
+        "identical_token_fraction": common / max(ref_tokens, 1),
+        "naive_reference_matches": naive_ok,
+        "mean_accept_len": per_variant,
+    }
+
+
+@torch.no_grad()
+def exact_pair_law(model: Transformer, prompt: list[int], temp: float, top_p: float,
+                   top_k: int) -> dict[tuple[int, int], float]:
+    """Exact law of (token 2, token 3) of a continuation, marginalised over token 1 (support enumerated)."""
+    dev = model.head_weight.device
+
+    def probs(seqs: list[list[int]]) -> torch.Tensor:  # [N, V]
+        logits = model(torch.tensor(seqs, device=dev))[:, -1]
+        return processed_probs(logits, temp, top_p, top_k).double().cpu()
+
+    p1 = probs([prompt])[0]
+    s1 = torch.nonzero(p1).flatten().tolist()
+    p2 = probs([prompt + [a] for a in s1])
+    pairs = [(a, b, float(p1[a] * p2[i, b])) for i, a in enumerate(s1) for b in torch.nonzero(p2[i]).flatten().tolist()]
+    law: dict[tuple[int, int], float] = {}
+    for j in range(0, len(pairs), 256):
+        chunk = pairs[j : j + 256]
+        p3 = probs([prompt + [a, b] for a, b, _ in chunk])
+        for (_, b, w), row in zip(chunk, p3, strict=True):
+            for c in torch.nonzero(row).flatten().tolist():
+                law[(b, c)] = law.get((b, c), 0.0) + w * float(row[c])
+    return law
+
+
+def _pvalue(samples: list[tuple[int, int]], law: dict[tuple[int, int], float]) -> float:
+    counts = Counter(samples)
+    if any(k not in law for k in counts):
+        return 0.0  # an impossible pair was emitted
+    keys = list(law)
+    return chi_square_pvalue(torch.tensor([counts.get(k, 0) for k in keys]), torch.tensor([law[k] for k in keys]))
+
+
+def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int], samples: int,
+                   settings: list[tuple[float, float, int]], slots: int) -> dict:
+    variants: list[tuple[str, SpecConfig | None, Proposer | None]] = [
+        ("plain", None, None),
+        ("chain2", SpecConfig("on", "chain", depth=2), SmallModelProposer(drafter)),
+        ("tree2x2", SpecConfig("on", "tree", depth=2, topk=2, verify_tokens=5),
+         SmallModelProposer(drafter, SmallModelConfig(topk=2))),
+    ]
+    pvals: dict[str, float] = {}
+    negative = 1.0
+    for si, (temp, top_p, top_k) in enumerate(settings):
+        law = exact_pair_law(target, prompt, temp, top_p, top_k)
+        params = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, max_new_tokens=3, eos_ids=(), n=samples)
+        for vi, (name, spec, proposer) in enumerate(variants):
+            cfg = EngineConfig(max_len=len(prompt) + 4, max_slots=min(slots, samples), seed=1000 * si + vi)
+            out = Engine(target, eos_ids=(), config=cfg, spec=spec, proposer=proposer).generate(
+                [Request(prompt, params)])
+            pairs = [(s.tokens[1], s.tokens[2]) for s in out.sequences]
+            pvals[f"{name}/T{temp}/p{top_p}/k{top_k}"] = _pvalue(pairs, law)
+            if si == 0 and vi == 0:  # negative control: the same samples against another temperature's law
+                wrong = exact_pair_law(target, prompt, temp * 1.25, top_p, top_k)
+                negative = _pvalue(pairs, wrong)
+    return {"sampling_pvalues": pvals, "sampling_pvalue_min": min(pvals.values()), "negative_control_pvalue": negative}
+
+
+def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str, seed: int) -> dict:
+    t0 = time.perf_counter()
+    if model_name == "tiny":
+        target = tiny_target("tiny-llama")
+        drafter = perturbed_copy(target, noise=0.15)
+        eos: tuple[int, ...] = (257,)
+        vocab = 256
+        small = random_model(preset("tiny-qwen3", vocab_size=12, eos_token_ids=()), seed=seed, std=0.3)
+        small_drafter = perturbed_copy(small, noise=0.5)
+        s_prompt, settings = [1, 5, 7], [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.5, 1.0, 5)]
+        slot_counts: tuple[int, ...] = (1, 5, 16)
+    else:
+        source = ModelSource(builtin=model_name) if model_name == "smollm2-135m-instruct" else (
+            ModelSource(gguf=model_name) if model_name.endswith(".gguf") else ModelSource(hf_dir=model_name))
+        target, tok = load_model(source, device)
+        drafter = perturbed_copy(target, noise=0.05)
+        eos, vocab = tok.eos_ids, min(tok.vocab_size, target.args.vocab_size)
+        small, small_drafter = target, drafter
+        s_prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Count to ten."}]))
+        settings = [(1.0, 1.0, 8), (0.7, 0.9, 4)]  # top-k keeps the exact law enumerable on a large vocabulary
+        slot_counts = (1, 8, prompts_n)
+    prompts = random_prompts(prompts_n, seed=seed, vocab=vocab)
+    report: dict = {"model": model_name, "device": str(target.head_weight.device),
+                    "dtype": str(target.head_weight.dtype).replace("torch.", "")}
+    report.update(greedy_check(target, drafter, prompts, max_new, eos, slot_counts))
+    report.update(sampling_check(small, small_drafter, s_prompt, samples, settings, slots=8192))
+    fp32 = target.head_weight.dtype == torch.float32
+    greedy_ok = (report["identical_sequences"] == report["sequences"] if fp32
+                 else report["identical_token_fraction"] >= 0.95) and report["naive_reference_matches"]
+    report["passed"] = bool(greedy_ok and report["sampling_pvalue_min"] >= P_MIN
+                            and report["negative_control_pvalue"] < NEG_MAX)
+    report["seconds"] = round(time.perf_counter() - t0, 2)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tlt selfcheck", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny", help="tiny | smollm2-135m-instruct | PATH (HF dir or .gguf)")
+    ap.add_argument("--prompts", type=int, default=16, help="random prompts for the greedy check")
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--samples", type=int, default=12000, help="samples per sampling setting and variant")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print only the JSON summary")
+    a = ap.parse_args(argv)
+    if a.model == "tiny" and a.device == "cpu":
+        torch.set_num_threads(1)  # tiny shapes: one thread is much faster than contended threads
+        a.device = "cpu"
+    report = run(a.model, a.prompts, a.max_new_tokens, a.samples, "cpu" if a.model == "tiny" else a.device, a.seed)
+    text = json.dumps(report, indent=None if a.json else 2)
+    sys.stdout.write(text + "\n")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
