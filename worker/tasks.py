@@ -150,16 +150,30 @@ class JobSupervisor:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True, errors="replace",
         )
         log.info("job %s attempt %s: child pid %s", self.job_id, attempt, proc.pid)
+        try:
+            return self._watch(proc, attempt, resume)
+        finally:
+            if proc.poll() is None:  # the supervisor itself failed: never leave a training process behind
+                _killpg(proc.pid)
+                proc.wait()
+
+    def _watch(self, proc: subprocess.Popen[str], attempt: int, resume: bool) -> tuple[JobStatus, str]:
         threads = [threading.Thread(target=self._pump_output, args=(proc,), daemon=True),
                    threading.Thread(target=self._heartbeat_loop, daemon=True)]
         for t in threads:
             t.start()
-        with self.sessions() as s:
-            crud.transition(s, self.job_id, S.running, worker=self.worker,
-                            reason=f"attempt {attempt}{' (resumed)' if resume else ''}, child pid {proc.pid}",
-                            expect=[S.starting, S.recovering])
-        killed = False
+        try:
+            with self.sessions() as s:
+                crud.transition(s, self.job_id, S.running, worker=self.worker,
+                                reason=f"attempt {attempt}{' (resumed)' if resume else ''}, child pid {proc.pid}",
+                                expect=[S.starting, S.recovering])
+        except IllegalTransition as e:  # cancelled while starting: the heartbeat loop sees `cancelling`
+            log.info("job %s: not marked running: %s", self.job_id, e)
+        killed = terminated = False
         while proc.poll() is None:
+            if self.cancel_requested_at is not None and not terminated:
+                proc.send_signal(signal.SIGTERM)  # the child's handler makes reporter.should_stop() true at once
+                terminated = True
             if (self.cancel_requested_at is not None and not killed
                     and time.monotonic() - self.cancel_requested_at > self.settings.cancel_grace_s):
                 log.warning("job %s: no stop after %.0f s grace; killing the child", self.job_id,
@@ -177,7 +191,8 @@ class JobSupervisor:
         with self.sessions() as s:
             status = crud.job_status(s, self.job_id)
         if status == S.cancelling:
-            how = "hard-killed after the grace period" if killed_for_cancel else "stopped at a safe point"
+            how = ("hard-killed after the grace period" if killed_for_cancel
+                   else "stopped at a safe point" if rc == 0 else f"training process ended with status {rc}")
             return S.cancelled, f"cancelled: {how}"
         if rc == 0:
             return S.succeeded, "finished"

@@ -32,7 +32,8 @@ export function clear(el: Element): void {
 export function fmt(v: number | null | undefined, digits = 3): string {
   if (v === null || v === undefined || !Number.isFinite(v)) return "–";
   const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
+  if (a !== 0 && (a >= 1e6 || a < 1e-3)) return v.toExponential(2);
+  if (a >= 100) return String(Math.round(v));
   return Number(v.toPrecision(digits)).toString();
 }
 

@@ -139,6 +139,24 @@ def test_cli_submit_wait_metrics_download(pg_stack: Stack, tmp_path: Path, capsy
     cfg = json.loads(next((tmp_path / "policy").rglob("config.json")).read_text())
     assert cfg["model_type"] in {"llama", "qwen2", "qwen3"}
     assert cli.main(["logs", str(job_id)]) == 0
+    capsys.readouterr()
+    assert cli.main(["logs", "-f", str(job_id)]) == 0  # SSE follow of a finished job: replays, then ends
+    assert "-- succeeded" in capsys.readouterr().out
     assert cli.main(["jobs", "--url", pg_stack.url, "--token", "tlt_not_a_token"]) == cli.EXIT_API
     client = TltClient(pg_stack.url, pg_stack.token)
     assert client.job(job_id)["status"] == "succeeded"
+
+
+def test_uploaded_dataset_runs_through_the_worker(pg_stack: Stack) -> None:
+    rows = "".join(json.dumps({"q": f"What is {i} + {i}?", "a": f"#### {2 * i}"}) + "\n" for i in range(12))
+    with pg_stack.http() as c:
+        r = c.post("/datasets", files={"file": ("sums.jsonl", rows.encode())},
+                   data={"prompt_column": "q", "answer_column": "a"})
+        assert r.status_code == 201, r.text
+        ds = r.json()
+        assert ds["num_rows"] == 12
+        spec = {**TINY_SPEC, "name": "own-data", "max_steps": 1,
+                "dataset": {"dataset_id": ds["id"], "prompt_column": "q", "answer_column": "a", "validation_size": 2}}
+        job = c.post("/jobs", json={"spec": spec}).json()
+    final = pg_stack.wait_job(job["id"])
+    assert final["status"] == "succeeded", f"{final}\n{pg_stack.worker_logs()}"

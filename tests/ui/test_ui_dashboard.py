@@ -121,5 +121,7 @@ def test_ui_dashboard_in_chromium(ui_env: dict[str, str], api_url: str, tmp_path
            "UI_LIVE_CMD": json.dumps([*seed_cmd, "live", *db_args]), "UI_SCREENSHOTS": str(SHOTS)}
     run = subprocess.run([node, "--test", "--test-reporter=spec", "e2e/"], cwd=FRONTEND, env=env,
                          capture_output=True, text=True, timeout=240)
+    SHOTS.mkdir(exist_ok=True)
+    (SHOTS / "ui-browser-tests.log").write_text(run.stdout + run.stderr)  # incl. the 10k-step timings
     assert run.returncode == 0, f"browser tests failed:\n{run.stdout[-8000:]}\n{run.stderr[-4000:]}"
     assert (SHOTS / "ui-job-page.png").stat().st_size > 10_000

@@ -141,9 +141,12 @@ def seed_big(sessions, steps: int, rng: np.random.Generator) -> int:  # type: ig
             for n, v in series.items() for i, st in enumerate(x)]
     with sessions() as s:
         s.execute(insert(Metric), rows)  # executemany
+        lengths = []  # the window's length metrics, consistent with its histograms
         for step in range(max(1, steps - HIST_WINDOW + 1), steps + 1):
-            _, edges, counts = step_values(step, rng)
+            vals, edges, counts = step_values(step, rng)
             crud.upsert_histogram(s, job_id, step, "response_length", edges, counts)
+            lengths += [(step, f"response_length/{k}", vals[f"response_length/{k}"]) for k in ("p50", "p90", "max")]
+        crud.upsert_metrics(s, job_id, lengths)
         s.commit()
     return job_id
 

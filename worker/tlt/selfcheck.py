@@ -49,7 +49,6 @@ P_MIN, NEG_MAX = 1e-4, 1e-4
 
 def _spec_variants(drafter: Transformer) -> list[tuple[str, SpecConfig, Proposer]]:
     return [
-        ("chain1", SpecConfig("on", "chain", depth=1), SmallModelProposer(drafter)),
         ("chain4", SpecConfig("on", "chain", depth=4), SmallModelProposer(drafter)),
         ("chain8", SpecConfig("on", "chain", depth=8), SmallModelProposer(drafter)),
         ("tree3x2", SpecConfig("on", "tree", depth=3, topk=2, verify_tokens=8),
@@ -160,7 +159,7 @@ def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str
         small = random_model(preset("tiny-qwen3", vocab_size=12, eos_token_ids=()), seed=seed, std=0.3)
         small_drafter = perturbed_copy(small, noise=0.5)
         s_prompt, settings = [1, 5, 7], [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.5, 1.0, 5)]
-        slot_counts: tuple[int, ...] = (1, 5, 16)
+        slot_counts: tuple[int, ...] = (3, prompts_n)
     else:
         source = ModelSource(builtin=model_name) if model_name == "smollm2-135m-instruct" else (
             ModelSource(gguf=model_name) if model_name.endswith(".gguf") else ModelSource(hf_dir=model_name))
@@ -188,9 +187,9 @@ def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tlt selfcheck", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny", help="tiny | smollm2-135m-instruct | PATH (HF dir or .gguf)")
-    ap.add_argument("--prompts", type=int, default=16, help="random prompts for the greedy check")
-    ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--samples", type=int, default=12000, help="samples per sampling setting and variant")
+    ap.add_argument("--prompts", type=int, default=12, help="random prompts for the greedy check")
+    ap.add_argument("--max-new-tokens", type=int, default=20)
+    ap.add_argument("--samples", type=int, default=4000, help="samples per sampling setting and variant")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print only the JSON summary")

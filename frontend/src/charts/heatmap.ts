@@ -92,7 +92,8 @@ export class LengthHeatmap extends CanvasChart {
   private lines: Record<string, Map<number, number>> = {};
 
   constructor(parent: HTMLElement) {
-    super(parent, "Response length over steps (heat-map) with p50 / p90 / max", "length-heatmap", 220);
+    super(parent, "Response length over steps (heat-map: share of the step's responses per length bin) with p50 / p90 / max", "length-heatmap", 240);
+    this.box.classList.add("wide");
     this.canvas.addEventListener("mousemove", (e) => this.hover(e));
   }
 
@@ -115,16 +116,20 @@ export class LengthHeatmap extends CanvasChart {
     const Y = (v: number) => T + ht - (v / ymax) * ht;
     ctx.fillStyle = VIRIDIS[0];
     ctx.fillRect(L, T, w, ht);
-    this.hists.forEach((hh, i) => {
+    const grids = this.hists.map((hh) => {
       const total = hh.counts.reduce((a, b) => a + b, 0) || 1;
       const grid = new Float64Array(rows);
       hh.counts.forEach((c, j) => {
         const mid = (hh.edges[j] + hh.edges[j + 1]) / 2;
         grid[Math.min(rows - 1, Math.floor((mid / ymax) * rows))] += c / total;
       });
+      return grid;
+    });
+    const top = Math.max(1e-9, ...grids.map((g) => Math.max(...g)));
+    grids.forEach((grid, i) => {
       for (let r = 0; r < rows; r++) {
         if (!grid[r]) continue;
-        ctx.fillStyle = colour(Math.sqrt(grid[r]) * 1.2);
+        ctx.fillStyle = colour(0.15 + 0.85 * Math.sqrt(grid[r] / top)); // sqrt: a thin tail still shows
         const y0 = T + ht - ((r + 1) / rows) * ht;
         ctx.fillRect(L + i * cw, y0, Math.ceil(cw), Math.ceil(ht / rows));
       }

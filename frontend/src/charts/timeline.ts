@@ -48,6 +48,7 @@ export class GpuTimeline {
     this.box = h("div", { class: "chart", "data-chart": "gpu-timeline" },
       h("div", { class: "chart-title" }, `GPU timeline — last ${steps} steps (per-GPU split estimated from step totals)`),
       this.canvas, legend);
+    this.box.classList.add("wide");
     parent.append(this.box);
     this.ro = new ResizeObserver(() => { this.width = Math.max(250, this.box.clientWidth - 2); this.draw(); });
     this.ro.observe(this.box);

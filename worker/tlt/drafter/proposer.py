@@ -131,7 +131,6 @@ class EagleProposer:
     def propose(self, ctx: DraftContext) -> DraftProposal:
         d = self.drafter
         w = self.config.context
-        bsz = ctx.batch_size
         root = ctx.roots().to(self.device)
         toks, feats, m = self._context(ctx)
         hist_len = torch.tensor([len(h) for h in ctx.histories], device=self.device)

@@ -31,7 +31,7 @@ from worker.tlt.spec.types import DraftProposal
 @dataclass(frozen=True)
 class SmallModelConfig:
     topk: int = 1  # 1 = chain of ctx.max_depth drafted tokens; > 1 = top-k tree pruned to ctx.max_nodes
-    max_len: int = 4096  # drafter KV columns per row (history + draft must fit)
+    max_len: int = 16384  # upper bound of drafter KV columns per row (grown on demand up to this)
     seed: int = 0  # the drafter's own torch.Generator (sampled chain drafts)
 
 
@@ -49,18 +49,23 @@ class SmallModelProposer:
     def reset(self) -> None:
         self._rows, self._fed = [], []
 
-    def _ensure_cache(self, batch: int) -> None:
-        if self.cache is None or self.cache.slots < batch:
-            w = self.model.head_weight
-            slots = max(batch, 2 * (self.cache.slots if self.cache is not None else 0))
-            old = self.cache
-            self.cache = KVCache.allocate(self.model.args, slots, self.config.max_len, w.device, w.dtype)
-            if old is not None:  # keep what is cached
-                rows = torch.arange(old.slots, device=w.device)
-                for new_t, old_t in zip((*self.cache.k, *self.cache.v), (*old.k, *old.v), strict=True):
-                    new_t[rows] = old_t
-            if self.model.rope_cos.shape[0] < self.config.max_len:
-                self.model.init_rope(w.device, self.config.max_len)
+    def _ensure_cache(self, batch: int, need_len: int) -> None:
+        """Grow the cache (rows and columns, keeping its contents) to at least batch rows of need_len columns."""
+        if need_len > self.config.max_len:
+            raise ValueError(f"history + draft of {need_len} tokens exceeds SmallModelConfig.max_len")
+        old = self.cache
+        if old is not None and old.slots >= batch and old.max_len >= need_len:
+            return
+        w = self.model.head_weight
+        slots = max(batch, old.slots if old is not None else 0)
+        cols = min(self.config.max_len, max(need_len, 2 * (old.max_len if old is not None else 0)))
+        cols = (cols + 63) // 64 * 64
+        self.cache = KVCache.allocate(self.model.args, slots, cols, w.device, w.dtype)
+        if old is not None:
+            for new_t, old_t in zip((*self.cache.k, *self.cache.v), (*old.k, *old.v), strict=True):
+                new_t[: old.slots, :, : old.max_len] = old_t
+        if self.model.rope_cos.shape[0] < cols:
+            self.model.init_rope(w.device, cols)
 
     def _catch_up(self, ctx: DraftContext) -> torch.Tensor:  # -> drafter logits after each root [B, V]
         b = ctx.batch_size
@@ -70,8 +75,6 @@ class SmallModelProposer:
         starts, gaps = [], []
         for i in range(b):
             hist, ident = ctx.histories[i], (ctx.group_ids[i], ctx.sample_ids[i])
-            if len(hist) + ctx.max_nodes + 1 > self.config.max_len:
-                raise ValueError(f"history of {len(hist)} tokens exceeds SmallModelConfig.max_len")
             if self._rows[i] != ident:
                 self._rows[i], self._fed[i] = ident, []
             fed, n = self._fed[i], 0
@@ -85,9 +88,9 @@ class SmallModelProposer:
         ids = torch.zeros(b, s, dtype=torch.int64)
         for i, g in enumerate(gaps):
             ids[i, : len(g)] = torch.tensor(g)
-        dev, t_len = self.device, self.config.max_len
-        longest = max(len(h) for h in ctx.histories) + ctx.max_nodes * max(self.config.topk, 1) + 2
-        self._tk = min(t_len, (longest + 63) // 64 * 64)
+        dev = self.device
+        assert self.cache is not None
+        t_len = self.cache.max_len
         start = torch.tensor(starts, device=dev)
         gap = torch.tensor([len(g) for g in gaps], device=dev)
         i_s = torch.arange(s, device=dev)
@@ -102,7 +105,10 @@ class SmallModelProposer:
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> DraftProposal:
-        self._ensure_cache(ctx.batch_size)
+        longest = max(len(h) for h in ctx.histories) + ctx.max_nodes * max(self.config.topk, 1) + 2
+        self._ensure_cache(ctx.batch_size, longest)
+        assert self.cache is not None
+        self._tk = min(self.cache.max_len, (longest + 63) // 64 * 64)
         logits = self._catch_up(ctx)
         seq = torch.tensor([len(h) for h in ctx.histories], device=self.device)  # root at seq - 1
         depth = max(0, min(ctx.max_depth, ctx.max_nodes - 1))

@@ -161,22 +161,21 @@ def verify_sampling(
                 q_wo = q.scatter(1, x, 0.0)
                 q_wo = q_wo / q_wo.sum(dim=-1, keepdim=True).clamp_min(_TINY)
                 q = torch.where(rejected.unsqueeze(1), q_wo, q)
-        # rows that stop here (active, not moved) emit a recovered (or, at a leaf, bonus) token from the residual
-        drawn = sample(p, generator)  # [B]
-        tok = torch.where(moved, proposal.tokens.gather(1, nxt.unsqueeze(1)).squeeze(1), drawn)
-        emit = active
+        # rows that moved emit the accepted child; rows that stopped keep their residual in p (frozen from now on)
+        tok = proposal.tokens.gather(1, nxt.unsqueeze(1)).squeeze(1)
         col = n_acc
-        out[rows, col] = torch.where(emit, tok, out[rows, col])
-        lps[rows, col] = torch.where(emit, target_probs[rows, cur, tok].log(), lps[rows, col])
+        out[rows, col] = torch.where(moved, tok, out[rows, col])
+        lps[rows, col] = torch.where(moved, target_probs[rows, cur, tok].log(), lps[rows, col])
         acc_nodes[rows, col] = torch.where(moved, nxt, acc_nodes[rows, col])
         n_acc = n_acc + moved.to(torch.int64)
         cur = nxt
         p = torch.where(moved.unsqueeze(1), target_probs[rows, cur], p)
         active = moved
-    # rows still walking are at a depth-`depth` node, necessarily a leaf: bonus token from its target row
+    # one draw per row from its final distribution: the residual where it stopped (recovered token) or, for rows
+    # whose walk ended at a leaf or at max_depth, the untouched target row of that node (bonus token)
     drawn = sample(p, generator)
-    out[rows, n_acc] = torch.where(active, drawn, out[rows, n_acc])
-    lps[rows, n_acc] = torch.where(active, target_probs[rows, cur, drawn].log(), lps[rows, n_acc])
+    out[rows, n_acc] = drawn
+    lps[rows, n_acc] = target_probs[rows, cur, drawn].log()
     return VerifyResult(tokens=out, num_emitted=n_acc + 1, accepted_nodes=acc_nodes, logprobs=lps)
 
 
