@@ -10,8 +10,9 @@ import base64
 import math
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -43,6 +44,16 @@ class NotFound(LookupError):
 
 class Conflict(ValueError):
     pass
+
+
+T = TypeVar("T")
+STEP_TIME_METRIC = "timing_s/step"  # the metric JobProgress.last_step_time_s reports (worker/tlt/rl/trainer.py)
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    last_step: int | None = None  # the newest step with any metric; None before the first
+    last_step_time_s: float | None = None  # timing_s/step of the newest step that has it; None if none / not finite
 
 
 # ---------------------------------------------------------------- users and tokens
@@ -331,7 +342,8 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def downsample(series: list[tuple[int, float | None]], points: int | None) -> list[tuple[int, float | None]]:
+def downsample(series: list[T], points: int | None) -> list[T]:
+    """At most `points` evenly spaced items of `series` (the first and the last always kept; only the last for 1)."""
     n = len(series)
     if points is None or n <= points:
         return series
@@ -341,13 +353,33 @@ def downsample(series: list[tuple[int, float | None]], points: int | None) -> li
     return [series[i] for i in idx]
 
 
-def list_histograms(session: Session, job_id: int, name: str | None, after_step: int | None) -> Sequence[Histogram]:
-    stmt = select(Histogram).where(Histogram.job_id == job_id)
+def list_histograms(
+    session: Session, job_id: int, name: str | None, after_step: int | None, *,
+    points: int | None = None, limit: int | None = None,
+) -> Sequence[Histogram]:
+    """Histograms after `after_step`, ordered by (step, name). `points` thins each name's histograms to at most that
+    many, evenly spread over its steps (first and last kept, as `downsample`); `limit` then keeps only the newest
+    `limit` rows (a window ending at the last step). Thinning reads only (id, name, step), then the kept rows."""
+    cond = [Histogram.job_id == job_id]
     if name:
-        stmt = stmt.where(Histogram.name == name)
+        cond.append(Histogram.name == name)
     if after_step is not None:
-        stmt = stmt.where(Histogram.step > after_step)
-    return session.scalars(stmt.order_by(Histogram.step, Histogram.name)).all()
+        cond.append(Histogram.step > after_step)
+    order = (Histogram.step, Histogram.name)
+    if points is None:
+        if limit is None:
+            return session.scalars(select(Histogram).where(*cond).order_by(*order)).all()
+        newest = select(Histogram).where(*cond).order_by(Histogram.step.desc(), Histogram.name.desc()).limit(limit)
+        return list(reversed(session.scalars(newest).all()))
+    by_name: dict[str, list[tuple[int, int]]] = {}
+    keys = select(Histogram.name, Histogram.step, Histogram.id).where(*cond).order_by(Histogram.name, Histogram.step)
+    for hname, step, hid in session.execute(keys):
+        by_name.setdefault(hname, []).append((step, hid))
+    kept = sorted((step, hname, hid) for hname, rows in by_name.items() for step, hid in downsample(rows, points))
+    ids = [hid for _, _, hid in (kept[-limit:] if limit is not None else kept)]
+    if not ids:
+        return []
+    return session.scalars(select(Histogram).where(Histogram.id.in_(ids)).order_by(*order)).all()
 
 
 def add_logs(session: Session, job_id: int, attempt: int, lines: Sequence[str], stream: str = "log") -> None:
@@ -369,6 +401,28 @@ def list_samples(session: Session, job_id: int, after_step: int | None, limit: i
     if after_step is not None:
         stmt = stmt.where(JobSample.step > after_step)
     return session.scalars(stmt.order_by(JobSample.step, JobSample.id).limit(limit)).all()
+
+
+def metrics_cursor(session: Session, job_id: int) -> int:
+    """The id of the job's newest metric row (0 before the first): the M of the SSE cursor M.E.L. Read it BEFORE a
+    history query so that every row up to it is in that history (a row committed in between comes twice, never
+    zero times). Like the stream, this assumes a job's rows commit in id order (one writer per job: the worker's
+    DbReporter); an upsert that overwrites a stored step keeps its old id. One index probe (ix_metrics_job_id_id)."""
+    return session.scalar(select(func.max(Metric.id)).where(Metric.job_id == job_id)) or 0
+
+
+def job_progress(session: Session, job_ids: Sequence[int]) -> dict[int, JobProgress]:
+    """{job id: JobProgress} for a page of jobs in ONE query: per job two correlated LIMIT-1 subqueries, each an
+    index probe (uq_metrics_job_step_name backwards; ix_metrics_job_name_step for timing_s/step), so the cost does
+    not grow with the number of metric rows. Jobs without metrics map to JobProgress()."""
+    if not job_ids:
+        return {}
+    last_step = (select(Metric.step).where(Metric.job_id == Job.id)
+                 .order_by(Metric.step.desc()).limit(1).scalar_subquery())
+    step_time = (select(Metric.value).where(Metric.job_id == Job.id, Metric.name == STEP_TIME_METRIC)
+                 .order_by(Metric.step.desc()).limit(1).scalar_subquery())
+    rows = session.execute(select(Job.id, last_step, step_time).where(Job.id.in_(list(job_ids))))
+    return {jid: JobProgress(step, finite_or_none(t)) for jid, step, t in rows}
 
 
 def new_metrics(session: Session, job_id: int, after_id: int, limit: int) -> Sequence[Metric]:

@@ -112,7 +112,11 @@ class JobEvent(Base):
 
 class Metric(Base):
     __tablename__ = "metrics"
-    __table_args__ = (UniqueConstraint("job_id", "step", "name", name="uq_metrics_job_step_name"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "step", "name", name="uq_metrics_job_step_name"),  # also: a job's last step
+        Index("ix_metrics_job_id_id", "job_id", "id"),  # SSE: rows after a cursor; the cursor itself (max id)
+        Index("ix_metrics_job_name_step", "job_id", "name", "step"),  # one series by step; latest timing_s/step
+    )
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column()

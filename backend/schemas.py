@@ -46,6 +46,8 @@ class JobPublic(_Out):
     started_at: datetime | None
     finished_at: datetime | None
     heartbeat_at: datetime | None
+    last_step: int | None = None  # the newest step with metrics; null before the first
+    last_step_time_s: float | None = None  # timing_s/step of the newest step that has it (normally last_step)
 
 
 class EventPublic(_Out):
@@ -74,6 +76,10 @@ class MetricSeries(BaseModel):
 class MetricHistory(BaseModel):
     series: list[MetricSeries]
     last_step: int | None  # pass as ?after_step= to fetch only newer points
+    # SSE cursor "M.0.0" (GET /stream's Last-Event-ID): M = the job's newest metric row when this history was read,
+    # events and logs from their start (this response has none). Resuming the stream from it skips the metric rows
+    # already reflected here; one committed during the query may come in both (same step, same value).
+    stream_cursor: str
 
 
 class HistogramPublic(_Out):

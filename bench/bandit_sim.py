@@ -162,6 +162,9 @@ def main() -> None:
         f"max_age={config.max_age} min_pulls={config.min_pulls} epsilon={config.epsilon} ucb_c={config.ucb_c} "
         f"prior_std={config.prior_std}",
         "",
+        "reward: 'raw' = tokens/s of the step (TLT); 'per seq' = tokens/s per active sequence, with windows borrowed "
+        "from the nearest bucket while an arm is unmeasured (BanditConfig.per_sequence, share_buckets)",
+        "",
         "| scenario | bandit | reward | regret vs oracle | reward vs SD off | oracle vs SD off | oracle arm, last 20% |",
         "|---|---|---|---|---|---|---|",
     ]

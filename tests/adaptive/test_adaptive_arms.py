@@ -42,15 +42,16 @@ def test_arms_table_covers_every_bucket() -> None:
 
 def test_arm_validation_and_shape() -> None:
     chain = ARM_PRESETS["eagle-c6"]
-    assert chain.chain and chain.is_sd and chain.num_nodes == 7
-    assert NO_SD.num_nodes == 1 and not NO_SD.is_sd
+    assert chain.chain and chain.is_sd and chain.verify_tokens == 7 and chain.num_drafted == 6
+    assert NO_SD.verify_tokens == 1 and NO_SD.num_drafted == 0 and not NO_SD.is_sd
     assert Arm.from_dict(chain.to_dict()) == chain
     with pytest.raises(ValueError):
-        Arm("x", "eagle", depth=4, topk=1, verify_tokens=8)  # chain verifies exactly depth tokens
+        Arm("x", "eagle", depth=4, topk=1, verify_tokens=4)  # a chain verifies its depth + the root
     with pytest.raises(ValueError):
-        Arm("x", "eagle", depth=2, topk=2, verify_tokens=7)  # a 2x2 tree has only 6 nodes
+        Arm("x", "eagle", depth=2, topk=2, verify_tokens=8)  # a 2x2 tree has 6 nodes + the root
     with pytest.raises(ValueError):
-        Arm("x", "none", depth=3, topk=1, verify_tokens=3)
+        Arm("x", "none", depth=0, topk=1, verify_tokens=0)
+    assert Arm("t", "eagle", depth=2, topk=2, verify_tokens=7).num_drafted == 6
     with pytest.raises(ValueError):
         Arm("x", "medusa", depth=3, topk=1, verify_tokens=3)  # type: ignore[arg-type]
 
@@ -59,4 +60,4 @@ def test_verify_lengths_per_bucket() -> None:
     from worker.tlt.adaptive.arms import verify_lengths
 
     lengths = verify_lengths(arms_table(["ngram", "eagle"]))
-    assert lengths[0] == (1, 4, 7, 49) and lengths[3] == (1, 4, 7, 9)
+    assert lengths[0] == (1, 4, 7, 48) and lengths[3] == (1, 4, 7, 8)

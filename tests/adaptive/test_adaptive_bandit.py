@@ -152,3 +152,20 @@ def test_observations_expire_so_a_stale_arm_is_measured_again() -> None:
         bandit.observe(0, fast, 100, 1.0)
     assert bandit.stats(0)[0]["n"] == 0
     assert bandit.select(0) == slow
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rarely_visited_bucket_borrows_its_neighbours_measurements(kind: str) -> None:
+    # bucket 1 (2-4 active) was measured for a while; bucket 0 (batch 1) then appears for a few steps only
+    table = arms_table(["ngram", "eagle"])
+    env = SimEnv({"ngram": 0.0, "eagle": 0.0}, seed=0)  # useless drafts: every step off "none" is a loss
+    shared = make_bandit(table, BanditConfig(kind=kind), seed=0)  # type: ignore[arg-type]
+    alone = make_bandit(table, BanditConfig(kind=kind, share_buckets=False), seed=0)  # type: ignore[arg-type]
+    for bandit in (shared, alone):
+        run_bucket(bandit, env, 1, table[1], batches(1, 300))
+    few = {b: run_bucket(b, env, 0, table[0], [1] * 20) for b in (shared, alone)}
+    # every arm of bucket 0 has a same-shape arm measured in bucket 1 (the tree with its smaller verify budget):
+    # nothing is forced, and "none" is played from the first step on (but for epsilon-greedy's exploration)
+    assert few[shared].chosen[0] == "none" and few[shared].chosen.count("none") >= 15
+    assert few[alone].chosen[:12] == [a.name for a in table[0] for _ in range(2)]  # table order, min_pulls=2
+    assert few[shared].regret() < 0.5 * few[alone].regret()

@@ -22,20 +22,20 @@ def test_per_position_counts() -> None:
 def test_summary_of_a_small_rollout() -> None:
     m = RolloutSdMetrics(on_below=4)
     # full batch, SD off: 8 sequences, 8 tokens in 0.1 s
-    m.observe_step(active=8, sd_on=False, arm=None, verify_tokens=0, emitted=8, seconds=0.1)
+    m.observe_step(active=8, sd_on=False, arm=None, verify_tokens=1, emitted=8, seconds=0.1)
     # tail, SD on with a 3-chain: 2 sequences accept 2 and 0 tokens -> emit 3 + 1
-    m.observe_step(active=2, sd_on=True, arm="ngram-c3", verify_tokens=3, emitted=4, seconds=0.02,
+    m.observe_step(active=2, sd_on=True, arm="ngram-c3", verify_tokens=4, emitted=4, seconds=0.02,
                    accepted_per_pos=[1, 1, 0])
     # tail, SD on but the bandit chose plain decoding
-    m.observe_step(active=2, sd_on=True, arm="none", verify_tokens=0, emitted=2, seconds=0.01)
+    m.observe_step(active=2, sd_on=True, arm="none", verify_tokens=1, emitted=2, seconds=0.01)
     # tail, 1 sequence, all 3 accepted -> 4 emitted
-    m.observe_step(active=1, sd_on=True, arm="ngram-c3", verify_tokens=3, emitted=4, seconds=0.01,
+    m.observe_step(active=1, sd_on=True, arm="ngram-c3", verify_tokens=4, emitted=4, seconds=0.01,
                    accepted_per_pos=[1, 1, 1])
     s = m.summary()
     assert s["sd/on_fraction"] == pytest.approx(3 / 4)
     # drafting sequence-steps: 2 + 1 = 3; accepted 2 + 0 + 3 = 5 -> 1 + 5/3
     assert s["sd/accept_len"] == pytest.approx(1 + 5 / 3)
-    assert s["sd/verify_tokens"] == pytest.approx(3.0)
+    assert s["sd/verify_tokens"] == pytest.approx(4.0)
     assert s["sd/accept_rate_pos_1"] == pytest.approx(2 / 3)
     assert s["sd/accept_rate_pos_2"] == pytest.approx(2 / 3)
     assert s["sd/accept_rate_pos_3"] == pytest.approx(1 / 3)
@@ -54,7 +54,7 @@ def test_summary_of_a_small_rollout() -> None:
 def test_drafted_counts_shorter_than_active() -> None:
     # an n-gram drafter found a match for one of two sequences only: position rates use drafted counts
     m = RolloutSdMetrics()
-    m.observe_step(active=2, sd_on=True, arm="ngram-c3", verify_tokens=3, emitted=3, seconds=0.01,
+    m.observe_step(active=2, sd_on=True, arm="ngram-c3", verify_tokens=4, emitted=3, seconds=0.01,
                    accepted_per_pos=[1, 0, 0], drafted_per_pos=[1, 1, 1])
     s = m.summary()
     assert s["sd/accept_rate_pos_1"] == 1.0 and s["sd/accept_rate_pos_2"] == 0.0
@@ -64,7 +64,7 @@ def test_drafted_counts_shorter_than_active() -> None:
 def test_empty_and_off_only_rollouts_leave_undefined_metrics_out() -> None:
     assert RolloutSdMetrics().summary() == {}
     m = RolloutSdMetrics()
-    m.observe_step(active=64, sd_on=False, arm=None, verify_tokens=0, emitted=64, seconds=0.5)
+    m.observe_step(active=64, sd_on=False, arm=None, verify_tokens=1, emitted=64, seconds=0.5)
     s = m.summary()
     assert s["sd/on_fraction"] == 0.0 and "sd/accept_len" not in s and "perf/tokens_per_s_tail" not in s
 
@@ -72,9 +72,9 @@ def test_empty_and_off_only_rollouts_leave_undefined_metrics_out() -> None:
 def test_rejects_inconsistent_steps() -> None:
     m = RolloutSdMetrics()
     with pytest.raises(ValueError):
-        m.observe_step(active=2, sd_on=True, arm="x", verify_tokens=3, emitted=3, seconds=0.0)
+        m.observe_step(active=2, sd_on=True, arm="x", verify_tokens=4, emitted=3, seconds=0.0)
     with pytest.raises(ValueError):
-        m.observe_step(active=2, sd_on=True, arm="x", verify_tokens=3, emitted=3, seconds=0.1,
+        m.observe_step(active=2, sd_on=True, arm="x", verify_tokens=4, emitted=3, seconds=0.1,
                        accepted_per_pos=[3, 0, 0])  # more accepted than active
 
 
@@ -83,7 +83,7 @@ def test_switch_and_metrics_over_a_shrinking_batch() -> None:
     sw, m = SdSwitch(SwitchConfig(on_below=32, patience=3)), RolloutSdMetrics(on_below=32)
     for active in range(40, 0, -1):
         on = sw.update(active)
-        m.observe_step(active=active, sd_on=on, arm="ngram-c3" if on else None, verify_tokens=3 if on else 0,
+        m.observe_step(active=active, sd_on=on, arm="ngram-c3" if on else None, verify_tokens=4 if on else 1,
                        emitted=active * (2 if on else 1), seconds=0.01, accepted_per_pos=[active, 0, 0] if on else ())
     s = m.summary()
     assert m.sd_on_steps == 29  # active 29..1: steps with 31 and 30 active were the patience

@@ -98,7 +98,11 @@ def test_auth_validation_idempotency_openapi(pg_stack: Stack) -> None:
         b = c.post("/jobs", json={"spec": spec}, headers={"Idempotency-Key": "ci-run-1"}).json()
         assert a["id"] == b["id"]
         assert [j["id"] for j in c.get("/jobs").json()["items"]].count(a["id"]) == 1
-        assert c.post(f"/jobs/{a['id']}/cancel").json()["status"] in {"cancelled", "cancelling"}  # keep the worker free
+        for _ in range(5):  # cancel it to keep the worker free (409 while its status is changing under the request)
+            r = c.post(f"/jobs/{a['id']}/cancel")
+            if r.status_code == 200:
+                break
+            assert r.status_code == 409, r.text
         paths = set(c.get(pg_stack.url + "/openapi.json").json()["paths"])
     assert {"/healthz", "/metrics", "/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/cancel",
             "/api/v1/jobs/{job_id}/retry", "/api/v1/jobs/{job_id}/metrics", "/api/v1/jobs/{job_id}/metrics/names",
@@ -121,12 +125,20 @@ def test_crash_fails_the_attempt_not_the_worker(pg_stack: Stack) -> None:
     assert pg_stack.workers[0].poll() is None, "the worker survived"
 
 
-def test_cli_submit_wait_metrics_download(pg_stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_cli_submit_wait_metrics_download_on_uploaded_data(pg_stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TLT_URL", pg_stack.url)
     monkeypatch.setenv("TLT_TOKEN", pg_stack.token)
+    # The job trains on an uploaded dataset: upload -> id in the spec -> the worker resolves it to the stored file.
+    rows = "".join(json.dumps({"q": f"What is {i} + {i}?", "a": f"#### {2 * i}"}) + "\n" for i in range(12))
+    with pg_stack.http() as c:
+        r = c.post("/datasets", files={"file": ("sums.jsonl", rows.encode())},
+                   data={"prompt_column": "q", "answer_column": "a"})
+    assert r.status_code == 201, r.text
+    assert r.json()["num_rows"] == 12
+    dataset = {"dataset_id": r.json()["id"], "prompt_column": "q", "answer_column": "a", "validation_size": 2}
     spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump({**TINY_SPEC, "name": "cli", "max_steps": 1}))
+    spec_file.write_text(yaml.safe_dump({**TINY_SPEC, "name": "cli", "max_steps": 1, "dataset": dataset}))
     assert cli.main(["submit", str(spec_file), "--wait", "--idempotency-key", "cli-1", "--poll", "0.3"]) == 0
     out = capsys.readouterr().out
     job_id = int(out.split()[1])
@@ -146,17 +158,3 @@ def test_cli_submit_wait_metrics_download(pg_stack: Stack, tmp_path: Path, capsy
     client = TltClient(pg_stack.url, pg_stack.token)
     assert client.job(job_id)["status"] == "succeeded"
 
-
-def test_uploaded_dataset_runs_through_the_worker(pg_stack: Stack) -> None:
-    rows = "".join(json.dumps({"q": f"What is {i} + {i}?", "a": f"#### {2 * i}"}) + "\n" for i in range(12))
-    with pg_stack.http() as c:
-        r = c.post("/datasets", files={"file": ("sums.jsonl", rows.encode())},
-                   data={"prompt_column": "q", "answer_column": "a"})
-        assert r.status_code == 201, r.text
-        ds = r.json()
-        assert ds["num_rows"] == 12
-        spec = {**TINY_SPEC, "name": "own-data", "max_steps": 1,
-                "dataset": {"dataset_id": ds["id"], "prompt_column": "q", "answer_column": "a", "validation_size": 2}}
-        job = c.post("/jobs", json={"spec": spec}).json()
-    final = pg_stack.wait_job(job["id"])
-    assert final["status"] == "succeeded", f"{final}\n{pg_stack.worker_logs()}"

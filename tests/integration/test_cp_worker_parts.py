@@ -34,7 +34,7 @@ from .conftest import TINY_SPEC
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Settings, object]]:
     url = f"sqlite:///{tmp_path / 'tlt.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
     migrate.upgrade(url)
-    settings = Settings(home=tmp_path / "home", database_url=url, heartbeat_timeout_s=2.0, heartbeat_s=0.2)
+    settings = Settings(home=tmp_path / "home", database_url=url, heartbeat_timeout_s=1.0, heartbeat_s=0.2)
     settings.ensure_dirs()
     engine = make_engine(url)
     yield settings, make_session_factory(engine)
@@ -135,7 +135,7 @@ def test_claim_rules(db) -> None:  # type: ignore[no-untyped-def]
         crud.heartbeat(s, fresh)
     sup = JobSupervisor(settings, fresh, "w2")
     sup._beat = lambda: None  # type: ignore[method-assign]
-    beat_until = time.monotonic() + 5
+    beat_until = time.monotonic() + 2.5
 
     import threading
 

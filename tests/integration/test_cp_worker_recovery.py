@@ -43,10 +43,10 @@ def test_cancel_stops_at_a_safe_point(pg_stack: Stack) -> None:
 
 
 def test_sigkilled_worker_job_resumes_elsewhere(pg_stack: Stack) -> None:
-    steps = 6
+    steps = 4
     with pg_stack.http() as c:
         job = c.post("/jobs", json={"spec": {**TINY_SPEC, "name": "survivor", "max_steps": steps}}).json()
-        _wait_metric_step(pg_stack, job["id"], 3)
+        _wait_metric_step(pg_stack, job["id"], 2)
         victim = pg_stack.workers[0]
         pg_stack.kill_worker(victim)  # SIGKILL: no cleanup, the message stays unacked, the child dies with it
         pg_stack.start_worker()

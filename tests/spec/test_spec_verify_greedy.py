@@ -126,3 +126,14 @@ def test_truncate_emitted_eos_and_budget() -> None:
     assert res.num_emitted.tolist() == [4, 4, 4]
     n, fin = truncate_emitted(res, torch.tensor([2]), torch.tensor([10, 10, 3]))
     assert n.tolist() == [2, 4, 3] and fin.tolist() == [True, False, True]
+
+
+def test_max_depth_caps_the_walk() -> None:
+    logits = torch.randn(2, 4, 7)
+    target = logits.argmax(-1)
+    prop = chain_proposal(torch.zeros(2, dtype=torch.int64), target[:, :3])  # fully acceptable chain
+    for res in (verify_greedy(prop, logits, max_depth=1), verify_sampling(prop, processed_probs(logits, 0.0), None, 1)):
+        assert res.num_emitted.tolist() == [2, 2] and res.tokens.shape == (2, 2)
+        assert torch.equal(res.tokens, target[:, :2]) and res.accepted_nodes[:, 0].tolist() == [1, 1]
+    full = verify_greedy(prop, logits, max_depth=3, max_children=1)
+    assert full.num_emitted.tolist() == [4, 4] and torch.equal(full.tokens, target)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
@@ -17,6 +19,13 @@ from backend.schemas import JobCreate, JobPublic, Page
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
+def _public(session: SessionDep, jobs: Sequence[Job]) -> list[JobPublic]:
+    """JobPublic with each job's progress (latest step, step time): one query for the whole page."""
+    progress = crud.job_progress(session, [j.id for j in jobs])
+    return [JobPublic.model_validate(j).model_copy(update=asdict(progress.get(j.id, crud.JobProgress())))
+            for j in jobs]
+
+
 def _enqueue(session: SessionDep, dispatcher: DispatcherDep, job: Job) -> None:
     """After commit. A broker failure fails the job (with the reason) instead of leaving it queued forever."""
     try:
@@ -30,7 +39,7 @@ def _enqueue(session: SessionDep, dispatcher: DispatcherDep, job: Job) -> None:
 def create_job(
     body: JobCreate, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep, response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
-) -> Job:
+) -> JobPublic:
     """Submit a job. The same Idempotency-Key from the same user returns the first job (200) instead of a new one."""
     if body.spec.dataset.dataset_id is not None:
         try:
@@ -46,7 +55,7 @@ def create_job(
         _enqueue(session, dispatcher, job)
     else:
         response.status_code = status.HTTP_200_OK
-    return job
+    return _public(session, [job])[0]
 
 
 @router.get("", response_model=Page[JobPublic])
@@ -63,27 +72,27 @@ def list_jobs(
                                    limit=min(limit, settings.page_size_max))
     except ValueError as e:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e)) from e
-    return Page[JobPublic](items=[JobPublic.model_validate(j) for j in jobs], next_cursor=nxt)
+    return Page[JobPublic](items=_public(session, jobs), next_cursor=nxt)
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> Job:
-    return crud.get_job(session, user, job_id)
+def get_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> JobPublic:
+    return _public(session, [crud.get_job(session, user, job_id)])[0]
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> Job:
+def cancel_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> JobPublic:
     """queued -> cancelled at once; a running job -> cancelling (the worker stops it at its next safe point and
     kills it after the grace period)."""
     job = crud.get_job(session, user, job_id)
-    if job.status == JobStatus.cancelling:
-        return job  # cancelling twice is not an error
-    return crud.request_cancel(session, job, reason=f"cancelled by {user.name}")
+    if job.status != JobStatus.cancelling:  # cancelling twice is not an error
+        job = crud.request_cancel(session, job, reason=f"cancelled by {user.name}")
+    return _public(session, [job])[0]
 
 
 @router.post("/{job_id}/retry", response_model=JobPublic)
-def retry_job(job_id: JobId, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep) -> Job:
+def retry_job(job_id: JobId, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep) -> JobPublic:
     """A failed or cancelled job goes back to queued (its attempt counter continues; it resumes from a checkpoint)."""
     job = crud.retry_job(session, crud.get_job(session, user, job_id))
     _enqueue(session, dispatcher, job)
-    return job
+    return _public(session, [job])[0]

@@ -39,6 +39,11 @@ def parse_cursor(raw: str | None) -> tuple[int, int, int]:
     return m, e, lg
 
 
+def format_cursor(metrics: int, events: int, logs: int) -> str:
+    """The message id / Last-Event-ID "M.E.L": the last row id seen of metrics, job_events and log_lines."""
+    return f"{metrics}.{events}.{logs}"
+
+
 def _fetch(
     factory: sessionmaker[Session], job_id: int, cur: list[int]
 ) -> tuple[list[tuple[str, str, dict]], str | None]:
@@ -47,7 +52,7 @@ def _fetch(
     out: list[tuple[str, str, dict]] = []
 
     def ident() -> str:
-        return ".".join(map(str, cur))
+        return format_cursor(*cur)
 
     with factory() as s:
         job_status = crud.job_status(s, job_id)  # read first: rows written before a final status are not missed
@@ -85,7 +90,7 @@ async def stream(
                 quiet_since = time.monotonic()
                 continue  # drain a backlog before sleeping
             if job_status is None or job_status in FINAL:
-                ident = ".".join(map(str, cursor))
+                ident = format_cursor(*cursor)
                 yield f"event: end\nid: {ident}\ndata: {json.dumps({'status': job_status})}\n\n"
                 return
             if time.monotonic() - quiet_since > settings.sse_keepalive_s:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from backend import crud
 from backend.api.deps import AfterId, AfterStep, CurrentUser, JobId, SessionDep, SettingsDep
+from backend.api.routes.stream import format_cursor
 from backend.schemas import (
     EventPublic,
     HistogramPublic,
@@ -19,6 +20,7 @@ from backend.schemas import (
 )
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"])
+HIST_MAX = 10_000  # largest `points` / `limit` of GET /histograms (a row is ~1 KB of JSON)
 
 
 @router.get("/events", response_model=list[EventPublic])
@@ -35,15 +37,17 @@ def metrics(
     after_step: AfterStep = None,
     points: Annotated[int | None, Query(ge=1, le=100_000, description="downsample each series to this many")] = None,
 ) -> MetricHistory:
+    """History of each series, and `stream_cursor` to open GET /stream from without replaying these rows."""
     crud.get_job(session, user, job_id)
     wanted = [n for item in names or [] for n in item.split(",") if n]
+    cursor = format_cursor(crud.metrics_cursor(session, job_id), 0, 0)  # before the history: no row falls between
     hist = crud.metric_history(session, job_id, wanted or None, after_step, points)
     series = [
         MetricSeries(name=name, points=[MetricPoint(step=s, value=v) for s, v in pts], total=total)
         for name, (pts, total) in hist.items()
     ]
     last = max((s.points[-1].step for s in series if s.points), default=None)
-    return MetricHistory(series=series, last_step=last)
+    return MetricHistory(series=series, last_step=last, stream_cursor=cursor)
 
 
 @router.get("/metrics/names", response_model=list[str])
@@ -56,10 +60,14 @@ def metric_names(job_id: JobId, session: SessionDep, user: CurrentUser) -> list[
 def histograms(
     job_id: JobId, session: SessionDep, user: CurrentUser,
     name: Annotated[str | None, Query(max_length=200)] = None, after_step: AfterStep = None,
+    points: Annotated[int | None, Query(ge=1, le=HIST_MAX, description=(
+        "thin each name's histograms to at most this many, evenly spread over its steps (first and last kept)"))] = None,
+    limit: Annotated[int | None, Query(ge=1, le=HIST_MAX, description=(
+        "only the newest this many (a window ending at the last step), after thinning"))] = None,
 ):
-    """Whole per-step histograms (e.g. response_length), for drawing the long tail."""
+    """Whole per-step histograms (e.g. response_length), for drawing the long tail; oldest first."""
     crud.get_job(session, user, job_id)
-    return crud.list_histograms(session, job_id, name, after_step)
+    return crud.list_histograms(session, job_id, name, after_step, points=points, limit=limit)
 
 
 @router.get("/logs", response_model=list[LogLinePublic])

@@ -1,7 +1,7 @@
 """Speculative-decoding strategies ("arms") and the batch-size buckets the bandit chooses them in.
 
 An `Arm` is one way to run a decode step: which drafter proposes, how deep, how wide (top-k per node; 1 = chain),
-and how many drafted tokens the target verifies in one forward. The arm named "none" (drafter "none") is plain
+and how many tokens per sequence the target verifies in one forward. The arm named "none" (drafter "none") is plain
 decoding; `default_arms()` always includes it, so a bandit can always fall back to it and adaptive SD can never be
 slower than SD off by more than its exploration cost.
 
@@ -9,9 +9,9 @@ slower than SD off by more than its exploration cost.
 per bucket (48 / 32 / 16 / 8): a small batch leaves the GPU memory-bound, so it can verify many tokens per sequence
 for the price of one; a large batch is near compute-bound and can afford few.
 
-Conventions (shared with worker/tlt/spec/types.py): `verify_tokens` counts *drafted* tokens scored by the target,
-root excluded, so the target forward is `num_nodes = verify_tokens + 1` positions wide per sequence (the verify
-length of a CUDA graph). A chain of depth k has verify_tokens == k.
+Convention (as the engine's `rollout.types.SpecConfig.verify_tokens`, SGLang's `speculative_num_draft_tokens` and
+the N of spec/types.py's `DraftProposal`): `verify_tokens` is the width of the target's verify forward per
+sequence, root included, i.e. the verify length of a CUDA graph. A chain of depth k verifies k + 1; plain decoding 1.
 
 Run the tests: `python -m pytest tests/adaptive -q`.
 """
@@ -32,7 +32,7 @@ class Arm:
     drafter: DrafterKind  # "ngram": model-free suffix matcher; "eagle": learned head; "small": a small draft LM
     depth: int  # draft depth (chain length / tree depth); 0 for "none"
     topk: int  # children per node; 1 = chain, > 1 = tree
-    verify_tokens: int  # drafted tokens verified per sequence (root excluded); chain: == depth; "none": 0
+    verify_tokens: int  # positions per sequence in the verify forward, root included; chain: depth + 1; "none": 1
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTER_KINDS:
@@ -40,16 +40,16 @@ class Arm:
         if not self.name:
             raise ValueError("an arm needs a name")
         if self.drafter == "none":
-            if (self.depth, self.verify_tokens) != (0, 0) or self.topk != 1:
-                raise ValueError("the no-SD arm has depth 0, topk 1, verify_tokens 0")
+            if (self.depth, self.topk, self.verify_tokens) != (0, 1, 1):
+                raise ValueError("the no-SD arm has depth 0, topk 1, verify_tokens 1")
             return
         if self.depth < 1 or self.topk < 1:
             raise ValueError(f"arm {self.name}: depth and topk must be >= 1")
-        if self.topk == 1 and self.verify_tokens != self.depth:
-            raise ValueError(f"chain arm {self.name}: verify_tokens must equal depth")
-        capacity = sum(self.topk**d for d in range(1, self.depth + 1))
-        if not self.depth <= self.verify_tokens <= capacity:
-            raise ValueError(f"tree arm {self.name}: verify_tokens must be in [depth, {capacity}]")
+        if self.topk == 1 and self.verify_tokens != self.depth + 1:
+            raise ValueError(f"chain arm {self.name}: verify_tokens must be depth + 1")
+        capacity = tree_capacity(self.depth, self.topk)
+        if not self.depth + 1 <= self.verify_tokens <= capacity:
+            raise ValueError(f"tree arm {self.name}: verify_tokens must be in [depth + 1, {capacity}]")
 
     @property
     def is_sd(self) -> bool:
@@ -60,9 +60,9 @@ class Arm:
         return self.topk == 1
 
     @property
-    def num_nodes(self) -> int:
-        """Positions per sequence in the verify forward (root + drafted); 1 for plain decoding."""
-        return self.verify_tokens + 1
+    def num_drafted(self) -> int:
+        """Drafted tokens per sequence (verify width minus the root); 0 for plain decoding."""
+        return self.verify_tokens - 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,11 +72,16 @@ class Arm:
         return cls(**d)
 
 
-NO_SD = Arm("none", "none", depth=0, topk=1, verify_tokens=0)
+def tree_capacity(depth: int, topk: int) -> int:
+    """Largest verify width of a tree of this shape: the root plus topk^1 + ... + topk^depth nodes."""
+    return 1 + sum(topk**d for d in range(1, depth + 1))
+
+
+NO_SD = Arm("none", "none", depth=0, topk=1, verify_tokens=1)
 
 
 def chain_arm(drafter: DrafterKind, depth: int) -> Arm:
-    return Arm(f"{drafter}-c{depth}", drafter, depth=depth, topk=1, verify_tokens=depth)
+    return Arm(f"{drafter}-c{depth}", drafter, depth=depth, topk=1, verify_tokens=depth + 1)
 
 
 def tree_arm(drafter: DrafterKind, depth: int, topk: int, verify_tokens: int) -> Arm:
@@ -101,7 +106,7 @@ ARM_PRESETS: dict[str, Arm] = {
 @dataclass(frozen=True)
 class BucketScheme:
     upper: tuple[int, ...] = (1, 4, 20)  # inclusive upper bound of each bucket but the last (TLT: 1 / 2-4 / 5-20 / >=21)
-    verify_budgets: tuple[int, ...] = (48, 32, 16, 8)  # verify tokens per sequence allowed in each bucket (TLT)
+    verify_budgets: tuple[int, ...] = (48, 32, 16, 8)  # verify width per sequence allowed in each bucket (TLT)
 
     def __post_init__(self) -> None:
         if len(self.verify_budgets) != len(self.upper) + 1:
@@ -145,7 +150,7 @@ def default_arms(bucket: int, drafters_available: Iterable[DrafterKind],
     """The arms of a bucket: "none" first, then chains per available drafter, then trees for learned drafters.
 
     N-gram proposals are deterministic copies of one continuation, so that drafter gets chains only; learned
-    drafters ("eagle", "small") also get trees whose verify tokens equal the bucket's budget.
+    drafters ("eagle", "small") also get trees whose verify width equals the bucket's budget.
     """
     budget = scheme.verify_budget(bucket)
     arms: list[Arm] = [NO_SD]
@@ -153,11 +158,10 @@ def default_arms(bucket: int, drafters_available: Iterable[DrafterKind],
         if kind == "none":
             continue
         depths = NGRAM_CHAIN_DEPTHS if kind == "ngram" else CHAIN_DEPTHS
-        arms += [chain_arm(kind, d) for d in depths if d <= budget]
+        arms += [chain_arm(kind, d) for d in depths if d + 1 <= budget]
         if kind != "ngram":
             for depth, topk in TREE_SHAPES:
-                capacity = sum(topk**d for d in range(1, depth + 1))
-                if depth < budget <= capacity:
+                if depth + 1 < budget <= tree_capacity(depth, topk):
                     arms.append(tree_arm(kind, depth, topk, budget))
     return tuple(arms)
 
@@ -169,6 +173,6 @@ def arms_table(drafters_available: Sequence[DrafterKind],
 
 
 def verify_lengths(table: dict[int, Sequence[Arm]]) -> dict[int, tuple[int, ...]]:
-    """Per bucket, the distinct target-forward widths (`num_nodes`) its arms need: the (batch bucket, verify length)
-    pairs for which the engine captures CUDA graphs."""
-    return {b: tuple(sorted({a.num_nodes for a in arms})) for b, arms in table.items()}
+    """Per bucket, the distinct verify widths its arms need: the (batch bucket, verify length) pairs for which the
+    engine captures CUDA graphs."""
+    return {b: tuple(sorted({a.verify_tokens for a in arms})) for b, arms in table.items()}

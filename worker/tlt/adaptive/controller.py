@@ -19,7 +19,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from worker.tlt.adaptive.arms import NO_SD, TLT_BUCKETS, Arm, BucketScheme, DrafterKind, arms_table, chain_arm, tree_arm
+from worker.tlt.adaptive.arms import (
+    NO_SD,
+    TLT_BUCKETS,
+    Arm,
+    BucketScheme,
+    DrafterKind,
+    arms_table,
+    chain_arm,
+    tree_arm,
+    tree_capacity,
+)
 from worker.tlt.adaptive.bandit import BanditConfig, WindowBandit, bandit_from_dict, make_bandit
 from worker.tlt.adaptive.metrics import RolloutSdMetrics
 from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
@@ -48,9 +58,8 @@ class AdaptiveSd:
         fixed = NO_SD
         if switch.mode == "on" and kind is not None:
             depth, topk = rollout.draft_depth, (rollout.draft_topk if kind != "ngram" else 1)
-            capacity = sum(topk**d for d in range(1, depth + 1))
             fixed = chain_arm(kind, depth) if topk == 1 else tree_arm(
-                kind, depth, topk, min(max(rollout.verify_tokens, depth), capacity))
+                kind, depth, topk, min(max(rollout.verify_tokens, depth + 1), tree_capacity(depth, topk)))
         bandit = None
         if switch.mode == "adaptive":
             bandit = make_bandit(arms_table(drafters, scheme), BanditConfig(kind=rollout.bandit), seed=rollout.seed)

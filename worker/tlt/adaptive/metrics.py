@@ -8,7 +8,7 @@ hands `summary()` to the Reporter at the end of the rollout. Names (DESIGN.md):
   (EAGLE's tau; 1.0 means no draft was ever accepted), before EOS / length truncation;
 - `sd/accept_rate_pos_<k>` (k = 1, 2, ...): sequences whose k-th draft token was accepted / sequences that had a
   k-th draft token (so a drafter that proposed nothing at k does not count against position k);
-- `sd/verify_tokens`: mean drafted tokens verified per sequence on drafting steps;
+- `sd/verify_tokens`: mean verify width per sequence (root included) on drafting steps;
 - `sd/arm/<name>`: switch-on steps that ran arm <name> ("none" = the bandit chose plain decoding);
 - `perf/tokens_per_s_full` / `perf/tokens_per_s_tail`: emitted tokens / wall seconds over steps with
   active >= on_below (full batch) and active < on_below (the tail);
@@ -78,13 +78,14 @@ class RolloutSdMetrics:
         """One decode step.
 
         active: sequences in the batch; sd_on: the switch's state; arm: the arm run when on (None when off);
-        verify_tokens: drafted tokens verified per sequence (0 for plain decoding); emitted: tokens appended across
+        verify_tokens: verify width per sequence, root included (1 = plain decoding); emitted: tokens appended across
         the batch (after truncation); seconds: step wall time; accepted_per_pos[k-1]: sequences whose k-th draft
         token was accepted; drafted_per_pos[k-1]: sequences that had a k-th draft token (default: all `active` for
         every position of accepted_per_pos). See `per_position_counts`.
         """
-        if active < 1 or seconds <= 0 or emitted < 0:
-            raise ValueError(f"need active >= 1, seconds > 0, emitted >= 0 (got {active}, {seconds}, {emitted})")
+        if active < 1 or seconds <= 0 or emitted < 0 or verify_tokens < 1:
+            raise ValueError(f"need active >= 1, seconds > 0, emitted >= 0, verify_tokens >= 1 (got {active}, "
+                             f"{seconds}, {emitted}, {verify_tokens})")
         drafted = list(drafted_per_pos) if drafted_per_pos is not None else [active] * len(accepted_per_pos)
         if len(drafted) != len(accepted_per_pos) or any(
                 not 0 <= a <= d <= active for a, d in zip(accepted_per_pos, drafted, strict=True)):
@@ -97,7 +98,7 @@ class RolloutSdMetrics:
             self.sd_on_steps += 1
             self.bucket_sd_steps[bucket] += 1
             self.arms[arm or "none"] += 1
-        if sd_on and verify_tokens > 0:
+        if sd_on and verify_tokens > 1:
             self.draft_seq_steps += active
             self.verify_tokens_total += verify_tokens * active
             self.accepted_total += sum(accepted_per_pos)

@@ -3,16 +3,19 @@
 Used by the bandit tests and by `python -m bench.bandit_sim` (which compares the policies); it models, it does not
 measure. One step of `batch` sequences with an arm costs:
 
-- target verify forward over `batch * arm.num_nodes` tokens: `target_fixed_s` while memory-bound (weights read once
+- target verify forward over `batch * arm.verify_tokens` tokens: `target_fixed_s` while memory-bound (weights read once
   per forward), growing linearly past `target_sat_tokens` (compute-bound) -- roofline;
 - drafting: a learned drafter runs `depth` sequential forwards over `batch * topk` tokens (same roofline, its own
   constants); the n-gram drafter a host-side lookup (fixed + per sequence); "none" drafts nothing;
 - step time is multiplied by log-normal noise (sigma `noise`).
 
 Acceptance: each drafter kind has a per-position acceptance probability alpha (top-1 draft matches the target,
-given the prefix did). A tree of width topk with verify budget v covers about w = min(topk, v / depth) candidates per
-level, modelled as alpha_eff = 1 - (1 - alpha) ** sqrt(w) (later candidates are less likely). The accepted length of
+given the prefix did). A tree of width topk with verify width v covers about w = min(topk, (v - 1) / depth)
+candidates per level, modelled as alpha_eff = 1 - (1 - alpha) ** sqrt(w) (later candidates are less likely). The accepted length of
 a sequence is a geometric run truncated at depth; it emits accepted + 1 tokens (the bonus / recovered token).
+
+`run_bucket` plays one bucket against the oracle (regret); `simulate_rollout` runs a whole rollout (sequences of
+log-normal lengths finishing one by one, the SD switch, a bandit, RolloutSdMetrics) against SD off or the oracle.
 
 Run: `python -m bench.bandit_sim` (tables) or the tests in tests/adaptive.
 """
@@ -52,14 +55,14 @@ class SimCostModel:
 
     def step_s(self, arm: Arm, batch: int) -> float:
         """Mean step time (noise-free)."""
-        return self.target_s(batch * arm.num_nodes) + self.draft_s(arm, batch)
+        return self.target_s(batch * arm.verify_tokens) + self.draft_s(arm, batch)
 
 
 def effective_alpha(arm: Arm, alpha: float) -> float:
     """Per-level acceptance probability of an arm whose top-1 draft is accepted with probability `alpha`."""
     if arm.chain:
         return alpha
-    width = max(1.0, min(arm.topk, arm.verify_tokens / arm.depth))
+    width = max(1.0, min(arm.topk, arm.num_drafted / arm.depth))
     return 1.0 - (1.0 - alpha) ** math.sqrt(width)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind
 from worker.tlt.model.transformer import Transformer
 
 _LAYER_PARTS = ("self_attn.", "input_layernorm.", "hidden_norm.", "post_attention_layernorm.", "mlp.")
@@ -102,7 +102,7 @@ def load_exported(
     p = Path(path)
     cfg = json.loads((p / "config.json").read_text())
     archs = cfg.get("architectures", [])
-    kind = "eagle3" if "LlamaForCausalLMEagle3" in archs else "eagle1"
+    kind: Kind = "eagle3" if "LlamaForCausalLMEagle3" in archs else "eagle1"
     if cfg.get("hidden_size") != target.args.dim:
         raise ValueError(f"drafter hidden_size {cfg.get('hidden_size')} != target's {target.args.dim}")
     sd = load_file(str(p / "model.safetensors"))

@@ -68,6 +68,13 @@ class DraftKV:
 
 
 class EagleDrafter(nn.Module):
+    d2t: torch.Tensor  # [draft_vocab] int64 (EAGLE-3 buffer)
+    t2d: torch.Tensor  # [V] bool (EAGLE-3 buffer)
+    lm_head: nn.Linear  # EAGLE-3 only
+    input_layernorm: RMSNorm  # EAGLE-3 only
+    hidden_norm: RMSNorm  # EAGLE-3 only
+    norm: RMSNorm  # EAGLE-3 only
+
     def __init__(self, target: Transformer, cfg: EagleConfig = EagleConfig()) -> None:
         super().__init__()
         self.cfg = cfg

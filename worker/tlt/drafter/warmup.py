@@ -23,8 +23,9 @@ import torch
 
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
-from worker.tlt.drafter.export import export_eagle1, export_eagle3, load_exported
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.drafter.export import export_eagle1, export_eagle3
+from worker.tlt.drafter.model import EagleDrafter
+from worker.tlt.drafter.online import build_drafter
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
@@ -33,19 +34,6 @@ from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-def build_drafter(spec: JobSpec, target: Transformer) -> EagleDrafter:
-    """A fresh drafter of the spec's kind (or the warm start directory's weights), on the target's device."""
-    if spec.drafter.warm_start:
-        return load_exported(spec.drafter.warm_start, target, ttt_steps=_ttt(spec))
-    kind = "eagle3" if spec.drafter.kind == "eagle3" else "eagle1"
-    d = EagleDrafter(target, EagleConfig(kind=kind, ttt_steps=_ttt(spec), feature_noise=0.0))
-    return d.to(target.head_weight.device)
-
-
-def _ttt(spec: JobSpec) -> int:
-    return 3 if spec.drafter.kind == "eagle3" else 1
 
 
 def _eagle3_rows(target: Transformer, drafter: EagleDrafter, prompts: Sequence[list[int]],

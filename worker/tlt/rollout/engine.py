@@ -89,7 +89,7 @@ class Engine:
         self._cols = torch.arange(t, device=self.device)
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and config.cuda_graphs:
-            self.graphs = DecodeGraphs(self._decode_forward, compile_step=config.compile)
+            self.graphs = DecodeGraphs(self._decode_forward, config.compile_max_batch if config.compile else 0)
         # host mirrors of the rows 0..n_active-1
         self.n_active = 0
         self.row_seq: list[tuple[int, int]] = []  # (request, sample) per active row
@@ -105,7 +105,32 @@ class Engine:
     def slots(self) -> int:
         return self.cache.slots
 
+    def warmup(self, max_batch: int, max_len: int) -> float:
+        """Capture the decode graphs for every (batch bucket <= max_batch, attention bucket <= max_len) ahead of a
+        timed run (CUDA with graphs only; a no-op otherwise). Returns the seconds spent. Rows are left untouched
+        apart from scratch K/V writes of empty rows."""
+        if self.graphs is None or self.n_active:
+            return 0.0
+        t0 = time.perf_counter()
+        batches = sorted({self.bucket(b) for b in self.config.batch_buckets if b <= self.bucket(max_batch)})
+        his = [*range(1, max_len + 1, self.config.attn_bucket), max_len]
+        with torch.no_grad():
+            for b in batches:
+                for tk in sorted({self._decode_tk(b, hi) for hi in his}):
+                    self.graphs.run(b, tk)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
     # ------------------------------------------------------------------------------------------------ helpers
+    def _decode_tk(self, batch: int, hi: int) -> int:
+        """Attention length of a plain decode step: bucketed, or the full cache for compiled batches."""
+        if self.graphs is not None and batch <= self.graphs.compile_max_batch:
+            return self.cache.max_len
+        return self._tk_of(hi)
+
+    def _tk_of(self, hi: int) -> int:
+        return min(_round_up(max(hi, 1), self.config.attn_bucket), self.cache.max_len)
+
     def bucket(self, n: int) -> int:
         for b in self.config.batch_buckets:
             if b >= n:
@@ -113,8 +138,7 @@ class Engine:
         return self.slots
 
     def _tk(self, n_rows: int, extra: int) -> int:
-        hi = int(self.row_hi[:n_rows].max()) + extra if n_rows else extra
-        return min(_round_up(max(hi, 1), self.config.attn_bucket), self.cache.max_len)
+        return self._tk_of(int(self.row_hi[:n_rows].max()) + extra if n_rows else extra)
 
     def _params(self, rows: slice) -> tuple[object, object, object]:
         """Scalars when every active row shares one setting (cheaper processing), else per-row tensors."""
@@ -139,6 +163,7 @@ class Engine:
         return tok, torch.where(self.rows.temp[rows] <= 0.0, greedy_lp, lp)
 
     # ------------------------------------------------------------------------------------------------ prefill
+    @torch.no_grad()
     def prefill(self, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
         """Admit `items` ((request, sample) pairs) into rows n_active.. ; one forward per distinct prompt."""
         t0 = time.perf_counter()
@@ -222,9 +247,10 @@ class Engine:
         logits, hidden, _ = self.model.forward_hidden(ids, pos, self.cache, write_idx=pos, attn_mask=mask)
         return logits[:, 0], hidden[:, 0]
 
+    @torch.no_grad()
     def decode_step(self, batch: int) -> torch.Tensor:
         """One plain decode step for rows 0..batch-1 (no host sync) -> tokens emitted per row [B] (device)."""
-        tk = self._tk(self.n_active, 1)
+        tk = self._decode_tk(batch, int(self.row_hi[: self.n_active].max()) + 1 if self.n_active else 1)
         if self.graphs is not None:
             logits, hidden = self.graphs.run(batch, tk)
         else:
@@ -238,6 +264,7 @@ class Engine:
         return n
 
     # -------------------------------------------------------------------------------------------- speculative
+    @torch.no_grad()
     def speculative_step(self, batch: int) -> StepStats:
         """Draft, verify all rows in one target forward, accept, roll back, commit (syncs once for the stats)."""
         if self.proposer is None:
@@ -324,8 +351,8 @@ class Engine:
         if n == 0:
             return
         st = self.rows
-        done = st.done[:n].cpu()
-        fin = torch.nonzero(done).flatten().tolist()
+        done = st.done[:n].cpu().tolist()
+        fin = [i for i in range(n) if done[i]]
         if not fin:
             return
         fin_t = torch.tensor(fin, device=self.device)
@@ -357,6 +384,7 @@ class Engine:
         self.n_active = n_new
 
     # ----------------------------------------------------------------------------------------------- generate
+    @torch.no_grad()
     def generate(self, requests: Sequence[Request]) -> GenerationOutput:
         t_start = time.perf_counter()
         for i, req in enumerate(requests):

@@ -3,7 +3,9 @@ into one shared memory pool and kept on the engine (never in globals).
 
 A captured step reads its inputs from the engine's persistent row state (`last[:B]`, `lens[:B]`: fixed addresses)
 and writes its outputs (logits [B, V], final-norm hidden [B, H]) into static tensors that the engine reads after
-`replay()`. Optional `torch.compile` of the step body before capture fuses the small kernels (CUDA only).
+`replay()`. Optional `torch.compile` of the step body before capture fuses the small kernels; it is used for small
+batches only (`compile_max_batch`), where launch overhead dominates, and the engine then runs those at one fixed
+attention length so that each batch bucket compiles once.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ StepFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (batch, tk) 
 
 
 class DecodeGraphs:
-    def __init__(self, step: StepFn, compile_step: bool = False) -> None:
+    def __init__(self, step: StepFn, compile_max_batch: int = 0) -> None:
         self._step: StepFn = step
-        if compile_step:
-            self._step = torch.compile(step, mode="max-autotune-no-cudagraphs", dynamic=False)  # type: ignore[assignment]
+        self.compile_max_batch = compile_max_batch  # batches up to this use the compiled step (0 = never)
+        self._compiled: StepFn | None = None
+        if compile_max_batch > 0:
+            self._compiled = torch.compile(step, dynamic=False)  # type: ignore[assignment]
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool: object | None = None
         self.capture_seconds = 0.0
@@ -47,15 +51,16 @@ class DecodeGraphs:
         # K/V at each row's next column, which the next real step overwrites, so warming up on live rows is safe
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        step = self._compiled if self._compiled is not None and batch <= self.compile_max_batch else self._step
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._step(batch, tk)
+                step(batch, tk)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):  # type: ignore[arg-type]
-            logits, hidden = self._step(batch, tk)
+            logits, hidden = step(batch, tk)
         torch.cuda.synchronize()
         self.capture_seconds += time.perf_counter() - t0
         log.debug("captured decode graph batch=%d tk=%d", batch, tk)

@@ -51,7 +51,8 @@ class EngineConfig:
     kv_cache_gb: float = 8.0  # KV memory budget when max_slots is None
     sync_every: int = 8  # plain decode steps between host checks for finished sequences
     cuda_graphs: bool = True  # capture the plain decode step per (batch bucket, attention-length bucket); CUDA only
-    compile: bool = False  # torch.compile the decode forward before capture (CUDA only)
+    compile: bool = False  # torch.compile the decode forward of small batches before capture (CUDA only)
+    compile_max_batch: int = 8  # batch buckets up to this are compiled (each once, at the full attention length)
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
     attn_bucket: int = 256  # decode attends over columns 0..Tk-1, Tk rounded up to a multiple of this
     prefill_tokens: int = 16384  # padded prompt tokens per prefill forward

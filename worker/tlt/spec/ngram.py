@@ -143,18 +143,24 @@ class NGramProposer:
     def reset(self) -> None:
         self._groups.clear()
 
-    def _index_for(self, ctx: DraftContext, b: int) -> _GroupIndex:
+    def _indexes_for(self, ctx: DraftContext) -> list[_GroupIndex]:
+        """The index of each row, brought up to date (each group's siblings once per call, not once per row)."""
         cfg = self.config
-        gid = ctx.group_ids[b]
-        key: tuple[int, int] = (gid, -1) if cfg.use_siblings else (gid, ctx.sample_ids[b])
-        index = self._groups.get(key)
-        if index is None:
-            index = self._groups[key] = _GroupIndex()
-        if cfg.use_siblings and ctx.groups is not None and gid in ctx.groups:
-            for member, hist in enumerate(ctx.groups[gid]):
-                index.catch_up(member, hist, ctx.prompt_lens[b], cfg.min_n)
-        index.catch_up(ctx.sample_ids[b], ctx.histories[b], ctx.prompt_lens[b], cfg.min_n)
-        return index
+        out: list[_GroupIndex] = []
+        synced: set[int] = set()
+        for b in range(ctx.batch_size):
+            gid = ctx.group_ids[b]
+            key: tuple[int, int] = (gid, -1) if cfg.use_siblings else (gid, ctx.sample_ids[b])
+            index = self._groups.get(key)
+            if index is None:
+                index = self._groups[key] = _GroupIndex()
+            if cfg.use_siblings and ctx.groups is not None and gid in ctx.groups and gid not in synced:
+                synced.add(gid)
+                for member, hist in enumerate(ctx.groups[gid]):
+                    index.catch_up(member, hist, ctx.prompt_lens[b], cfg.min_n)
+            index.catch_up(ctx.sample_ids[b], ctx.histories[b], ctx.prompt_lens[b], cfg.min_n)
+            out.append(index)
+        return out
 
     def _draft_row(self, index: _GroupIndex, hist: Sequence[int], max_depth: int, budget: int) -> _Trie:
         cfg = self.config
@@ -184,8 +190,7 @@ class NGramProposer:
     def propose(self, ctx: DraftContext) -> DraftProposal:
         bsz = ctx.batch_size
         rows: list[tuple[list[int], list[int]]] = []
-        for b in range(bsz):
-            index = self._index_for(ctx, b)
+        for b, index in enumerate(self._indexes_for(ctx)):
             trie = self._draft_row(index, ctx.histories[b], ctx.max_depth, ctx.max_nodes)
             chosen = trie.select(self.config.topk, ctx.max_nodes)
             new_index = {0: 0}
@@ -195,12 +200,8 @@ class NGramProposer:
                 toks.append(trie.tokens[i])
                 pars.append(new_index[trie.parents[i]])
             rows.append((toks, pars))
-        width = max(len(t) for t, _ in rows) if rows else 1
-        tokens = torch.zeros(bsz, width, dtype=torch.int64)
-        parents = torch.full((bsz, width), -1, dtype=torch.int64)
-        counts = torch.zeros(bsz, dtype=torch.int64)
-        for b, (toks, pars) in enumerate(rows):
-            tokens[b, : len(toks)] = torch.tensor(toks, dtype=torch.int64)
-            parents[b, : len(pars)] = torch.tensor(pars, dtype=torch.int64)
-            counts[b] = len(toks)
+        width = max((len(t) for t, _ in rows), default=1)
+        tokens = torch.tensor([t + [0] * (width - len(t)) for t, _ in rows], dtype=torch.int64).view(bsz, width)
+        parents = torch.tensor([p + [-1] * (width - len(p)) for _, p in rows], dtype=torch.int64).view(bsz, width)
+        counts = torch.tensor([len(t) for t, _ in rows], dtype=torch.int64).view(bsz)
         return DraftProposal(tokens=tokens.to(ctx.device), parents=parents.to(ctx.device), counts=counts.to(ctx.device))

@@ -31,13 +31,16 @@ def valid_nodes(counts: torch.Tensor, num_nodes: int) -> torch.Tensor:  # counts
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:  # parents [B, N] int64 -> [B, N, N] bool
-    """mask[b, i, j] is True iff node j is node i or one of its ancestors (transitive closure by squaring)."""
+    """mask[b, i, j] is True iff node j is node i or one of its ancestors (pointer jumping: log2(N) gathers)."""
     bsz, n = parents.shape
-    eye = torch.eye(n, dtype=torch.bool, device=parents.device).expand(bsz, n, n)
     cols = torch.arange(n, device=parents.device).view(1, 1, n)
-    reach = eye | (parents.unsqueeze(-1) == cols)  # self or direct parent (parent -1 matches nothing)
-    for _ in range(max(0, math.ceil(math.log2(max(n, 2))))):
-        reach = reach | (torch.bmm(reach.float(), reach.float()) > 0)
+    reach = (cols == torch.arange(n, device=parents.device).view(1, n, 1)) | (parents.unsqueeze(-1) == cols)
+    jump = parents  # [B, N] the 2^s-th ancestor of each node after s rounds (-1: none)
+    for _ in range(math.ceil(math.log2(max(n - 1, 1)))):  # reach covers distance <= 2^rounds
+        has = (jump >= 0).unsqueeze(-1)
+        target = jump.clamp_min(0)
+        reach = reach | (reach.gather(1, target.unsqueeze(-1).expand(bsz, n, n)) & has)
+        jump = torch.where(jump >= 0, jump.gather(1, target), jump)
     return reach
 
 

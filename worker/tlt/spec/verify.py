@@ -63,6 +63,15 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # [B, V], [B, 
     return torch.where(s > _TINY, r / s.clamp_min(_TINY), p)
 
 
+def _row(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # t [B, N, V], idx [B, 1] -> [B, V] = t[b, idx[b]]
+    return t.gather(1, idx.unsqueeze(2).expand(-1, 1, t.shape[2])).squeeze(1)
+
+
+def _put(dst: torch.Tensor, col: torch.Tensor, val: torch.Tensor, where: torch.Tensor) -> None:
+    """dst[b, col[b]] = val[b] where where[b] (all [B, 1]); in place, no host sync."""
+    dst.scatter_(1, col, torch.where(where, val.to(dst.dtype), dst.gather(1, col)))
+
+
 def _structure(proposal: DraftProposal, max_depth: int | None, max_children: int | None):
     depth_bound = max_depth
     if depth_bound is None:
@@ -126,56 +135,57 @@ def verify_sampling(
     depth, children = _structure(proposal, max_depth, max_children)
     width = children.shape[2]
     q_all = proposal.draft_probs
-    rows = torch.arange(bsz, device=device)
-    cur = torch.zeros(bsz, dtype=torch.int64, device=device)
-    active = torch.ones(bsz, dtype=torch.bool, device=device)
+    cur = torch.zeros(bsz, 1, dtype=torch.int64, device=device)  # [B, 1] current node
+    active = torch.ones(bsz, 1, dtype=torch.bool, device=device)
     out = torch.zeros(bsz, depth + 1, dtype=torch.int64, device=device)
     lps = torch.zeros(bsz, depth + 1, device=device)
     acc_nodes = torch.full((bsz, depth + 1), -1, dtype=torch.int64, device=device)
-    n_acc = torch.zeros(bsz, dtype=torch.int64, device=device)
+    n_acc = torch.zeros(bsz, 1, dtype=torch.int64, device=device)
     p = target_probs[:, 0].clone()  # [B, V] current (residual) target at the current node
     for _ in range(depth):
-        q = None if q_all is None else q_all[rows, cur].float()  # [B, V]
+        q = None if q_all is None else _row(q_all, cur).float()  # [B, V]
         if q is not None:
             q = q / q.sum(dim=-1, keepdim=True).clamp_min(_TINY)
-        moved = torch.zeros(bsz, dtype=torch.bool, device=device)
+        kids = children.gather(1, cur.unsqueeze(2).expand(-1, 1, width)).squeeze(1)  # [B, K]
+        moved = torch.zeros(bsz, 1, dtype=torch.bool, device=device)
         nxt = cur
         for j in range(width):
-            child = children[rows, cur, j]  # [B]
+            child = kids[:, j : j + 1]  # [B, 1]
             trying = active & ~moved & (child >= 0)
-            x = proposal.tokens.gather(1, child.clamp_min(0).unsqueeze(1))  # [B, 1]
-            p_x = p.gather(1, x).squeeze(1)
+            x = proposal.tokens.gather(1, child.clamp_min(0))  # [B, 1]
+            p_x = p.gather(1, x)
             if q is None:
                 q_x = torch.ones_like(p_x)
-                q_step = torch.zeros_like(p).scatter(1, x, 1.0)
+                q_step = torch.zeros_like(p).scatter_(1, x, 1.0)
             else:
-                q_x = q.gather(1, x).squeeze(1)
+                q_x = q.gather(1, x)
                 q_step = q
-            u = torch.rand(bsz, device=device, generator=generator)
+            u = torch.rand(bsz, 1, device=device, generator=generator)
             ok = trying & _accept(u, p_x, q_x)
             rejected = trying & ~ok
             moved = moved | ok
             nxt = torch.where(ok, child, nxt)
-            p = torch.where(rejected.unsqueeze(1), _residual(p, q_step), p)
+            p = torch.where(rejected, _residual(p, q_step), p)
             if q is not None:  # the next sibling was drawn from q without this token
                 q_wo = q.scatter(1, x, 0.0)
-                q_wo = q_wo / q_wo.sum(dim=-1, keepdim=True).clamp_min(_TINY)
-                q = torch.where(rejected.unsqueeze(1), q_wo, q)
+                q = torch.where(rejected, q_wo / q_wo.sum(dim=-1, keepdim=True).clamp_min(_TINY), q)
         # rows that moved emit the accepted child; rows that stopped keep their residual in p (frozen from now on)
-        tok = proposal.tokens.gather(1, nxt.unsqueeze(1)).squeeze(1)
-        col = n_acc
-        out[rows, col] = torch.where(moved, tok, out[rows, col])
-        lps[rows, col] = torch.where(moved, target_probs[rows, cur, tok].log(), lps[rows, col])
-        acc_nodes[rows, col] = torch.where(moved, nxt, acc_nodes[rows, col])
+        tok = proposal.tokens.gather(1, nxt)  # [B, 1]
+        new_p = _row(target_probs, nxt)  # [B, V] target after the accepted child
+        _put(out, n_acc, tok, moved)
+        _put(lps, n_acc, _row(target_probs, cur).gather(1, tok).log(), moved)
+        _put(acc_nodes, n_acc, nxt, moved)
         n_acc = n_acc + moved.to(torch.int64)
         cur = nxt
-        p = torch.where(moved.unsqueeze(1), target_probs[rows, cur], p)
+        p = torch.where(moved, new_p, p)
         active = moved
     # one draw per row from its final distribution: the residual where it stopped (recovered token) or, for rows
     # whose walk ended at a leaf or at max_depth, the untouched target row of that node (bonus token)
-    drawn = sample(p, generator)
-    out[rows, n_acc] = drawn
-    lps[rows, n_acc] = target_probs[rows, cur, drawn].log()
+    drawn = sample(p, generator).unsqueeze(1)  # [B, 1]
+    everyone = torch.ones_like(active)
+    _put(out, n_acc, drawn, everyone)
+    _put(lps, n_acc, _row(target_probs, cur).gather(1, drawn).log(), everyone)
+    n_acc = n_acc.squeeze(1)
     return VerifyResult(tokens=out, num_emitted=n_acc + 1, accepted_nodes=acc_nodes, logprobs=lps)
 
 

@@ -1,0 +1,58 @@
+"""OnlineDrafter in a simulated RL loop: capture during SD rollouts, spot training after the update, weights reach
+the engine only at the next rollout start, checkpoints round-trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.tlt.config import JobSpec
+from worker.tlt.drafter.online import OnlineDrafter
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+
+
+def _spec(**drafter) -> JobSpec:
+    return JobSpec.model_validate({
+        "model": {"builtin": "tiny-llama"},
+        "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 6, "buffer_gb": 0.01, "learning_rate": 1e-2,
+                    **drafter},
+        "rollout": {"sd_on_below": 8},
+    })
+
+
+def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
+    od = OnlineDrafter(_spec(), tiny_target)
+    eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
+                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 hidden_hook=od.hidden_hook)
+    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2)),
+            Request([9, 10, 11], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    versions = []
+    for step in range(3):
+        od.begin_rollout(step)
+        versions.append(od.proposer.version)
+        serving = {k: v.clone() for k, v in od.proposer.drafter.state_dict().items()}
+        out = eng.generate(reqs)
+        assert od.observe_rollout(out) > 0
+        assert len(od.buffer) > 0 and od.buffer.steps_held()[-1] == step
+        m = od.after_update(step, [])
+        assert m["drafter/steps"] == 6 * (step + 1) and "drafter/loss" in m
+        assert m["harvest/used_gpu_s"] > 0 and m["harvest/idle_gpu_s"] >= m["harvest/used_gpu_s"]
+        # training after the rollout did not edit the engine's copy
+        assert all(torch.equal(serving[k], v) for k, v in od.proposer.drafter.state_dict().items())
+    assert versions == [0, 1, 2]
+    assert od.buffer.steps_held() == [1, 2]
+
+    other = OnlineDrafter(_spec(), tiny_target)
+    other.load_state_dict(od.state_dict())
+    assert other.trainer.steps == od.trainer.steps
+    for k, v in od.train_drafter.state_dict().items():
+        assert torch.equal(other.train_drafter.state_dict()[k], v)
+        assert torch.equal(other.proposer.drafter.state_dict()[k], v)
+
+
+def test_online_eagle3_is_refused(tiny_target: Transformer) -> None:
+    with pytest.raises(ValueError, match="eagle1"):
+        OnlineDrafter(_spec(kind="eagle3"), tiny_target)

@@ -1,0 +1,61 @@
+"""The `drafter` job body: generate with the engine, train, report metrics, export a loadable drafter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from worker.tlt.config import JobSpec
+from worker.tlt.drafter.export import load_exported
+from worker.tlt.drafter.warmup import warmup
+from worker.tlt.model import ByteTokenizer
+from worker.tlt.model.transformer import Transformer
+
+
+class ListReporter:
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, float]]] = []
+        self.artifacts: list[tuple[str, Path]] = []
+        self.lines: list[str] = []
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self.rows.append((step, values))
+
+    def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None:
+        pass
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+
+    def artifact(self, kind: str, path: Path, step: int | None = None) -> None:
+        self.artifacts.append((kind, path))
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        pass
+
+    def should_stop(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_warmup_trains_and_exports(tmp_path, tiny_target: Transformer, kind: str) -> None:
+    spec = JobSpec.model_validate({
+        "type": "drafter", "model": {"builtin": "tiny-llama"}, "max_steps": 2,
+        "algorithm": {"prompts_per_step": 2, "num_generations": 2, "max_completion_length": 16, "temperature": 1.0},
+        "drafter": {"kind": kind, "max_train_steps_per_rl_step": 4, "buffer_gb": 0.01},
+        "rollout": {"cuda_graphs": False},
+    })
+    tok = ByteTokenizer()
+    prompts = [tok.encode(t) for t in ("count: 1 2 3", "abc abc ab", "hello")]
+    rep = ListReporter()
+    out = warmup(spec, tiny_target, tok, prompts, rep, out_dir=tmp_path / "drafter", eos_ids=(257,))
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    assert rep.artifacts == [("drafter", out)]
+    assert [s for s, _ in rep.rows] == [0, 1]
+    last = rep.rows[-1][1]
+    assert last["drafter/steps"] == 8 and "drafter/loss" in last and last["timing_s/gen"] > 0
+    back = load_exported(out, tiny_target)
+    assert back.cfg.kind == kind
+    assert all(torch.isfinite(p).all() for p in back.parameters())

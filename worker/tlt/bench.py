@@ -1,0 +1,184 @@
+"""`tlt bench`: benchmarks of the rollout engine that print comparable JSON.
+
+    tlt bench rollout --model smollm2-135m-instruct --dataset gsm8k --prompts 64 --samples 8 \
+        --max-new-tokens 1024 --sd off --json
+    tlt bench decode --model smollm2-135m-instruct --batch 1 --max-new-tokens 256 --json
+
+`rollout`: GSM8K prompts (chat template, system prompt "Solve the math problem. Reason step by step, then give the
+final answer after '####'." as the HF/TRL peer script uses), `--samples` per prompt, temperature 1.0, continuous
+batching; prints time, tokens, tokens/s and response-length percentiles. Decode CUDA graphs are captured before the
+timed run (capture time reported separately). `--sd on` uses the model-free n-gram drafter (chain of
+`--sd-depth`); `--sd adaptive` is the adaptive engine's (issue 4) and refuses to run until it exists.
+`decode`: `--batch` different prompts, EOS ignored so every sequence decodes exactly `--max-new-tokens` tokens;
+prints decode tokens/s (prefill included, as HF generate's figures are).
+Both need CUDA unless `--device cpu` is given explicitly (for smoke tests only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from worker.tlt.config import ModelSource
+from worker.tlt.model.load import load_model
+from worker.tlt.model.tokenizer import TokenizerLike
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams, SpecConfig
+from worker.tlt.spec.ngram import NGramConfig, NGramProposer
+
+log = logging.getLogger(__name__)
+SYSTEM_PROMPT = "Solve the math problem. Reason step by step, then give the final answer after '####'."
+
+
+def model_source(name: str) -> ModelSource:
+    if name in ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3"):
+        return ModelSource(builtin=name)
+    return ModelSource(gguf=name) if name.endswith(".gguf") else ModelSource(hf_dir=name)
+
+
+def gsm8k_questions(dataset: str, n: int) -> list[str]:
+    if dataset == "gsm8k":
+        from worker.tlt.data.dataset import builtin_path
+
+        path = builtin_path("gsm8k")
+    else:
+        path = Path(dataset)
+    rows: list[str] = []
+    with open(path) as f:
+        for line in f:
+            if len(rows) == n:
+                break
+            rows.append(json.loads(line)["question"])
+    if len(rows) < n:
+        raise ValueError(f"{path} has only {len(rows)} rows, {n} asked")
+    return rows
+
+
+def chat_prompts(tok: TokenizerLike, questions: list[str]) -> list[list[int]]:
+    msgs = ([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}] for q in questions)
+    return [tok.encode(tok.apply_chat_template(m, add_generation_prompt=True)) for m in msgs]
+
+
+def percentiles(lengths: list[int]) -> dict[str, float]:
+    t = torch.tensor(lengths, dtype=torch.float64)
+    return {"len_mean": float(t.mean()), "len_p50": float(t.quantile(0.5)), "len_p90": float(t.quantile(0.9)),
+            "len_p99": float(t.quantile(0.99)), "len_max": float(t.max()), "len_min": float(t.min())}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_engine(model: Transformer, tok: TokenizerLike, max_len: int, slots: int, sd: str, sd_depth: int,
+                cuda_graphs: bool, compile_step: bool, seed: int) -> Engine:
+    if sd == "adaptive":
+        raise SystemExit("--sd adaptive needs the adaptive engine (issue 4), which is not in this build")
+    spec = SpecConfig("on", "chain", depth=sd_depth) if sd == "on" else SpecConfig()
+    proposer = NGramProposer(NGramConfig(topk=1)) if sd == "on" else None
+    cfg = EngineConfig(max_len=max_len, max_slots=slots, cuda_graphs=cuda_graphs, compile=compile_step, seed=seed)
+    return Engine(model, eos_ids=tok.eos_ids, config=cfg, spec=spec, proposer=proposer)
+
+
+def summarize(out: GenerationOutput, seconds: float) -> dict:
+    lengths = [len(s.tokens) for s in out.sequences]
+    steps = [s for s in out.steps if s.kind != "prefill"]
+    res = {"seconds": seconds, "sequences": len(lengths), "tokens": sum(lengths),
+           "tokens_per_s": sum(lengths) / seconds, "steps": len(steps),
+           "prefill_s": sum(s.seconds for s in out.steps if s.kind == "prefill"),
+           "finish_stop": sum(s.finish_reason == "stop" for s in out.sequences)}
+    res.update(percentiles(lengths))
+    return res
+
+
+def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int]], samples: int, max_new: int,
+                  temperature: float, sd: str = "off", sd_depth: int = 4, cuda_graphs: bool = True,
+                  compile_step: bool = False, seed: int = 0) -> dict:
+    dev = model.head_weight.device
+    max_len = max(len(p) for p in prompts) + max_new
+    engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed)
+    capture = engine.warmup(len(prompts) * samples, max_len)
+    reqs = [Request(p, SamplingParams(temperature=temperature, max_new_tokens=max_new, n=samples)) for p in prompts]
+    _sync(dev)
+    t0 = time.perf_counter()
+    out = engine.generate(reqs)
+    _sync(dev)
+    res = summarize(out, time.perf_counter() - t0)
+    res.update(capture_s=capture, graphs=len(engine.graphs) if engine.graphs is not None else 0, sd=sd)
+    return res
+
+
+def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]], max_new: int,
+                 cuda_graphs: bool = True, compile_step: bool = False, repeats: int = 2) -> dict:
+    """Every sequence decodes exactly max_new tokens (no EOS); best of `repeats` timed runs after a warm-up."""
+    dev = model.head_weight.device
+    max_len = max(len(p) for p in prompts) + max_new
+    engine = make_engine(model, tok, max_len, len(prompts), "off", 0, cuda_graphs, compile_step, 0)
+    capture = engine.warmup(len(prompts), max_len)
+    reqs = [Request(p, SamplingParams(temperature=1.0, max_new_tokens=max_new, eos_ids=())) for p in prompts]
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(dev)
+        t0 = time.perf_counter()
+        out = engine.generate(reqs)
+        _sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    tokens = sum(len(s.tokens) for s in out.sequences)
+    return {"batch": len(prompts), "new_tokens": max_new, "seconds": best, "tokens": tokens,
+            "tokens_per_s": tokens / best, "capture_s": capture}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tlt bench", description=__doc__.split("\n")[0])
+    ap.add_argument("what", choices=["rollout", "decode"])
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="builtin name, HF dir or .gguf")
+    ap.add_argument("--dataset", default="gsm8k", help="gsm8k or a JSONL path with a `question` field")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1, help="decode: sequences decoded together")
+    ap.add_argument("--max-new-tokens", type=int, default=1024)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--sd", choices=["off", "on", "adaptive"], default="off")
+    ap.add_argument("--sd-depth", type=int, default=4)
+    ap.add_argument("--device", default=None, help="default cuda; cpu only when asked (smoke tests)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the decode step before graph capture")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print only the JSON result")
+    a = ap.parse_args(argv)
+    device = a.device or "cuda"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("tlt bench needs CUDA (pass --device cpu for a smoke test)")
+    torch.manual_seed(a.seed)
+    src = model_source(a.model).model_copy(update={"dtype": a.dtype})
+    t0 = time.perf_counter()
+    model, tok = load_model(src, device)
+    load_s = time.perf_counter() - t0
+    info = {"model": a.model, "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
+            "dtype": str(model.head_weight.dtype).replace("torch.", ""), "torch": torch.__version__,
+            "load_s": load_s}
+    graphs = not a.no_cuda_graphs
+    if a.what == "rollout":
+        prompts = chat_prompts(tok, gsm8k_questions(a.dataset, a.prompts))
+        res = bench_rollout(model, tok, prompts, a.samples, a.max_new_tokens, a.temperature, a.sd, a.sd_depth,
+                            graphs, a.compile, a.seed)
+        res.update(prompts=a.prompts, samples=a.samples, max_new_tokens=a.max_new_tokens,
+                   temperature=a.temperature)
+    else:
+        prompts = chat_prompts(tok, gsm8k_questions(a.dataset, a.batch))
+        res = bench_decode(model, tok, prompts, a.max_new_tokens, graphs, a.compile)
+    res.update(info)
+    sys.stdout.write(json.dumps(res, indent=None if a.json else 2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

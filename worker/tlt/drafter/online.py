@@ -1,0 +1,124 @@
+"""`OnlineDrafter`: the adaptive drafter wired into the RL loop (buffer + capture + spot trainer + engine proposer).
+
+    od = OnlineDrafter(spec, policy)                     # EAGLE-1 (warm start from spec.drafter.warm_start if set)
+    engine = Engine(policy, ..., proposer=od.proposer, hidden_hook=od.hidden_hook)
+    per RL step:  od.begin_rollout(step)                # newest published weights -> engine; new buffer step
+                  out = engine.generate(...); od.observe_rollout(out)   # tail seconds = idle GPU time offered
+                  ... reward, update, weight sync ...
+                  metrics = od.after_update(step, trajs)              # spot training (rl/trainer.py DrafterHook)
+    od.train_in_tail(until, max_steps)                   # for an engine that interleaves training with tail steps
+
+The engine's hook reports final-norm hidden states only, so online training is EAGLE-1 (TLT's form); EAGLE-3 is
+trained by the warm-up job (warmup.py), which re-reads its three feature layers with a teacher-forced forward.
+`harvest/idle_gpu_s` counts the wall time of the last rollout's steps whose active batch was below
+`rollout.sd_on_below` (the memory-bound tail, where a whole GPU's compute is mostly idle); `harvest/used_gpu_s` the
+time spent in drafter steps. `state_dict()` holds the trainable parameters, optimizer state and counters.
+
+Run the tests: `python -m pytest tests/drafter/test_drafter_online.py -q`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from worker.tlt.config import JobSpec
+from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
+from worker.tlt.drafter.export import load_exported
+from worker.tlt.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.types import GenerationOutput
+
+
+def build_drafter(spec: JobSpec, target: Transformer) -> EagleDrafter:
+    """A fresh drafter of the spec's kind (or the warm-start directory's weights), on the target's device."""
+    ttt = 3 if spec.drafter.kind == "eagle3" else 1
+    if spec.drafter.warm_start:
+        return load_exported(spec.drafter.warm_start, target, ttt_steps=ttt)
+    cfg = EagleConfig(kind="eagle3" if spec.drafter.kind == "eagle3" else "eagle1", ttt_steps=ttt)
+    return EagleDrafter(target, cfg).to(target.head_weight.device)
+
+
+class OnlineDrafter:
+    def __init__(self, spec: JobSpec, target: Transformer, proposer_config: EagleProposerConfig | None = None) -> None:
+        if spec.drafter.kind != "eagle1":
+            raise ValueError("online spot training needs drafter.kind=eagle1 (the engine hook reports the final "
+                             "hidden state only); warm up EAGLE-3 drafters with the `drafter` job type")
+        self.spec = spec
+        dev = target.head_weight.device
+        self.train_drafter = build_drafter(spec, target)
+        serve = EagleDrafter(target, self.train_drafter.cfg).to(dev)
+        serve.load_state_dict(self.train_drafter.state_dict())
+        buf_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        self.buffer = HiddenStateBuffer(self.train_drafter.feature_dim, int(spec.drafter.buffer_gb * 2**30),
+                                        device=dev, dtype=buf_dtype)
+        self.capture = EngineCapture(self.buffer)
+        self.trainer = SpotTrainer(self.train_drafter, self.buffer,
+                                   SpotTrainerConfig(learning_rate=spec.drafter.learning_rate, seed=spec.seed))
+        topk = spec.rollout.draft_topk
+        self.proposer = EagleProposer(serve, proposer_config or EagleProposerConfig(topk=topk))
+        self._published_at = 0  # trainer step count of the last snapshot
+        self._steps_this_rl_step = 0
+        self._tail_s = 0.0  # idle time offered by the last rollout, not yet accounted
+
+    # ------------------------------------------------------------------------------------------------ engine side
+    def hidden_hook(self, seq_ids: list[tuple[int, int]], token_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """`Engine(hidden_hook=...)`: rows go to the training buffer and to the proposer's feature rings."""
+        self.capture(seq_ids, token_ids, hidden)
+        self.proposer.observe(seq_ids, token_ids, hidden)
+
+    def begin_rollout(self, step: int) -> None:
+        """Before `engine.generate` of RL step `step`: publish trained weights to the engine, open a buffer step."""
+        if self.trainer.steps != self._published_at:
+            self.proposer.load_snapshot(self.trainer.snapshot())
+            self._published_at = self.trainer.steps
+        self.buffer.begin_step(step)
+        self.capture.reset()
+        self.proposer.reset()
+        self._steps_this_rl_step = 0
+
+    def observe_rollout(self, out: GenerationOutput) -> float:
+        """Tail seconds of a finished rollout (steps with fewer than `sd_on_below` active sequences)."""
+        tail = sum(s.seconds for s in out.steps if s.kind != "prefill" and s.active < self.spec.rollout.sd_on_below)
+        self._tail_s += tail
+        return tail
+
+    def train_in_tail(self, until: Callable[[], bool], max_steps: int) -> int:
+        """Spot steps between tail decode steps (idle time is accounted from `observe_rollout`)."""
+        cap = self.spec.drafter.max_train_steps_per_rl_step - self._steps_this_rl_step
+        n = self.trainer.train(until, min(max_steps, max(cap, 0)), idle_s=0.0)
+        self._steps_this_rl_step += n
+        return n
+
+    # ------------------------------------------------------------------------------------------------ trainer side
+    def after_update(self, step: int, trajectories: Sequence[Any]) -> dict[str, float]:
+        """rl/trainer.py's DrafterHook: the rest of this RL step's spot-training budget, then the metrics."""
+        t0 = time.perf_counter()
+        budget = self.spec.drafter.max_train_steps_per_rl_step - self._steps_this_rl_step
+        self._steps_this_rl_step += self.trainer.train(lambda: False, max(budget, 0), idle_s=0.0)
+        used = time.perf_counter() - t0
+        # idle offered: the rollout's tail; training beyond it ran in the step's own time (counted as idle spent)
+        self.trainer.add_idle(max(self._tail_s, used))
+        self._tail_s = 0.0
+        return self.trainer.metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "drafter": self.train_drafter.trainable_state_dict(),
+            "optimizer": self.trainer.optimizer.state_dict(),
+            "steps": self.trainer.steps,
+            "version": self.trainer.version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.train_drafter.load_state_dict(state["drafter"])
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        self.trainer.steps = int(state["steps"])
+        self.trainer.version = int(state["version"])
+        self.proposer.load_snapshot(self.trainer.snapshot())
+        self._published_at = self.trainer.steps
