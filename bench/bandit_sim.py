@@ -1,7 +1,7 @@
 """Compare the SD-arm bandits (BEG-MAB epsilon-greedy, sliding UCB1, Gaussian Thompson) on the simulated cost model.
 
-For each scenario (drafter acceptance per kind, possibly changing mid-run) and each bucket, every bandit plays
-`--rounds` steps with the active batch drawn uniformly from the bucket's range; the oracle knows the expected reward
+For each scenario (drafter acceptance per kind, possibly changing mid-run) every bandit plays `--rounds` steps in
+each bucket (buckets interleaved, 25 steps at a time), the active batch drawn uniformly from the bucket's range; the oracle knows the expected reward
 of every arm at every batch size (worker/tlt/adaptive/sim.py). Printed per (scenario, bandit), averaged over seeds:
 regret (1 - expected tokens/s of chosen arms / oracle's, all rounds), realised tokens/s relative to always "none"
 (SD off), and the fraction of the last 20% of rounds on the oracle's arm.
@@ -27,7 +27,7 @@ from pathlib import Path
 from worker.tlt.adaptive.arms import NO_SD, TLT_BUCKETS, arms_table
 from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, BanditKind, WindowBandit, make_bandit
 from worker.tlt.adaptive.metrics import RolloutSdMetrics
-from worker.tlt.adaptive.sim import SimEnv, response_lengths, run_bucket, simulate_rollout
+from worker.tlt.adaptive.sim import SimEnv, SimTrace, response_lengths, run_bucket, simulate_rollout
 
 # Batch range per bucket while SD is on (the switch turns SD off at >= 48 active with on_below 32).
 BATCH_RANGES = {0: (1, 1), 1: (2, 4), 2: (5, 20), 3: (21, 47)}
@@ -49,29 +49,38 @@ SCENARIOS = (
 )
 
 
-def run(scenario: Scenario, kind: BanditKind, rounds: int, seed: int, config: BanditConfig) -> dict[str, float]:
-    kinds = list(scenario.alphas)
-    table = arms_table(kinds)  # type: ignore[arg-type]
+def run(scenario: Scenario, kind: BanditKind, rounds: int, seed: int, config: BanditConfig,
+        chunk: int = 25) -> dict[str, float]:
+    """All buckets played interleaved, `chunk` rounds each in turn (as a rollout passes through them), so an
+    acceptance change (scenario event) hits every bucket at the same time."""
+    table = arms_table(list(scenario.alphas))  # type: ignore[arg-type]
     bandit = make_bandit(table, replace(config, kind=kind), seed=seed)
     rng = random.Random(1000 + seed)
-    reward = oracle = none_reward = 0.0
-    last_best: list[float] = []
-    tokens = seconds = 0.0
-    for bucket, arms in table.items():
-        env = SimEnv(dict(scenario.alphas), seed=seed * 10 + bucket)
-        lo, hi = BATCH_RANGES[bucket]
-        batches = [rng.randint(lo, hi) for _ in range(rounds)]
-        events = {int(f * rounds): a for f, a in scenario.events.items()}
-        trace = run_bucket(bandit, env, bucket, arms, batches, events)
-        reward += sum(trace.reward)
-        oracle += sum(trace.oracle_reward)
-        # SD-off reference under the same alphas (none's reward does not depend on them).
-        none_reward += sum(env.expected_reward(NO_SD, b) for b in batches)
-        last_best.append(trace.fraction_best(rounds // 5))
-        tokens += trace.tokens
-        seconds += trace.seconds
+    envs = {b: SimEnv(dict(scenario.alphas), seed=seed * 10 + b) for b in table}
+    batches = {b: [rng.randint(*BATCH_RANGES[b]) for _ in range(rounds)] for b in table}
+    traces = {b: SimTrace() for b in table}
+    events = {int(f * rounds): a for f, a in scenario.events.items()}
+    for start in range(0, rounds, chunk):
+        for at, alphas in events.items():
+            if start <= at < start + chunk:
+                for env in envs.values():
+                    env.alphas.update(alphas)
+        for b, arms in table.items():
+            t = run_bucket(bandit, envs[b], b, arms, batches[b][start:start + chunk])
+            tr = traces[b]
+            tr.chosen += t.chosen
+            tr.best += t.best
+            tr.reward += t.reward
+            tr.oracle_reward += t.oracle_reward
+            tr.tokens += t.tokens
+            tr.seconds += t.seconds
+    reward = sum(sum(t.reward) for t in traces.values())
+    oracle = sum(sum(t.oracle_reward) for t in traces.values())
+    # SD-off reference ("none"'s reward does not depend on the acceptance).
+    none_reward = sum(envs[b].expected_reward(NO_SD, n) for b in table for n in batches[b])
     return {"regret": 1.0 - reward / oracle, "vs_off": reward / none_reward, "oracle_vs_off": oracle / none_reward,
-            "best_last": statistics.fmean(last_best), "tokens_per_s": tokens / seconds}
+            "best_last": statistics.fmean(t.fraction_best(rounds // 5) for t in traces.values()),
+            "tokens_per_s": sum(t.tokens for t in traces.values()) / sum(t.seconds for t in traces.values())}
 
 
 def run_rollouts(scenario: Scenario, policy: str, rollouts: int, seed: int,
@@ -163,7 +172,8 @@ def main() -> None:
         f"prior_std={config.prior_std}",
         "",
         "reward: 'raw' = tokens/s of the step (TLT); 'per seq' = tokens/s per active sequence, with windows borrowed "
-        "from the nearest bucket while an arm is unmeasured (BanditConfig.per_sequence, share_buckets)",
+        f"from the nearest bucket during a bucket's first {config.share_rounds} rounds (BanditConfig.per_sequence, "
+        "share_rounds)",
         "",
         "| scenario | bandit | reward | regret vs oracle | reward vs SD off | oracle vs SD off | oracle arm, last 20% |",
         "|---|---|---|---|---|---|---|",

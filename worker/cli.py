@@ -141,7 +141,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         _out(f"TLT Studio is up: {url}  (API docs {url}/docs; database {settings.database_url})")
         rc = 0
         if args.demo:
-            rc = _run_demo(url, settings.artifacts, procs)
+            rc = _run_demo(url, settings.artifacts, procs, args.demo_spec)
             if args.exit:
                 return rc
         _out("Ctrl-C stops the API and the worker.")
@@ -156,13 +156,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         _stop(procs)
 
 
-def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]]) -> int:
+def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]], spec_file: str | None) -> int:
+    import yaml
+
     from worker.client import FINAL_STATUSES, TltClient
     from worker.tlt.config import preset
 
+    spec = yaml.safe_load(Path(spec_file).read_text()) if spec_file else preset("demo-cpu").model_dump(mode="json")
     token = create_token("admin", admin=True, name="demo")
     client = TltClient(url, token)
-    job = client.submit(preset("demo-cpu").model_dump(mode="json"))
+    job = client.submit(spec)
     _out(f"dashboard:  {url}/  (job {job['id']})\ntoken:      {token}\n"
          f"artifacts:  {artifacts / 'jobs' / str(job['id'])}\n"
          f"job {job['id']} ({job['name']}) submitted; waiting for it (tlt logs -f {job['id']} --token ...)")
@@ -263,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--demo", action="store_true", help="also create an admin token and run the demo-cpu preset")
     p.add_argument("--exit", action="store_true", help="with --demo: stop everything once the demo job is final")
+    p.add_argument("--demo-spec", help="with --demo: run this spec file instead of the demo-cpu preset")
     p.set_defaults(func=cmd_up)
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)

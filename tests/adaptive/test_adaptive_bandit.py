@@ -160,7 +160,7 @@ def test_a_rarely_visited_bucket_borrows_its_neighbours_measurements(kind: str) 
     table = arms_table(["ngram", "eagle"])
     env = SimEnv({"ngram": 0.0, "eagle": 0.0}, seed=0)  # useless drafts: every step off "none" is a loss
     shared = make_bandit(table, BanditConfig(kind=kind), seed=0)  # type: ignore[arg-type]
-    alone = make_bandit(table, BanditConfig(kind=kind, share_buckets=False), seed=0)  # type: ignore[arg-type]
+    alone = make_bandit(table, BanditConfig(kind=kind, share_rounds=0), seed=0)  # type: ignore[arg-type]
     for bandit in (shared, alone):
         run_bucket(bandit, env, 1, table[1], batches(1, 300))
     few = {b: run_bucket(b, env, 0, table[0], [1] * 20) for b in (shared, alone)}
@@ -169,3 +169,19 @@ def test_a_rarely_visited_bucket_borrows_its_neighbours_measurements(kind: str) 
     assert few[shared].chosen[0] == "none" and few[shared].chosen.count("none") >= 15
     assert few[alone].chosen[:12] == [a.name for a in table[0] for _ in range(2)]  # table order, min_pulls=2
     assert few[shared].regret() < 0.5 * few[alone].regret()
+
+
+def test_borrowing_ends_so_a_misleading_neighbour_cannot_lock_an_arm_out() -> None:
+    # bucket 1 saw the ngram arm as useless; in bucket 0 it is the best arm: after share_rounds it gets measured there
+    arms = [NO_SD, chain_arm("ngram", 3)]
+    bandit = make_bandit({0: arms, 1: arms}, BanditConfig(kind="thompson", share_rounds=30), seed=0)
+    for _ in range(20):
+        bandit.observe(1, NO_SD, 4, 1.0, active=4)
+        bandit.observe(1, arms[1], 2, 1.0, active=4)
+    picks = []
+    for _ in range(60):
+        arm = bandit.select(0)
+        picks.append(arm.name)
+        bandit.observe(0, arm, 3 if arm.is_sd else 1, 1.0, active=1)  # ngram emits 3x the tokens at batch 1
+    assert "ngram-c3" not in picks[:30]  # trusted the neighbour while the bucket was new
+    assert picks[-10:].count("ngram-c3") >= 8  # then measured it locally and switched

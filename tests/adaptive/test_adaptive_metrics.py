@@ -61,6 +61,17 @@ def test_drafted_counts_shorter_than_active() -> None:
     assert s["sd/accept_len"] == pytest.approx(1.5)
 
 
+def test_total_accepted_only() -> None:
+    # an engine that counts only the batch total still gets sd/accept_len (no per-position rates)
+    m = RolloutSdMetrics()
+    m.observe_step(active=4, sd_on=True, arm="eagle-c3", verify_tokens=4, emitted=10, seconds=0.01, accepted=6)
+    s = m.summary()
+    assert s["sd/accept_len"] == pytest.approx(2.5) and "sd/accept_rate_pos_1" not in s
+    with pytest.raises(ValueError):
+        m.observe_step(active=2, sd_on=True, arm="x", verify_tokens=4, emitted=3, seconds=0.1,
+                       accepted_per_pos=[1, 0, 0], accepted=2)
+
+
 def test_empty_and_off_only_rollouts_leave_undefined_metrics_out() -> None:
     assert RolloutSdMetrics().summary() == {}
     m = RolloutSdMetrics()

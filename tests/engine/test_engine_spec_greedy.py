@@ -10,14 +10,19 @@ import pytest
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.spec.ngram import NGramConfig, NGramProposer
+from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
 
 TARGET = tiny_target()
 DRAFTER = perturbed_copy(TARGET, noise=0.15)
 
 
-def _run(reqs: list[Request], slots: int, spec: SpecConfig | None, eos: tuple[int, ...] = (257,)):
-    proposer = SmallModelProposer(DRAFTER) if spec is not None else None
+def _run(reqs: list[Request], slots: int, spec: SpecConfig | None, eos: tuple[int, ...] = (257,), ngram: bool = False):
+    proposer = None
+    if spec is not None:
+        topk = spec.topk if spec.method == "tree" else 1
+        proposer = (NGramProposer(NGramConfig(topk=topk)) if ngram
+                    else SmallModelProposer(DRAFTER, SmallModelConfig(topk=topk)))
     engine = Engine(TARGET, eos_ids=eos, config=EngineConfig(max_len=96, max_slots=slots, sync_every=4),
                     spec=spec, proposer=proposer)
     return engine.generate(reqs)
@@ -40,6 +45,18 @@ def test_spec_greedy_identical(batch: int, spec: SpecConfig) -> None:
     reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=16 + (i % 4) * 5)) for i, p in enumerate(prompts)]
     base = _run(reqs, slots=batch, spec=None)
     out = _run(reqs, slots=batch, spec=spec)
+    _check(out, base, spec)
+
+
+@pytest.mark.parametrize(("batch", "spec"), [(4, SpecConfig("on", "chain", depth=6)),
+                                             (12, SpecConfig("on", "tree", depth=4, topk=2, verify_tokens=10))])
+def test_spec_greedy_identical_ngram(batch: int, spec: SpecConfig) -> None:
+    prompts = random_prompts(batch, seed=batch)
+    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=30)) for p in prompts]
+    _check(_run(reqs, batch, spec, ngram=True), _run(reqs, batch, None), spec)
+
+
+def _check(out, base, spec: SpecConfig) -> None:
     assert [s.tokens for s in out.sequences] == [s.tokens for s in base.sequences]
     assert [s.finish_reason for s in out.sequences] == [s.finish_reason for s in base.sequences]
     for a, b in zip(out.sequences, base.sequences, strict=True):

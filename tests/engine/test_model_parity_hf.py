@@ -99,3 +99,24 @@ def test_smollm2_gguf_matches_transformers_gguf_load() -> None:
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, atol=2e-4, rtol=1e-3)
     assert tok.eos_ids and tok.decode(tok.encode("hello world")) == "hello world"
+
+
+def test_hf_dir_sharded_roundtrip(tmp_path) -> None:
+    """An HF directory (sharded safetensors + tokenizer files) loads through load_model with identical logits."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    args = preset("tiny-qwen2")
+    hf = _hf_model(args)
+    hf.save_pretrained(tmp_path, max_shard_size="60KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    vocab = {f"t{i}": i for i in range(args.vocab_size)}
+    raw = RawTokenizer(WordLevel(vocab, unk_token="t0"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="t257", pad_token="t258")
+    tok.save_pretrained(tmp_path)
+    model, tokenizer = load_model(ModelSource(hf_dir=str(tmp_path)), "cpu")
+    ids = torch.randint(0, args.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-5, rtol=1e-4)
+    assert 257 in tokenizer.eos_ids

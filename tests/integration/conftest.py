@@ -1,5 +1,5 @@
 """The whole service for integration tests: a real uvicorn API and real Celery worker subprocesses (threads pool,
-not eager) on either SQLite + Celery's SQLAlchemy broker or Postgres + Redis, with short heartbeats so worker loss is
+not eager) on Postgres + Redis (`tlt up` covers SQLite + the SQLAlchemy broker), with short heartbeats so worker loss is
 detected in seconds. One stack per backend per test session; workers can be killed and started by the test.
 
 Run: python -m pytest tests/integration -q
@@ -127,13 +127,5 @@ def _stop_stack(stack: Stack) -> None:
 @pytest.fixture(scope="session")
 def pg_stack(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = _start_stack("postgres", tmp_path_factory.mktemp("pg_stack"), pg_url, redis_url)
-    yield stack
-    _stop_stack(stack)
-
-
-@pytest.fixture(scope="session")
-def sqlite_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    home = tmp_path_factory.mktemp("sqlite_stack")
-    stack = _start_stack("sqlite", home, f"sqlite:///{home / 'tlt.db'}", f"sqla+sqlite:///{home / 'broker.db'}")
     yield stack
     _stop_stack(stack)

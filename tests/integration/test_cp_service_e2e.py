@@ -1,5 +1,5 @@
 """End to end through real processes: REST API (uvicorn) -> broker -> Celery worker -> training child -> database,
-on SQLite + the SQLAlchemy broker and on Postgres + Redis. Checks the lifecycle and its events, metrics, artifact
+on Postgres + Redis (the SQLite + SQLAlchemy-broker path: test_cp_tlt_up.py). Checks the lifecycle and its events, metrics, artifact
 download (sha256, Range, tar of a directory), SSE resume, auth/validation/idempotency/OpenAPI, and the `tlt` client.
 
 Run: python -m pytest tests/integration/test_cp_service_e2e.py -q   (about a minute on 2 cores)
@@ -52,10 +52,6 @@ def _run_lifecycle(stack: Stack) -> int:
         arts = c.get(f"/jobs/{job['id']}/artifacts").json()
         assert {a["kind"] for a in arts} >= {"policy", "checkpoint"}
     return int(job["id"])
-
-
-def test_lifecycle_on_sqlite_and_sqla_broker(sqlite_stack: Stack) -> None:
-    _run_lifecycle(sqlite_stack)
 
 
 def test_lifecycle_on_postgres_and_redis(pg_stack: Stack) -> None:

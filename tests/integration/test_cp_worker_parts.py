@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,10 +30,21 @@ from worker.tlt.config import JobSpec
 from .conftest import TINY_SPEC
 
 
+@pytest.fixture(scope="module")
+def parts_pg_url(pg_database: Callable[[], str]) -> str:
+    """A database of its own: the running stack's stale-job sweeper must not see these tests' jobs."""
+    url = pg_database()
+    migrate.upgrade(url)
+    return url
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Settings, object]]:
-    url = f"sqlite:///{tmp_path / 'tlt.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
-    migrate.upgrade(url)
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'tlt.db'}"
+        migrate.upgrade(url)
+    else:
+        url = request.getfixturevalue("parts_pg_url")
     settings = Settings(home=tmp_path / "home", database_url=url, heartbeat_timeout_s=1.0, heartbeat_s=0.2)
     settings.ensure_dirs()
     engine = make_engine(url)

@@ -34,7 +34,8 @@ def test_cancel_stops_at_a_safe_point(pg_stack: Stack) -> None:
         assert c.post(f"/jobs/{job['id']}/cancel").json()["status"] == "cancelling"
         final = pg_stack.wait_job(job["id"], timeout_s=60)
         assert final["status"] == "cancelled", final
-        assert "safe point" in final["reason"]
+        output = "\n".join(ln["line"] for ln in c.get(f"/jobs/{job['id']}/logs").json())
+        assert "safe point" in final["reason"], f"{final}\n{output}"
         kept = c.get(f"/jobs/{job['id']}/metrics", params={"names": "reward/mean"}).json()
         assert 1 <= kept["last_step"] < 200  # what was written is kept; it did not run to the end
         statuses = [e["to_status"] for e in c.get(f"/jobs/{job['id']}/events").json() if e["to_status"]]

@@ -9,7 +9,7 @@ import torch
 
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
 from worker.tlt.spec.proposer import DraftContext, empty_proposal
-from worker.tlt.spec.tree import node_depths
+from worker.tlt.spec.tree import node_depths, validate_proposal
 from worker.tlt.spec.verify import verify_greedy
 
 PROMPT = [100, 101, 102, 103]
@@ -79,6 +79,7 @@ def test_tree_of_distinct_continuations_respects_budget_and_depth() -> None:
     groups = {0: [s0, s1, s2, me]}
     drafter = NGramProposer(NGramConfig(topk=2))
     prop = drafter.propose(ctx_for(groups, [(0, 3)], max_nodes=4, max_depth=2))
+    validate_proposal(prop, max_nodes=4, max_depth=2)
     n = int(prop.counts[0])
     assert n == 4
     toks = prop.tokens[0, :n].tolist()
@@ -119,6 +120,7 @@ def test_batch_padding_and_empty_rows() -> None:
         groups=groups,
     )
     prop = NGramProposer().propose(ctx)
+    validate_proposal(prop, max_nodes=4, max_depth=4)
     assert prop.counts.tolist() == [2, 1] and prop.tokens[:, 0].tolist() == [2, 9]
     assert prop.parents[1].tolist() == [-1, -1]
     assert empty_proposal(ctx).counts.tolist() == [1, 1]

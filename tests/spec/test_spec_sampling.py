@@ -10,8 +10,14 @@ import math
 import pytest
 import torch
 
-from worker.tlt.spec.sampling import SamplingParams, processed_probs, sample, token_logprobs
-from worker.tlt.spec.stat_tests import chi2_sf, chi_square_pvalue
+from worker.tlt.spec.sampling import (
+    SamplingParams,
+    processed_probs,
+    sample,
+    sample_without_replacement,
+    token_logprobs,
+)
+from worker.tlt.spec.stat_tests import chi2_sf, chi_square_pvalue, joint_pair_pvalue
 
 
 def reference_probs(logits: list[float], temperature: float, top_p: float, top_k: int) -> list[float]:
@@ -106,3 +112,17 @@ def test_chi2_sf_matches_scipy() -> None:
 
     for x, k in [(3.0, 1), (10.0, 5), (120.0, 99), (0.5, 7), (200.0, 50), (400.0, 143)]:
         assert math.isclose(chi2_sf(x, k), float(stats.chi2.sf(x, k)), rel_tol=1e-5)
+
+
+def test_sample_without_replacement_is_sequential_draws() -> None:
+    """Pairs (first, second) follow q(a) * q(b) / (1 - q(a)), the law of two sequential draws without replacement."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.softmax(torch.randn(6, generator=g), -1)
+    draws = sample_without_replacement(q.expand(100_000, 6), 2, g)
+    assert (draws[:, 0] != draws[:, 1]).all()
+    second_given_first = (q.unsqueeze(0) * (1 - torch.eye(6))) / (1 - q).unsqueeze(1)
+    pv = joint_pair_pvalue(draws[:, 0], draws[:, 1], q, second_given_first)
+    assert pv > 1e-5
+    # i.i.d. draws (with replacement) are told apart by the same statistic
+    iid = sample(q.expand(100_000, 2, 6), g)
+    assert joint_pair_pvalue(iid[:, 0], iid[:, 1], q, second_given_first) < 1e-6

@@ -7,9 +7,18 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from worker.tlt.spec.tree import ancestor_mask, chain_proposal, children_table, node_depths, topk_tree
+from worker.tlt.spec.tree import (
+    ancestor_mask,
+    chain_proposal,
+    children_table,
+    node_depths,
+    topk_tree,
+    validate_proposal,
+)
+from worker.tlt.spec.types import DraftProposal
 
 
 def random_forest(bsz: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,3 +120,18 @@ def test_topk_tree_random_is_ancestor_closed_and_optimal() -> None:
         kept = sorted(score[b][int(t)] for t in prop.tokens[b, 1 : int(prop.counts[b])])
         finite = sorted(v for key, v in score[b].items() if key != 0 and v > -math.inf)
         assert kept == finite[-(budget - 1) :]
+
+
+def test_validate_proposal() -> None:
+    good = chain_proposal(torch.tensor([1, 2]), torch.tensor([[3, 4], [5, 6]]), num_drafts=torch.tensor([2, 1]))
+    validate_proposal(good, max_nodes=3, max_depth=2)
+    with pytest.raises(ValueError, match="deeper"):
+        validate_proposal(good, max_depth=1)
+    with pytest.raises(ValueError, match="more than"):
+        validate_proposal(good, max_nodes=2)
+    bad_parent = DraftProposal(good.tokens, torch.tensor([[-1, 0, 2], [-1, 0, -1]]), good.counts)
+    with pytest.raises(ValueError, match="smaller index"):
+        validate_proposal(bad_parent)
+    bad_pad = DraftProposal(good.tokens, torch.tensor([[-1, 0, 1], [-1, 0, 1]]), good.counts)
+    with pytest.raises(ValueError, match="padding"):
+        validate_proposal(bad_pad)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from worker.tlt.spec import verify as verify_module
-from worker.tlt.spec.sampling import processed_probs, sample
+from worker.tlt.spec.sampling import processed_probs, sample, sample_without_replacement
 from worker.tlt.spec.stat_tests import chi_square_pvalue, joint_pair_pvalue
 from worker.tlt.spec.tree import chain_proposal
 from worker.tlt.spec.types import DraftProposal, VerifyResult
@@ -69,13 +69,7 @@ class Markov:
             return torch.randint(0, VOCAB, (parent_tok.shape[0], m), generator=self.gen)
 
         def without_replacement(parent_tok: torch.Tensor, m: int) -> torch.Tensor:  # sequential draws from q
-            q = self.q[parent_tok].clone()
-            out = []
-            for _ in range(m):
-                x = sample(q, self.gen)
-                out.append(x)
-                q.scatter_(1, x.unsqueeze(1), 0.0)
-            return torch.stack(out, 1)
+            return sample_without_replacement(self.q[parent_tok], m, self.gen)
 
         pick = {"topk": top_m, "uniform": uniform, "stochastic": without_replacement}[mode]
         tokens = self._tree_tokens(roots, pick)

@@ -2,9 +2,10 @@
 tokens) through `run`: finite loss, every DESIGN.md metric present each step, checkpoints, and an HF export that
 transformers loads with the same logits and tokenizer.
 
-Run: python -m pytest tests/train/test_train_smollm2_grpo.py -q      (about a minute on 2 idle cores)
+Run: python -m pytest tests/train/test_train_smollm2_grpo.py -q      (a few minutes on 2 busy cores)
 """
 
+import json
 import math
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from worker.tlt.config import JobSpec
 from worker.tlt.file_reporter import FileReporter, read_metrics
+from worker.tlt.model.args import ModelArgs
+from worker.tlt.model.load import build_model, load_hf_state_dict
 from worker.tlt.train import run
 
 REQUIRED = [
@@ -29,11 +32,11 @@ REQUIRED = [
 def test_three_grpo_steps_on_smollm2(tmp_path: Path) -> None:
     spec = JobSpec.model_validate({
         "model": {"builtin": "smollm2-135m-instruct"},
-        "dataset": {"builtin": "gsm8k", "validation_size": 0, "max_prompt_length": 256},
+        "dataset": {"builtin": "gsm8k", "validation_size": 0, "max_prompt_length": 128},  # short prompts only
         "algorithm": {"num_generations": 2, "prompts_per_step": 2, "max_completion_length": 16,
-                      "learning_rate": 1e-6, "beta": 0.04, "reward_funcs": ["math_accuracy", "format"]},
+                      "learning_rate": 1e-6, "reward_funcs": ["math_accuracy", "format"]},
         "rollout": {"speculative": "off", "kv_cache_gb": 0.2},
-        "max_steps": 3, "save_steps": 2,
+        "max_steps": 3, "save_steps": 3,
     })
     run(spec, tmp_path, FileReporter(tmp_path))
     recs = read_metrics(tmp_path)
@@ -46,8 +49,7 @@ def test_three_grpo_steps_on_smollm2(tmp_path: Path) -> None:
         assert m["response_length/max"] <= 16 and m["actor/lr"] == pytest.approx(1e-6)
         # the trainer's recompute and the engine's own log-probs of the sampled tokens agree (fp32 CPU)
         assert m["rollout/logp_abs_diff"] < 1e-3
-    assert recs[0]["metrics"]["actor/kl"] == 0.0  # the reference equals the policy before the first update
-    assert (tmp_path / "checkpoints/step-2").is_dir() and (tmp_path / "checkpoints/step-3").is_dir()
+    assert (tmp_path / "checkpoints/step-3/optimizer.pt").is_file()
 
     policy = tmp_path / "policy"
     tok = AutoTokenizer.from_pretrained(policy)
@@ -55,9 +57,6 @@ def test_three_grpo_steps_on_smollm2(tmp_path: Path) -> None:
     text = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], tokenize=False,
                                    add_generation_prompt=True)
     ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
-    from worker.tlt.model.load import build_model, load_hf_state_dict
-    from worker.tlt.model.args import ModelArgs
-    import json
     ours = build_model(ModelArgs.from_hf_config(json.loads((policy / "config.json").read_text())),
                        load_hf_state_dict(policy), "cpu", torch.float32)
     with torch.no_grad():

@@ -54,3 +54,21 @@ def test_gradient_checkpointing_changes_nothing(tmp_path: Path, toy_spec) -> Non
         run(toy_spec({"gradient_checkpointing": gc}, max_steps=1, save_steps=1), d, FileReporter(d))
         out[gc] = load_file(str(d / "checkpoints/step-1/model.safetensors"))
     assert all(torch.allclose(out[False][k], out[True][k], atol=1e-6) for k in out[False])
+
+
+@pytest.mark.parametrize("kind", ["ngram", "eagle1"])
+def test_speculative_rollout_in_the_loop(tmp_path: Path, toy_spec, kind: str) -> None:
+    spec = toy_spec(max_steps=2, save_steps=2)
+    spec = spec.model_copy(update={
+        "rollout": spec.rollout.model_copy(update={"speculative": "on", "draft_depth": 3}),
+        "drafter": spec.drafter.model_copy(update={"kind": kind, "max_train_steps_per_rl_step": 3}),
+    })
+    run(spec, tmp_path, FileReporter(tmp_path))
+    recs = read_metrics(tmp_path)
+    for r in recs:
+        m = r["metrics"]
+        assert m["sd/on_fraction"] == 1.0  # every decode step was a verify step
+        assert m["rollout/logp_abs_diff"] < 1e-4  # lossless: the verifier's log-probs are the policy's
+    if kind == "eagle1":  # spot training ran after each update; the drafter is exported
+        assert recs[-1]["metrics"]["drafter/steps"] == 6
+        assert (tmp_path / "drafter/config.json").exists()

@@ -121,7 +121,7 @@ def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]
     dev = model.head_weight.device
     max_len = max(len(p) for p in prompts) + max_new
     engine = make_engine(model, tok, max_len, len(prompts), "off", 0, cuda_graphs, compile_step, 0)
-    capture = engine.warmup(len(prompts), max_len)
+    capture = engine.warmup(len(prompts), max_len, batches=[len(prompts)])  # no sequence ends early
     reqs = [Request(p, SamplingParams(temperature=1.0, max_new_tokens=max_new, eos_ids=())) for p in prompts]
     best = float("inf")
     for _ in range(repeats):

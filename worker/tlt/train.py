@@ -70,7 +70,7 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
         f"model {spec.model.model_dump(exclude_none=True)} on {device}; {len(train)} training prompts, "
         f"{len(val)} validation; rewards {spec.algorithm.reward_funcs}; rollout speculative={spec.rollout.speculative}"
     )
-    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device)
+    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device, drafter=rollout.drafter)
     return trainer, val
 
 
@@ -99,12 +99,28 @@ def resume_from(trainer: GRPOTrainer, root: Path) -> int:
     return ck.step
 
 
+def run_drafter_warmup(spec: JobSpec, run_dir: Path, reporter: Reporter) -> None:
+    """`type: drafter` jobs: warm up a drafter on the dataset's prompts (drafter/warmup.py), export to run_dir/drafter."""
+    device = pick_device(spec)
+    seed_everything(spec.seed)
+    model, tokenizer = load_model(spec.model, device)
+    ds = spec.dataset
+    train_rows, _ = split_examples(load_examples(ds), 0)
+    prompts = render_examples(train_rows, tokenizer, ds.system_prompt, ds.max_prompt_length)
+    reporter.log(f"drafter warm-up ({spec.drafter.kind}) for {spec.model.model_dump(exclude_none=True)} on {device}")
+    from worker.tlt.drafter.warmup import warmup  # drafter code is imported only by jobs that use it
+
+    warmup(spec, model, tokenizer, [list(p.ids) for p in prompts], reporter, out_dir=run_dir / "drafter")
+
+
 def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True) -> None:
-    """Train `spec` to max_steps (or until reporter.should_stop()), checkpointing and exporting into run_dir."""
-    if spec.type != "grpo":
-        raise ValueError(f"job type {spec.type!r} is not a GRPO job (drafter warm-up jobs run elsewhere)")
+    """Train `spec` to max_steps (or until reporter.should_stop()), checkpointing and exporting into run_dir.
+    `type: drafter` jobs run the drafter warm-up instead."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if spec.type == "drafter":
+        run_drafter_warmup(spec, run_dir, reporter)
+        return
     ckpt_root = run_dir / "checkpoints"
     trainer, val = build_trainer(spec, reporter)
     start = resume_from(trainer, ckpt_root) if resume else 0
@@ -137,6 +153,12 @@ def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True) -
         generation={"do_sample": True, "temperature": spec.algorithm.temperature, "top_p": spec.algorithm.top_p},
     )
     reporter.artifact("policy", policy, step)
+    drafter_model = getattr(trainer.drafter, "train_drafter", None)  # the online EAGLE-1 drafter, if any
+    if drafter_model is not None:
+        from worker.tlt.drafter.export import export_eagle1
+
+        drafter_dir = export_eagle1(drafter_model, run_dir / "drafter")
+        reporter.artifact("drafter", drafter_dir, step)
     reporter.log(f"done: {step} steps; policy exported to {policy}")
 
 

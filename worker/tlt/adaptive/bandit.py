@@ -14,8 +14,9 @@ one interface, `select(bucket) -> Arm` and `observe(bucket, arm, tokens, seconds
   sample mean_i + z * max(std_i, prior_std) / sqrt(n_i), pick the largest sample.
 
 Shared by all three: forced initial exploration (an arm with fewer than `min_pulls` fresh observations is played
-first, in table order, so "none" is measured first; with per-sequence rewards an arm measured in the nearest other
-bucket borrows that bucket's window instead, so rarely visited buckets do not spend their few steps exploring); non-stationarity handled by a per-arm window of the last
+first, in table order, so "none" is measured first; with per-sequence rewards, during a bucket's first
+`share_rounds` rounds an arm measured in the nearest other bucket borrows that window instead, so a rarely visited
+bucket does not spend its few steps exploring); non-stationarity handled by a per-arm window of the last
 `window` observations plus expiry after `max_age` rounds of the bucket (an arm unplayed that long is measured
 again, because the learned drafter improves online and the policy moves under it); every random draw comes from
 one `random.Random(seed)`. State is a small dict (`to_dict` / `bandit_from_dict`) for checkpoints.
@@ -54,11 +55,12 @@ class BanditConfig:
     # batch size, but a bucket spans batch sizes (5-20: 4x in tokens/s while memory-bound), and raw tokens/s would
     # credit an arm for the batch it happened to run at; per sequence is nearly flat in the memory-bound tail.
     per_sequence: bool = True
-    # While an arm has fewer than min_pulls fresh observations in a bucket, borrow the window of the same arm
-    # (drafter, depth, top-k) from the nearest bucket that has them (per-sequence rewards only, which are comparable across buckets) instead of
-    # forcing pulls: a rarely visited bucket (batch 1 shows up for a few steps per rollout) would otherwise spend
-    # all its steps exploring. Arms no bucket has measured are still forced.
-    share_buckets: bool = True
+    # During a bucket's first `share_rounds` rounds, an arm with fewer than min_pulls fresh observations there
+    # borrows the window of the same arm (drafter, depth, top-k) from the nearest bucket that has them instead of
+    # being forced (per-sequence rewards only: those are comparable across buckets). A rarely visited bucket
+    # (batch 1 shows up for a few steps per rollout) would otherwise spend its steps exploring; after share_rounds
+    # its unmeasured arms are measured locally, so a neighbour's misleading estimate cannot lock an arm out. 0 = off.
+    share_rounds: int = 100
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.min_pulls < 1 or self.min_pulls > self.window or self.max_age < 0:
@@ -203,7 +205,7 @@ class WindowBandit:
 
         "Same" = same drafter, depth and top-k: a tree keeps its shape across buckets while its verify budget
         follows the bucket, so the neighbour's tree is the closest measurement there is."""
-        if not (self.config.share_buckets and self.config.per_sequence):
+        if not self.config.per_sequence or self._buckets[bucket].round >= self.config.share_rounds:
             return []
         family = (arm.drafter, arm.depth, arm.topk)
         for b in sorted(self._buckets, key=lambda b: (abs(b - bucket), b)):

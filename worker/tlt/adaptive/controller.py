@@ -4,7 +4,7 @@
     ctl.start_rollout()                                              # per rollout: switch off, fresh metrics
     arm = ctl.plan(active)                                           # per step: NO_SD, or the arm to draft with
     ... run the step with `arm` ...
-    ctl.record(active, arm, emitted, seconds, accepted_per_pos, drafted_per_pos)
+    ctl.record(active, arm, emitted, seconds, accepted_per_pos=..., drafted_per_pos=...)  # or accepted=total
     reporter.metrics(step, ctl.metrics.summary())                    # per rollout
 
 Speculative modes (the job spec's `rollout.speculative`): "off" never drafts; "on" drafts every step with the fixed
@@ -79,14 +79,15 @@ class AdaptiveSd:
         return self.bandit.select(self.scheme.bucket(active))
 
     def record(self, active: int, arm: Arm, emitted: int, seconds: float, accepted_per_pos: Sequence[int] = (),
-               drafted_per_pos: Sequence[int] | None = None) -> None:
+               drafted_per_pos: Sequence[int] | None = None, accepted: int | None = None) -> None:
         """What the step planned with `arm` did; feeds the bandit (switch-on steps only) and the metrics."""
         on = self.switch.on
         if on and self.bandit is not None:
             self.bandit.observe(self.scheme.bucket(active), arm, emitted, seconds, active=active)
         self.metrics.observe_step(active=active, sd_on=on, arm=arm.name if on else None,
                                   verify_tokens=arm.verify_tokens, emitted=emitted, seconds=seconds,
-                                  accepted_per_pos=accepted_per_pos, drafted_per_pos=drafted_per_pos)
+                                  accepted_per_pos=accepted_per_pos, drafted_per_pos=drafted_per_pos,
+                                  accepted=accepted)
 
     def set_drafters(self, drafters: Sequence[DrafterKind]) -> None:
         """The drafters changed (e.g. the learned one is loaded): new arms are explored, kept ones keep their data."""

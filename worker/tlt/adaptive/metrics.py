@@ -74,14 +74,15 @@ class RolloutSdMetrics:
 
     def observe_step(self, *, active: int, sd_on: bool, arm: str | None, verify_tokens: int, emitted: int,
                      seconds: float, accepted_per_pos: Sequence[int] = (),
-                     drafted_per_pos: Sequence[int] | None = None) -> None:
+                     drafted_per_pos: Sequence[int] | None = None, accepted: int | None = None) -> None:
         """One decode step.
 
         active: sequences in the batch; sd_on: the switch's state; arm: the arm run when on (None when off);
         verify_tokens: verify width per sequence, root included (1 = plain decoding); emitted: tokens appended across
         the batch (after truncation); seconds: step wall time; accepted_per_pos[k-1]: sequences whose k-th draft
         token was accepted; drafted_per_pos[k-1]: sequences that had a k-th draft token (default: all `active` for
-        every position of accepted_per_pos). See `per_position_counts`.
+        every position of accepted_per_pos). See `per_position_counts`. accepted: accepted draft tokens across the
+        batch, for an engine that counts only the total (sd/accept_len then; the per-position rates need the lists).
         """
         if active < 1 or seconds <= 0 or emitted < 0 or verify_tokens < 1:
             raise ValueError(f"need active >= 1, seconds > 0, emitted >= 0, verify_tokens >= 1 (got {active}, "
@@ -90,6 +91,9 @@ class RolloutSdMetrics:
         if len(drafted) != len(accepted_per_pos) or any(
                 not 0 <= a <= d <= active for a, d in zip(accepted_per_pos, drafted, strict=True)):
             raise ValueError("per-position counts must satisfy 0 <= accepted <= drafted <= active")
+        total = sum(accepted_per_pos)
+        if accepted is not None and (accepted < 0 or (accepted_per_pos and accepted != total)):
+            raise ValueError(f"accepted={accepted} disagrees with sum(accepted_per_pos)={total}")
         self.steps += 1
         (self.tail if active < self.on_below else self.full).add(emitted, seconds)
         bucket = self.scheme.bucket(active)
@@ -101,7 +105,7 @@ class RolloutSdMetrics:
         if sd_on and verify_tokens > 1:
             self.draft_seq_steps += active
             self.verify_tokens_total += verify_tokens * active
-            self.accepted_total += sum(accepted_per_pos)
+            self.accepted_total += total if accepted is None else accepted
             for k, (a, d) in enumerate(zip(accepted_per_pos, drafted, strict=True)):
                 if k == len(self.accepted_pos):
                     self.accepted_pos.append(0)

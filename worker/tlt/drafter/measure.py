@@ -40,43 +40,66 @@ ARMS: dict[str, tuple[SpecConfig, int]] = {  # name -> (engine spec, proposer to
 
 
 def run_arm(target: Transformer, drafter: EagleDrafter, prompts: list[list[int]], params: SamplingParams,
-            arm: str, eos: tuple[int, ...], max_len: int) -> dict[str, Any]:
+            arm: str, eos: tuple[int, ...], max_len: int, context: int = 64) -> dict[str, Any]:
     spec, topk = ARMS[arm]
-    prop = EagleProposer(drafter, EagleProposerConfig(topk=topk, context=32)) if spec.mode == "on" else None
+    prop = EagleProposer(drafter, EagleProposerConfig(topk=topk, context=context)) if spec.mode == "on" else None
+    spent = [0.0]
+    if prop is not None:  # time the drafting part of each speculative step (synchronised)
+        inner = prop.propose
+
+        def timed(ctx: Any) -> Any:
+            if target.head_weight.is_cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            r = inner(ctx)
+            if target.head_weight.is_cuda:
+                torch.cuda.synchronize()
+            spent[0] += time.perf_counter() - t0
+            return r
+
+        prop.propose = timed  # type: ignore[method-assign]
     eng = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)), spec=spec,
                  proposer=prop, hidden_hook=prop.observe if prop is not None else None)
     eng.generate([Request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))])  # warm-up (graphs)
+    spent[0] = 0.0
     out = eng.generate([Request(p, params) for p in prompts])
     dec = [s for s in out.steps if s.kind != "prefill"]
     emitted = sum(s.emitted for s in dec)
     secs = sum(s.seconds for s in dec)
     spec_steps = [s for s in dec if s.kind == "spec"]
     rows = sum(s.active for s in spec_steps)
+    n_spec = max(len(spec_steps), 1)
     return {"arm": arm, "tokens": emitted, "tokens_per_s": emitted / max(secs, 1e-9),
-            "accept_len": sum(s.emitted for s in spec_steps) / rows if rows else 1.0}
+            "accept_len": sum(s.emitted for s in spec_steps) / rows if rows else 1.0,
+            "step_ms": 1e3 * secs / max(len(dec), 1), "propose_ms": 1e3 * spent[0] / n_spec}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--gguf", default="", help="a GGUF file instead of --model (e.g. the SmolLM2 file, copied)")
     ap.add_argument("--train-prompts", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--train-steps", type=int, default=1500)
     ap.add_argument("--eval-prompts", type=int, default=8)
-    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--batch", type=int, default=16, help="training windows per step")
+    ap.add_argument("--window", type=int, default=128, help="rows per training window")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--temperatures", default="1.0,0.0", help="comma-separated evaluation temperatures")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     dev = torch.device(a.device)
-    target, tok = load_model(ModelSource(builtin=a.model), dev)
+    source = ModelSource(gguf=a.gguf) if a.gguf else ModelSource(builtin=a.model)
+    target, tok = load_model(source, dev)
     eos = tuple(getattr(tok, "eos_ids", target.args.eos_token_ids))
     train_rows, val_rows = split_examples(load_examples(DatasetSource()), 64)
     sysmsg = DatasetSource().system_prompt
     train_p = [list(p.ids) for p in render_examples(train_rows[: a.train_prompts], tok, sysmsg, 384)]
     eval_p = [list(p.ids) for p in render_examples(val_rows[: a.eval_prompts], tok, sysmsg, 384)]
     max_len = max(len(p) for p in train_p + eval_p) + a.new_tokens + 8
-    params = SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens)
+    params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens)  # RL rollouts sample at T=1
 
     drafter = EagleDrafter(target, EagleConfig()).to(dev)
     untrained = EagleDrafter(target, EagleConfig()).to(dev)
@@ -89,26 +112,30 @@ def main(argv: list[str] | None = None) -> int:
     out = gen.generate([Request(p, params) for p in train_p])
     t_gen = time.perf_counter() - t0
     log.info("warm-up rollout: %d tokens in %.1f s, buffer %d rows", out.tokens, t_gen, len(buf))
-    tr = SpotTrainer(drafter, buf, SpotTrainerConfig(batch_size=16, window=128, learning_rate=3e-4))
+    tr = SpotTrainer(drafter, buf, SpotTrainerConfig(batch_size=a.batch, window=a.window, learning_rate=a.lr))
     t0 = time.perf_counter()
     tr.train(lambda: False, a.train_steps)
     m = tr.metrics()
     log.info("spot training: %s in %.1f s", m, time.perf_counter() - t0)
 
     results: list[dict[str, Any]] = []
-    for label, d in (("untrained", untrained), (f"warm-up {a.train_steps} steps", drafter)):
-        for arm in ARMS:
-            if arm == "off" and label == "untrained":
-                continue
-            r = run_arm(target, d, eval_p, params, arm, eos, max_len)
-            r.update(drafter=label, batch=len(eval_p), temperature=a.temperature)
-            results.append(r)
-            log.info("%s", r)
-    base = next(r["tokens_per_s"] for r in results if r["arm"] == "off")
-    print(f"{'drafter':<26}{'decoding':<20}{'accept_len':>11}{'tok/s':>10}{'vs off':>8}")
+    for temp in (float(t) for t in a.temperatures.split(",")):
+        ev = SamplingParams(temperature=temp, max_new_tokens=a.new_tokens)
+        for label, d in (("untrained", untrained), (f"warm-up {a.train_steps} steps", drafter)):
+            for arm in ARMS:
+                if arm == "off" and label == "untrained":
+                    continue
+                r = run_arm(target, d, eval_p, ev, arm, eos, max_len)
+                r.update(drafter=label, batch=len(eval_p), temperature=temp)
+                results.append(r)
+                log.info("%s", r)
+    print(f"{'T':>4} {'drafter':<24}{'decoding':<20}{'accept_len':>11}{'tok/s':>10}{'vs off':>8}{'step ms':>9}"
+          f"{'draft ms':>9}")
     for r in results:
+        base = next(x["tokens_per_s"] for x in results if x["arm"] == "off" and x["temperature"] == r["temperature"])
         r["speedup"] = r["tokens_per_s"] / base
-        print(f"{r['drafter']:<26}{r['arm']:<20}{r['accept_len']:>11.2f}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}")
+        print(f"{r['temperature']:>4.1f} {r['drafter']:<24}{r['arm']:<20}{r['accept_len']:>11.2f}"
+              f"{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}{r['step_ms']:>9.1f}{r['propose_ms']:>9.1f}")
     summary = {"results": results, "train": {**m, "gen_s": t_gen, "buffer_rows": len(buf)}}
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=2))

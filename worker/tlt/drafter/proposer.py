@@ -39,7 +39,7 @@ SeqId = tuple[int, int]  # (group / request, sample)
 @dataclass(frozen=True)
 class EagleProposerConfig:
     topk: int = 1  # 1 = chain; > 1 = top-k tree (EAGLE-2), pruned to ctx.max_nodes
-    context: int = 32  # drafter positions recomputed per propose (the drafter's attention window)
+    context: int = 64  # drafter positions recomputed per propose (the drafter's attention window)
     max_seqs: int = 1024  # sequences whose feature rings fit (grows on demand)
     seed: int = 0  # generator for sampled chain drafts
 

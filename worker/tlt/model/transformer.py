@@ -41,10 +41,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        # as HF: normalise in fp32, round to the input dtype, then scale (F.rms_norm is one fused kernel on CUDA)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
@@ -68,9 +66,10 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     return inv
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:  # [..., D]
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin (HF's half-split layout) in three kernels: rotate_half(x) * sin equals
+    roll(x, D/2) * sin_signed with sin_signed = cat(-sin[:D/2], sin[D/2:])."""  # x [B, H, S, D]; cos, sin [B, 1, S, D]
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 class Attention(nn.Module):
@@ -88,10 +87,10 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # [B, S, H]
         cos: torch.Tensor,  # [B, 1, S, D]
-        sin: torch.Tensor,  # [B, 1, S, D]
+        sin: torch.Tensor,  # [B, 1, S, D] sign-folded (see apply_rope)
         kv: tuple[torch.Tensor, torch.Tensor] | None,  # K, V cache of this layer, each [slots, Hkv, T, D]
         write_flat: torch.Tensor | None,  # [B*Hkv*S] flat row index into cache.view(-1, D)
-        mask: torch.Tensor | None,  # [B, 1, G*S, Tk] bool, True = attend (None: plain causal)
+        mask: torch.Tensor | None,  # [B, 1, G*S, Tk] additive (0 = attend, -inf = not) (None: plain causal)
         rows: slice,  # cache rows this batch occupies
     ) -> torch.Tensor:  # [B, S, H]
         b, s, _ = x.shape
@@ -100,8 +99,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, s, self.n_kv, self.hd).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         g = self.n_heads // self.n_kv
         if kv is None:
             if g > 1:
@@ -181,8 +180,8 @@ class Transformer(nn.Module):
         inv = rope_inv_freq(self.args).to(device)
         t = torch.arange(n, device=device, dtype=torch.float32)
         freqs = torch.outer(t, inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.rope_cos, self.rope_sin = emb.cos(), emb.sin()
+        self.rope_cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1)
+        self.rope_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)  # sign-folded for apply_rope
 
     @property
     def head_weight(self) -> torch.Tensor:  # [V, H]
@@ -241,7 +240,9 @@ class Transformer(nn.Module):
             write_flat = ((row_ids[:, None, None] * hkv + heads[None, :, None]) * t + widx[:, None, :]).reshape(-1)
             g = self.args.n_heads // hkv
             tk = attn_mask.shape[-1]
-            mask = attn_mask[:, None, None].expand(b, 1, g, s, tk).reshape(b, 1, g * s, tk)
+            # additive mask built once per forward (SDPA would convert a bool mask in every layer)
+            mask = torch.full(attn_mask.shape, float("-inf"), dtype=x.dtype, device=x.device).masked_fill_(attn_mask, 0.0)
+            mask = mask[:, None, None].expand(b, 1, g, s, tk).reshape(b, 1, g * s, tk)
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             if i in layers:

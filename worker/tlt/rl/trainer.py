@@ -123,6 +123,21 @@ class GRPOTrainer:
         self._last_texts = texts
         return torch.tensor(totals, dtype=torch.float32), metrics
 
+    def response_logprobs(
+        self,
+        model: Transformer,
+        input_ids: torch.Tensor,  # [b, S]
+        targets: torch.Tensor,  # [b, S-1]
+        mask: torch.Tensor,  # [b, S-1]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs [b, S-1], zero off the mask; logits [n, V] of the n response positions). The head and the
+        softmax run on response positions only (prompts are often most of a sequence)."""
+        _, h, _ = model.forward_hidden(input_ids, compute_logits=False)  # [b, S, H]
+        sel = mask.bool()
+        logits = model.logits_from_hidden(h[:, :-1][sel])  # [n, V]
+        lp = token_logprobs(logits[None], targets[sel][None], self.algo.temperature)[0]  # [n]
+        return torch.zeros_like(mask, dtype=lp.dtype).masked_scatter(sel, lp), logits
+
     def update(self, seqs: list[UpdateSeq]) -> dict[str, float]:
         """One optimizer step over `seqs` in micro-batches; returns actor/* and rollout/* metrics."""
         lr = self.optimizer.param_groups[0]["lr"]
@@ -134,19 +149,17 @@ class GRPOTrainer:
             norm = LossNorm(num_sequences=len(seqs), num_tokens=sum(len(s.response_ids) for s in seqs))
             self.optimizer.zero_grad(set_to_none=True)
             for mb in micro_batches(seqs, self.algo.micro_batch_tokens, self.tokenizer.pad_id, self.device):
-                logits = self.model(mb.input_ids)[:, :-1]  # [b, S-1, V]
-                logp = token_logprobs(logits, mb.targets, self.algo.temperature)  # [b, S-1]
+                logp, logits = self.response_logprobs(self.model, mb.input_ids, mb.targets, mb.mask)
                 ref_logp = None
                 if self.ref_model is not None:
                     with torch.no_grad():
-                        ref_logits = self.ref_model(mb.input_ids)[:, :-1]
-                        ref_logp = token_logprobs(ref_logits, mb.targets, self.algo.temperature)
+                        ref_logp, _ = self.response_logprobs(self.ref_model, mb.input_ids, mb.targets, mb.mask)
                 loss, st = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, self.loss_cfg, norm, ref_logp)
                 loss.backward()
                 with torch.no_grad():
                     m = mb.mask
                     stats["loss"] += float(loss)
-                    stats["entropy"] += float((token_entropy(logits, self.algo.temperature) * m).sum())
+                    stats["entropy"] += float(token_entropy(logits.detach(), self.algo.temperature).sum())
                     stats["kl"] += float(st["kl_sum"])
                     stats["clip"] += float(st["clip_low_tokens"] + st["clip_high_tokens"])
                     stats["tokens"] += float(m.sum())

@@ -105,17 +105,18 @@ class Engine:
     def slots(self) -> int:
         return self.cache.slots
 
-    def warmup(self, max_batch: int, max_len: int) -> float:
+    def warmup(self, max_batch: int, max_len: int, batches: Sequence[int] | None = None) -> float:
         """Capture the decode graphs for every (batch bucket <= max_batch, attention bucket <= max_len) ahead of a
-        timed run (CUDA with graphs only; a no-op otherwise). Returns the seconds spent. Rows are left untouched
-        apart from scratch K/V writes of empty rows."""
+        timed run (CUDA with graphs only; a no-op otherwise); `batches` limits it to those batch sizes' buckets.
+        Returns the seconds spent. Rows are left untouched apart from scratch K/V writes of empty rows."""
         if self.graphs is None or self.n_active:
             return 0.0
         t0 = time.perf_counter()
-        batches = sorted({self.bucket(b) for b in self.config.batch_buckets if b <= self.bucket(max_batch)})
-        his = [*range(1, max_len + 1, self.config.attn_bucket), max_len]
+        wanted = batches if batches is not None else [b for b in self.config.batch_buckets if b <= max_batch]
+        buckets = sorted({self.bucket(b) for b in [*wanted, max_batch]})
+        his = [*range(1, max_len + 2, self.config.attn_bucket), max_len + 1]  # decode attends up to lens + 1
         with torch.no_grad():
-            for b in batches:
+            for b in buckets:
                 for tk in sorted({self._decode_tk(b, hi) for hi in his}):
                     self.graphs.run(b, tk)
         torch.cuda.synchronize()
@@ -151,16 +152,20 @@ class Engine:
 
     def _sample_no_sync(self, logits: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [B, V] -> (token [B], log-prob [B]) from the processed distribution of each row."""
-        logp = torch.log_softmax(logits.float(), dim=-1)
         if self._all_greedy():
             tok = logits.argmax(dim=-1)
-            return tok, logp.gather(1, tok[:, None]).squeeze(1)
+            return tok, torch.log_softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
         temp, top_p, top_k = self._params(rows)
-        probs = processed_probs(logits, temp, top_p, top_k)  # type: ignore[arg-type]
+        if isinstance(temp, float) and temp > 0.0 and top_p == 1.0 and top_k == 0:
+            probs = torch.softmax(logits.float() / temp, dim=-1)  # = processed_probs without its filter passes
+        else:
+            probs = processed_probs(logits, temp, top_p, top_k)  # type: ignore[arg-type]
         tok = sample(probs, self.gen)
         lp = token_logprobs(probs, tok)
-        greedy_lp = logp.gather(1, tok[:, None]).squeeze(1)
-        return tok, torch.where(self.rows.temp[rows] <= 0.0, greedy_lp, lp)
+        if any(p[0] <= 0.0 for p in self.row_params):  # greedy rows report log_softmax, not log(one-hot)
+            greedy_lp = torch.log_softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
+            lp = torch.where(self.rows.temp[rows] <= 0.0, greedy_lp, lp)
+        return tok, lp
 
     # ------------------------------------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -256,10 +261,11 @@ class Engine:
         else:
             logits, hidden = self._decode_forward(batch, tk)
         rows = slice(0, batch)
-        if self.hidden_hook is not None:
-            self._emit_hidden(batch, self.rows.last[:batch, None], hidden[:, None], torch.ones_like(self.rows.lens[:batch]))
+        roots = self.rows.last[:batch].clone() if self.hidden_hook is not None else None
         tok, lp = self._sample_no_sync(logits, rows)
         n = self.rows.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
+        if roots is not None:
+            self._emit_hidden(batch, roots[:, None], hidden[:, None], n)
         self.row_hi[: self.n_active] = np.minimum(self.row_hi[: self.n_active] + 1, self.row_cap[: self.n_active])
         return n
 
@@ -309,14 +315,16 @@ class Engine:
             res = verify_sampling(prop, probs, self.gen, max_depth=max_depth, max_children=max_children)
         n_acc = res.num_emitted - 1
         acc_nodes = res.accepted_nodes[:, : res.accepted_nodes.shape[1] - 1].clamp_min(0)  # [B, D]
-        if not chain:
+        # a chain's accepted nodes already sit at lens+1.. (node i at column lens+i); a tree's are moved there
+        is_chain = bool(((prop.parents[:, 1:] == node_i[None, :-1]) | (prop.parents[:, 1:] < 0)).all())
+        if not is_chain:
             self.cache.compact_accepted(lens, acc_nodes, n_acc)
-        if self.hidden_hook is not None:
-            kept = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes], dim=1)  # root + accepted nodes
-            self._emit_hidden(batch, prop.tokens.gather(1, kept),
-                              hidden.gather(1, kept[..., None].expand(-1, -1, hidden.shape[-1])), res.num_emitted)
         active = ~st.done[:batch]
         n = st.commit_no_sync(rows, res.tokens, res.logprobs, res.num_emitted)
+        if self.hidden_hook is not None:  # root + the accepted nodes that were kept (the last kept token is the new root)
+            kept = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes], dim=1)
+            self._emit_hidden(batch, prop.tokens.gather(1, kept),
+                              hidden.gather(1, kept[..., None].expand(-1, -1, hidden.shape[-1])), n)
         self.accept_stats.observe(prop, res)
         self.row_hi[: self.n_active] = np.minimum(self.row_hi[: self.n_active] + n_nodes,
                                                   self.row_cap[: self.n_active])
@@ -336,10 +344,9 @@ class Engine:
         self.row_known[:n] = n_gen
 
     def _emit_hidden(self, batch: int, toks: torch.Tensor, hidden: torch.Tensor, n_kept: torch.Tensor) -> None:
-        """toks [B, K], hidden [B, K, H], n_kept [B]: first n_kept[b] entries of live rows go to the hook."""
+        """toks [B, K], hidden [B, K, H], n_kept [B]: the first n_kept[b] entries of each row go to the hook."""
         assert self.hidden_hook is not None
-        live = ~self.rows.done[:batch]
-        keep = (self._cols[: toks.shape[1]][None, :] < n_kept[:, None]) & live[:, None]
+        keep = self._cols[: toks.shape[1]][None, :] < n_kept[:, None]
         counts = keep.sum(1).tolist()
         seq = [self.row_seq[b] for b in range(min(batch, self.n_active)) for _ in range(counts[b])]
         self.hidden_hook(seq, toks[keep], hidden[keep])

@@ -72,14 +72,14 @@ class _GroupIndex:
             self.indexed[member] = max(start, self.indexed.get(member, 0))
             return
         table, base = self.table, member << _SHIFT
-        window = list(hist[start : end + n])  # local copy: cheap slicing below
-        for s in range(end - start):
-            key = tuple(window[s : s + n])
+        window = list(hist[start : end + n - 1])  # exactly end - start keys, each with a continuation
+        shifted = (window[i:] for i in range(n))  # zip of the shifted copies = the n-token keys, made in C
+        for code, key in enumerate(zip(*shifted, strict=False), start=base | (start + n)):
             codes = table.get(key)
             if codes is None:
-                table[key] = [base | (start + s + n)]
+                table[key] = [code]
             else:
-                codes.append(base | (start + s + n))
+                codes.append(code)
         self.indexed[member] = end
 
     def _drop(self, member: int) -> None:

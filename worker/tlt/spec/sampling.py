@@ -117,3 +117,15 @@ def token_logprobs(
     ids: torch.Tensor,  # [...] int64 token ids
 ) -> torch.Tensor:  # [...] float32 log-prob of each id (-inf where its probability is 0)
     return probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1).float().log()
+
+
+def sample_without_replacement(
+    weights: torch.Tensor,  # [B, V] nonnegative weights (a drafter's q)
+    m: int,  # distinct tokens per row (<= number of positive weights for the order to be meaningful)
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [B, m] int64, in draw order
+    """m sequential draws without replacement (each from the remaining weights, renormalised), in one pass: the
+    exponential race's m fastest finishers, in order (Plackett-Luce). This is how a stochastic tree drafter must
+    pick a node's children for verify_sampling to stay exact."""
+    e = torch.empty(weights.shape, dtype=torch.float32, device=weights.device).exponential_(generator=generator)
+    return torch.topk(weights.float() / e.clamp_min_(1e-30), m, dim=-1).indices

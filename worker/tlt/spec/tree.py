@@ -146,3 +146,31 @@ def topk_tree(
     parents[:, 1:] = torch.where(kept_valid, parents[:, 1:], -1)
     counts = 1 + kept_valid.sum(dim=1)
     return DraftProposal(tokens=tokens, parents=parents, counts=counts, draft_probs=None)
+
+
+def validate_proposal(proposal: DraftProposal, max_nodes: int | None = None, max_depth: int | None = None) -> None:
+    """Raise ValueError if the proposal breaks types.DraftProposal's invariants or the budgets (syncs: for tests and
+    debugging, not the hot path)."""
+    tokens, parents, counts = proposal.tokens, proposal.parents, proposal.counts
+    bsz, n = tokens.shape
+    if parents.shape != (bsz, n) or counts.shape != (bsz,):
+        raise ValueError(
+            f"shapes: tokens {tuple(tokens.shape)}, parents {tuple(parents.shape)}, counts {tuple(counts.shape)}"
+        )
+    if bool(((counts < 1) | (counts > n)).any()):
+        raise ValueError("counts must be in 1..N")
+    if bool((parents[:, 0] != -1).any()):
+        raise ValueError("node 0 (the root) must have parent -1")
+    valid = valid_nodes(counts, n)
+    idx = torch.arange(n, device=parents.device).expand(bsz, n)
+    inner = valid & (idx > 0)
+    if bool((inner & ((parents < 0) | (parents >= idx))).any()):
+        raise ValueError("every valid non-root node needs a parent with a smaller index")
+    if bool((~valid & (parents != -1)).any()):
+        raise ValueError("padding nodes must have parent -1")
+    if max_nodes is not None and bool((counts > max_nodes).any()):
+        raise ValueError(f"more than {max_nodes} nodes in a row")
+    if max_depth is not None and n > 1 and int(node_depths(parents).max()) > max_depth:
+        raise ValueError(f"tree deeper than {max_depth}")
+    if proposal.draft_probs is not None and tuple(proposal.draft_probs.shape[:2]) != (bsz, n):
+        raise ValueError(f"draft_probs must be [B, N, V], got {tuple(proposal.draft_probs.shape)}")
