@@ -166,7 +166,7 @@ def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]], s
     token = create_token("admin", admin=True, name="demo")
     client = TltClient(url, token)
     job = client.submit(spec)
-    _out(f"dashboard:  {url}/  (job {job['id']})\ntoken:      {token}\n"
+    _out(f"dashboard:  {url}/#/jobs/{job['id']}  (sign in with this token)\ntoken:      {token}\n"
          f"artifacts:  {artifacts / 'jobs' / str(job['id'])}\n"
          f"job {job['id']} ({job['name']}) submitted; waiting for it (tlt logs -f {job['id']} --token ...)")
     status = job["status"]
@@ -236,10 +236,13 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     hist = _client(args).metrics(args.job, names=args.names)
     for series in hist["series"]:
         pts = series["points"]
-        last = pts[-1] if pts else None
-        _out(f"{series['name']:<32} {len(pts):>6} points" + (f"  last step {last['step']}: {last['value']:.6g}"
-                                                                  if last else ""))
+        last = f"  last step {pts[-1]['step']}: {_fmt(pts[-1]['value'])}" if pts else ""
+        _out(f"{series['name']:<32} {len(pts):>6} points{last}")
     return 0
+
+
+def _fmt(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.6g}"  # the API serves non-finite values as null
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = settings.artifacts / "jobs" / str(args.job_id)
     reporter = DbReporter(sessions, args.job_id, args.attempt, settings.artifacts)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a polite stop from the parent = a cancel
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a polite SIGTERM (an operator) stops at the next safe point
     reporter.add_stop_event(stop)
     try:
         runner.execute(spec, Path(run_dir), reporter, args.resume)

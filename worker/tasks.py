@@ -169,11 +169,8 @@ class JobSupervisor:
                                 expect=[S.starting, S.recovering])
         except IllegalTransition as e:  # cancelled while starting: the heartbeat loop sees `cancelling`
             log.info("job %s: not marked running: %s", self.job_id, e)
-        killed = terminated = False
-        while proc.poll() is None:
-            if self.cancel_requested_at is not None and not terminated:
-                proc.send_signal(signal.SIGTERM)  # the child's handler makes reporter.should_stop() true at once
-                terminated = True
+        killed = False
+        while proc.poll() is None:  # a cancel: the child's reporter.should_stop() reads `cancelling` by itself
             if (self.cancel_requested_at is not None and not killed
                     and time.monotonic() - self.cancel_requested_at > self.settings.cancel_grace_s):
                 log.warning("job %s: no stop after %.0f s grace; killing the child", self.job_id,

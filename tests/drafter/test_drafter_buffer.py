@@ -74,9 +74,10 @@ def test_engine_capture_keeps_response_rows(tiny_target: Transformer) -> None:
         sel = (buf.seq == s) & (buf.step >= 0)
         buf_rows[s] = buf.tokens[sel].tolist()
     for seq in out.sequences:
-        sid = (1 << 40) * 0 + seq.request * cap.max_samples + seq.sample
-        fed = seq.tokens[:-1] if seq.finish_reason == "length" else seq.tokens[:-1]
-        expect = ([prompts[seq.request][-1]] if seq.sample == 0 else []) + fed
+        sid = seq.request * cap.max_samples + seq.sample  # first rollout of this capture: epoch 0
+        # the prompt's last row (sample 0 only: siblings share its prefill), then every emitted token that was fed
+        # back (all but the last)
+        expect = ([prompts[seq.request][-1]] if seq.sample == 0 else []) + seq.tokens[:-1]
         assert buf_rows[sid] == expect
     # the hidden rows are the target's own (teacher-forced check on one sequence)
     s0 = out.sequences[0]

@@ -119,6 +119,13 @@ def test_crash_fails_the_attempt_not_the_worker(pg_stack: Stack) -> None:
     assert "exited with status 1" in job["reason"] and "last output" in job["reason"]
     assert "/nonexistent/m" in job["reason"]  # the traceback's last lines name the cause
     assert pg_stack.workers[0].poll() is None, "the worker survived"
+    with pg_stack.http() as c:  # retry: back to queued, enqueued again, run again by the same worker (attempt 2)
+        assert c.post(f"/jobs/{job['id']}/retry").json()["status"] == "queued"
+    again = pg_stack.wait_job(job["id"])
+    assert (again["status"], again["attempt"]) == ("failed", 2)
+    flow = [(t, a) for _, t, a, _ in _transitions(pg_stack, job["id"])]
+    assert flow == [("queued", 0), ("starting", 1), ("running", 1), ("failed", 1),
+                    ("queued", 1), ("starting", 2), ("running", 2), ("failed", 2)]
 
 
 def test_cli_submit_wait_metrics_download_on_uploaded_data(pg_stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str],

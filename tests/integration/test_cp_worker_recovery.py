@@ -23,8 +23,13 @@ def _wait_metric_step(stack: Stack, job_id: int, step: int, timeout_s: float = 1
             hist = c.get(f"/jobs/{job_id}/metrics", params={"names": "reward/mean"}).json()
             if hist["last_step"] is not None and hist["last_step"] >= step:
                 return
+            job = c.get(f"/jobs/{job_id}").json()
+            if job["status"] in {"succeeded", "failed", "cancelled"}:
+                break
             time.sleep(0.2)
-    raise AssertionError(f"job {job_id} never reached step {step}\n{stack.worker_logs()}")
+        job = c.get(f"/jobs/{job_id}").json()
+    raise AssertionError(f"job {job_id} never reached step {step}: {job['status']}: {job['reason']}\n"
+                         f"{stack.worker_logs()}")
 
 
 def test_cancel_stops_at_a_safe_point(pg_stack: Stack) -> None:

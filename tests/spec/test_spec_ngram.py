@@ -95,7 +95,7 @@ def test_index_is_incremental_as_histories_grow() -> None:
     s0 = PROMPT + [1, 2]
     me = PROMPT + [5]
     groups = {0: [s0, me]}
-    drafter = NGramProposer()
+    drafter = NGramProposer(NGramConfig(min_n=2))
     assert drafted(drafter.propose(ctx_for(groups, [(0, 1)], 6, 4)), 0) == []
     s0.extend([3, 4, 5, 6])  # the engine appends to the same lists
     me.extend([1, 2])

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16, help="training windows per step")
     ap.add_argument("--window", type=int, default=128, help="rows per training window")
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--ttt", type=int, default=1, help="unrolled training steps (training-time test)")
+    ap.add_argument("--noise", type=float, default=0.0, help="uniform feature noise half-width in training")
     ap.add_argument("--temperatures", default="1.0,0.0", help="comma-separated evaluation temperatures")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     max_len = max(len(p) for p in train_p + eval_p) + a.new_tokens + 8
     params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens)  # RL rollouts sample at T=1
 
-    drafter = EagleDrafter(target, EagleConfig()).to(dev)
+    drafter = EagleDrafter(target, EagleConfig(ttt_steps=a.ttt, feature_noise=a.noise)).to(dev)
     untrained = EagleDrafter(target, EagleConfig()).to(dev)
     untrained.load_state_dict(drafter.state_dict())
     buf = HiddenStateBuffer(drafter.feature_dim, 2 * 2**30, device=dev,

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.tlt.model.args import ModelArgs
-from worker.tlt.model.transformer import MLP, Attention, RMSNorm, Transformer, rope_inv_freq, rotate_half
+from worker.tlt.model.transformer import MLP, Attention, RMSNorm, Transformer, rope_inv_freq
 
 Kind = Literal["eagle1", "eagle3"]
 
@@ -50,6 +50,11 @@ def eagle3_layers(n_layers: int) -> tuple[int, int, int]:
     if n_layers < 4:
         raise ValueError(f"EAGLE-3 needs a target with >= 4 layers (got {n_layers})")
     return (2, n_layers // 2, n_layers - 3)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # [..., D]: HF's half-split RoPE layout
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
 
 
 @dataclass
@@ -204,8 +209,8 @@ class EagleDrafter(nn.Module):
         q = at.q_proj(attn_in).view(b, s, a.n_heads, a.hd).transpose(1, 2)
         k = at.k_proj(attn_in).view(b, s, a.n_kv_heads, a.hd).transpose(1, 2)
         v = at.v_proj(attn_in).view(b, s, a.n_kv_heads, a.hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
         kv = DraftKV(k, v) if past is None else past.extend(k, v)
         g = a.n_heads // a.n_kv_heads
         keys, vals = kv.k, kv.v

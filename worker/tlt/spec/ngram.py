@@ -34,11 +34,12 @@ _SHIFT = 32  # code = member << _SHIFT | continuation position
 
 @dataclass(frozen=True)
 class NGramConfig:
-    min_n: int = 2  # shortest suffix that counts as a match (the index key length)
+    # shortest suffix that counts as a match (the index key length); 1 measured best on SmolLM2 GSM8K samples (T=1)
+    min_n: int = 1
     max_n: int = 6  # longest suffix compared when ranking matches
     topk: int = 1  # continuations kept per node: 1 drafts a chain, >1 a tree of distinct continuations
     max_matches: int = 16  # matches (of the best length) whose continuations are merged
-    max_scan: int = 256  # most recent index hits examined per lookup (bounds the cost on frequent keys)
+    max_scan: int = 64  # most recent index hits examined per lookup (bounds the cost on frequent keys)
     use_siblings: bool = True  # False: only the sequence's own history (classic prompt lookup)
 
     def __post_init__(self) -> None:

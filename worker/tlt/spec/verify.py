@@ -72,7 +72,7 @@ def _put(dst: torch.Tensor, col: torch.Tensor, val: torch.Tensor, where: torch.T
     dst.scatter_(1, col, torch.where(where, val.to(dst.dtype), dst.gather(1, col)))
 
 
-def _structure(proposal: DraftProposal, max_depth: int | None, max_children: int | None):
+def _structure(proposal: DraftProposal, max_depth: int | None, max_children: int | None) -> tuple[int, torch.Tensor]:
     depth_bound = max_depth
     if depth_bound is None:
         depth_bound = int(node_depths(proposal.parents).max().item()) if proposal.num_nodes > 1 else 0
@@ -91,33 +91,38 @@ def verify_greedy(
     bsz, n, _ = target_logits.shape
     device = target_logits.device
     depth, children = _structure(proposal, max_depth, max_children)
-    argmax = target_logits.argmax(dim=-1)  # [B, N]
-    logp_all = torch.log_softmax(target_logits.float(), dim=-1)
-    rows = torch.arange(bsz, device=device)
-    cur = torch.zeros(bsz, dtype=torch.int64, device=device)
-    active = torch.ones(bsz, dtype=torch.bool, device=device)
+    width = children.shape[2]
+    argmax = target_logits.argmax(dim=-1)  # [B, N] first index on ties, as processed_probs' greedy one-hot
+    lse = torch.logsumexp(target_logits.float(), dim=-1)  # [B, N] (log-probs of emitted tokens only, no [B, N, V])
+    cur = torch.zeros(bsz, 1, dtype=torch.int64, device=device)  # [B, 1] current node
     out = torch.zeros(bsz, depth + 1, dtype=torch.int64, device=device)
     lps = torch.zeros(bsz, depth + 1, device=device)
     acc_nodes = torch.full((bsz, depth + 1), -1, dtype=torch.int64, device=device)
-    n_acc = torch.zeros(bsz, dtype=torch.int64, device=device)
+    n_acc = torch.zeros(bsz, 1, dtype=torch.int64, device=device)
+    active = torch.ones(bsz, 1, dtype=torch.bool, device=device)
     for _ in range(depth):
-        want = argmax[rows, cur]  # [B]
-        kids = children[rows, cur]  # [B, K]
-        match = (kids >= 0) & (proposal.tokens.gather(1, kids.clamp_min(0)) == want.unsqueeze(1))
-        found = match.any(dim=1) & active
-        first = kids.gather(1, match.to(torch.int64).argmax(dim=1, keepdim=True)).squeeze(1)
+        want = argmax.gather(1, cur)  # [B, 1]
+        kids = children.gather(1, cur.unsqueeze(2).expand(-1, 1, width)).squeeze(1)  # [B, K]
+        match = (kids >= 0) & (proposal.tokens.gather(1, kids.clamp_min(0)) == want)
+        found = match.any(dim=1, keepdim=True) & active
+        first = kids.gather(1, match.to(torch.int64).argmax(dim=1, keepdim=True))  # first matching child
         nxt = torch.where(found, first, cur)
-        col = n_acc.clamp_max(depth)
-        out[rows, col] = torch.where(found, want, out[rows, col])
-        lps[rows, col] = torch.where(found, logp_all[rows, cur, want], lps[rows, col])
-        acc_nodes[rows, col] = torch.where(found, nxt, acc_nodes[rows, col])
+        _put(out, n_acc, want, found)
+        _put(lps, n_acc, _logprob(target_logits, lse, cur, want), found)
+        _put(acc_nodes, n_acc, nxt, found)
         n_acc = n_acc + found.to(torch.int64)
         cur = nxt
         active = found
-    final = argmax[rows, cur]
-    out[rows, n_acc] = final
-    lps[rows, n_acc] = logp_all[rows, cur, final]
-    return VerifyResult(tokens=out, num_emitted=n_acc + 1, accepted_nodes=acc_nodes, logprobs=lps)
+    final = argmax.gather(1, cur)
+    everyone = torch.ones_like(active)
+    _put(out, n_acc, final, everyone)
+    _put(lps, n_acc, _logprob(target_logits, lse, cur, final), everyone)
+    return VerifyResult(tokens=out, num_emitted=n_acc.squeeze(1) + 1, accepted_nodes=acc_nodes, logprobs=lps)
+
+
+def _logprob(logits: torch.Tensor, lse: torch.Tensor, node: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[b, node[b], tok[b]] from logits [B, N, V] and lse [B, N]; node, tok [B, 1]."""
+    return _row(logits, node).gather(1, tok).float() - lse.gather(1, node)
 
 
 def verify_sampling(

@@ -1,0 +1,2 @@
+"""RL: GRPO/DAPO/Dr.GRPO math (grpo.py), update batches (batch.py), AdamW + LR schedule (optim.py), the step loop
+(trainer.py), the rollout engine adapter (engine_adapter.py, rollout_io.py) and checkpoints (checkpoint.py)."""
