@@ -1,9 +1,12 @@
 """`DbReporter`: the worker.tlt.reporting.Reporter that writes a running job's metrics, histograms, log lines and
 samples to the control plane's database, and registers its artifacts.
 
-Writes are batched: rows collect in memory and a background thread flushes them every `flush_s` (or at once past
-`max_rows`), so the SSE stream sees them within a second without one transaction per metric. Metrics and histograms
-are upserts on (job, step, name): a step replayed after a resume overwrites its rows, never duplicates them.
+Writes are batched: a step's metrics (all names), histogram and samples are each written in one transaction *before
+the call returns*, so whatever the loop checkpoints next is never ahead of what the database holds (a worker killed
+between the two would otherwise resume past steps whose metrics were lost: a gap). Log lines collect in memory and a
+background thread flushes them every `flush_s` (or at once past `max_rows`), so the SSE stream sees them within a
+second. Metrics and histograms are upserts on (job, step, name): a step replayed after a resume overwrites its rows,
+never duplicates them.
 Artifacts are registered with the size and sha256 of the bytes a download serves (backend.artifact_store.digest).
 
     rep = DbReporter(session_factory, job_id=1, attempt=1, artifact_root=settings.artifacts)
@@ -36,8 +39,8 @@ class DbReporter:
         job_id: int,
         attempt: int,
         artifact_root: Path,
-        flush_s: float = 0.5,  # background flush period (the SSE stream polls at 0.5 s)
-        max_rows: int = 1000,  # flush at once when this many rows are pending
+        flush_s: float = 0.5,  # background flush period of log lines (the SSE stream polls at 0.5 s)
+        max_rows: int = 1000,  # flush at once when this many log lines are pending
         stop_check_s: float = 1.0,  # should_stop() reads the job's status at most this often
     ) -> None:
         self.sessions, self.job_id, self.attempt = sessions, job_id, attempt
@@ -65,23 +68,26 @@ class DbReporter:
             self.log(f"step {step}: non-finite metrics: " + ", ".join(bad))
         with self._lock:
             self._metrics.extend(rows)
-            full = self._pending() >= self.max_rows
-        if full:
-            self.flush()
+        self._flush_durably()
 
     def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None:
         if len(edges) != len(counts) + 1:
             raise ValueError(f"histogram {name}: {len(edges)} edges for {len(counts)} counts (need counts + 1)")
         with self._lock:
             self._hists.append((int(step), name, [float(e) for e in edges], [int(c) for c in counts]))
+        self._flush_durably()
 
     def log(self, line: str) -> None:
         with self._lock:
             self._logs.extend(line.splitlines() or [""])
+            full = self._pending() >= self.max_rows
+        if full:
+            self.flush()
 
     def samples(self, step: int, rows: list[dict]) -> None:
         with self._lock:
             self._samples.append((int(step), list(rows)))
+        self._flush_durably()
 
     def artifact(self, kind: ArtifactKind, path: Path, step: int | None = None) -> None:
         path = Path(path).resolve()
@@ -141,6 +147,18 @@ class DbReporter:
                     self._metrics[:0], self._hists[:0] = metrics, hists
                     self._logs[:0], self._samples[:0] = logs, samples
                 raise
+
+    def _flush_durably(self, attempts: int = 4) -> None:
+        """flush(), retried with backoff over a database hiccup; raises if it keeps failing (the attempt fails)."""
+        for i in range(attempts):
+            try:
+                self.flush()
+                return
+            except Exception:
+                if i == attempts - 1:
+                    raise
+                log.warning("job %s: write failed; retrying", self.job_id, exc_info=True)
+                time.sleep(0.5 * 2**i)
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.flush_s):

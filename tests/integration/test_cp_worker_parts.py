@@ -59,25 +59,30 @@ def _job(sessions, name: str = "parts") -> int:  # type: ignore[no-untyped-def]
         return job.id
 
 
-def test_reporter_batches_and_upserts(db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_reporter_writes_steps_durably_and_batches_logs(db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     settings, sessions = db
     job_id = _job(sessions)
     rep = DbReporter(sessions, job_id, attempt=1, artifact_root=settings.artifacts, flush_s=0.1)
+
+    def metric_rows() -> list[tuple[int, str, float | None]]:
+        with sessions() as s:
+            return sorted((m.step, m.name, m.value) for m in s.scalars(select(Metric).where(Metric.job_id == job_id)))
+
     rep.metrics(1, {"reward/mean": 0.25, "actor/pg_loss": 1.5})
-    rep.metrics(2, {"reward/mean": 0.5})
-    rep.log("step 2 done")
+    # In the database when the call returns: a checkpoint written next can never be ahead of the metrics.
+    assert metric_rows() == [(1, "actor/pg_loss", 1.5), (1, "reward/mean", 0.25)]
     rep.histogram(2, "response_length", [0.0, 4.0, 8.0], [3, 1])
-    rep.samples(2, [{"prompt": "p", "response": "r", "reward": 1.0}])
-    time.sleep(0.6)  # the background flush writes without an explicit call
     with sessions() as s:
-        assert len(s.scalars(select(Metric).where(Metric.job_id == job_id)).all()) == 3
-    rep.metrics(2, {"reward/mean": 0.75})  # a replayed step (after a resume) overwrites, never duplicates
-    rep.close()
-    with sessions() as s:
-        rows = s.scalars(select(Metric).where(Metric.job_id == job_id, Metric.name == "reward/mean")).all()
-        assert sorted((m.step, m.value) for m in rows) == [(1, 0.25), (2, 0.75)]
-        assert [ln.line for ln in s.scalars(select(LogLine).where(LogLine.job_id == job_id))] == ["step 2 done"]
         assert crud.list_histograms(s, job_id, "response_length", None)[0].counts == [3, 1]
+    rep.log("step 2 done")
+    time.sleep(0.6)  # log lines: the background flush writes them without an explicit call
+    with sessions() as s:
+        assert [ln.line for ln in s.scalars(select(LogLine).where(LogLine.job_id == job_id))] == ["step 2 done"]
+    rep.metrics(2, {"reward/mean": 0.5})
+    rep.metrics(2, {"reward/mean": 0.75})  # a replayed step (after a resume) overwrites, never duplicates
+    rep.samples(2, [{"prompt": "p", "response": "r", "reward": 1.0}])
+    rep.close()
+    assert [r for r in metric_rows() if r[1] == "reward/mean"] == [(1, "reward/mean", 0.25), (2, "reward/mean", 0.75)]
     with pytest.raises(ValueError, match="edges"):
         rep.histogram(3, "bad", [0.0, 1.0], [1, 2])
 

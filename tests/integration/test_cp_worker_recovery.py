@@ -49,7 +49,7 @@ def test_cancel_stops_at_a_safe_point(pg_stack: Stack) -> None:
 
 
 def test_sigkilled_worker_job_resumes_elsewhere(pg_stack: Stack) -> None:
-    steps = 4
+    steps = 6
     with pg_stack.http() as c:
         job = c.post("/jobs", json={"spec": {**TINY_SPEC, "name": "survivor", "max_steps": steps}}).json()
         _wait_metric_step(pg_stack, job["id"], 2)

@@ -11,9 +11,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from worker.tlt.config import JobSpec
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.rl.checkpoint import clean_partial, latest_checkpoint, list_checkpoints
-from worker.tlt.train import main, run
+from worker.tlt.train import load_spec, main, reward_names_for, run
 
 VOLATILE = ("timing_s/", "perf/")  # wall-clock metrics differ between any two runs
 
@@ -83,3 +84,19 @@ def test_cli_runs_a_spec_file_and_honours_stop(tmp_path: Path) -> None:
     spec.write_text(spec.read_text().replace("max_steps: 2", "max_steps: 5"))
     assert main([str(spec), "--run-dir", str(out)]) == 0
     assert len(read_metrics(out)) == 2
+
+
+def test_spec_file_overrides_a_preset_section_by_section(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("algorithm: {max_completion_length: 8}\nmax_steps: 1\n")
+    spec = load_spec(str(f), "demo-cpu")
+    assert spec.algorithm.max_completion_length == 8 and spec.algorithm.num_generations == 4  # preset's kept
+    assert spec.max_steps == 1 and spec.name == "demo-smollm2-gsm8k"
+
+
+def test_builtin_task_brings_its_reward_unless_the_spec_names_one() -> None:
+    toy = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+    assert reward_names_for(JobSpec.model_validate(toy)) == ["toy_count"]
+    explicit = {**toy, "algorithm": {"reward_funcs": ["format"]}}
+    assert reward_names_for(JobSpec.model_validate(explicit)) == ["format"]
+    assert reward_names_for(JobSpec.model_validate({})) == ["math_accuracy"]

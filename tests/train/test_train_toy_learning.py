@@ -1,7 +1,7 @@
 """Learning happens: GRPO on the toy-count task with the tiny random Llama raises the mean reward from about 0.04
 to well above it within 10 steps (fixed seeds, CPU). Also: the loss variants, KL, dynamic sampling, overlong
-shaping and gradient checkpointing each run a step with finite metrics, and gradient checkpointing changes no
-result.
+shaping and gradient checkpointing each run a step with finite metrics; gradient checkpointing changes no result;
+speculative rollouts (n-gram, online EAGLE-1) run inside the loop; dynamic sampling skips a step with no signal.
 
 Run: python -m pytest tests/train/test_train_toy_learning.py -q
 """
@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from worker.tlt.file_reporter import FileReporter, read_metrics
+from worker.tlt.model.load import load_model
 from worker.tlt.train import run
 
 
@@ -72,3 +73,14 @@ def test_speculative_rollout_in_the_loop(tmp_path: Path, toy_spec, kind: str) ->
     if kind == "eagle1":  # spot training ran after each update; the drafter is exported
         assert recs[-1]["metrics"]["drafter/steps"] == 6
         assert (tmp_path / "drafter/config.json").exists()
+
+
+def test_dynamic_sampling_skips_an_update_without_signal(tmp_path: Path, toy_spec) -> None:
+    # `format` is 0 for every toy response: all groups have zero reward variance, so DAPO drops them all
+    spec = toy_spec({"reward_funcs": ["format"], "dynamic_sampling": True}, max_steps=1, save_steps=1)
+    run(spec, tmp_path, FileReporter(tmp_path))
+    m = read_metrics(tmp_path)[0]["metrics"]
+    assert m["frac_reward_zero_std"] == 1.0 and m["actor/num_groups_used"] == 0 and m["actor/grad_norm"] == 0
+    before, _ = load_model(spec.model)
+    after = load_file(str(tmp_path / "checkpoints/step-1/model.safetensors"))
+    assert all(torch.equal(v, after[k]) for k, v in before.state_dict().items())

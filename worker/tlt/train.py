@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from worker.tlt.config import PRESETS, JobSpec
-from worker.tlt.data.dataset import load_examples, split_examples
+from worker.tlt.data.dataset import BUILTIN_REWARDS, load_examples, split_examples
 from worker.tlt.data.prompts import render_examples
 from worker.tlt.export.hf import export_policy
 from worker.tlt.file_reporter import FileReporter
@@ -52,6 +52,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def reward_names_for(spec: JobSpec) -> list[str]:
+    """The spec's reward functions; when it leaves them unset, the built-in dataset's own (toy-count: toy_count)."""
+    algo, builtin = spec.algorithm, spec.dataset.builtin
+    if "reward_funcs" not in algo.model_fields_set and builtin in BUILTIN_REWARDS:
+        return list(BUILTIN_REWARDS[builtin])
+    return list(algo.reward_funcs)
+
+
 def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]:
     """Model, data, rewards and rollout engine wired into a trainer; also returns the validation prompts."""
     device = pick_device(spec)
@@ -59,18 +67,26 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
     model, tokenizer = load_model(spec.model, device)
     ds = spec.dataset
     rows = load_examples(ds)
-    train_rows, val_rows = split_examples(rows, ds.validation_size if spec.eval_steps > 0 else 0)
+    # held out whether or not eval is on, so the training rows (and their order) never depend on eval_steps
+    train_rows, val_rows = split_examples(rows, ds.validation_size)
     train = render_examples(train_rows, tokenizer, ds.system_prompt, ds.max_prompt_length)
     val = render_examples(val_rows, tokenizer, ds.system_prompt, ds.max_prompt_length)
     if not train:
         raise ValueError(f"no training prompts fit max_prompt_length={ds.max_prompt_length}")
-    reward_fns = resolve(spec.algorithm.reward_funcs)
+    reward_names = reward_names_for(spec)
+    reward_fns = resolve(reward_names)
+    if model.head_weight.dtype != torch.float32:
+        # one module serves rollout and training (free weight sync), so it is trained in its own dtype: AdamW
+        # updates far below a bf16 ulp are rounded away (no fp32 master copy yet)
+        reporter.log(f"warning: training {model.head_weight.dtype} weights directly (no fp32 master weights); "
+                     "set model.dtype: float32 for small learning rates")
     rollout = make_rollout(spec, model, tokenizer, device)
     reporter.log(
         f"model {spec.model.model_dump(exclude_none=True)} on {device}; {len(train)} training prompts, "
-        f"{len(val)} validation; rewards {spec.algorithm.reward_funcs}; rollout speculative={spec.rollout.speculative}"
+        f"{len(val)} validation; rewards {reward_names}; rollout speculative={spec.rollout.speculative}"
     )
-    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device, drafter=rollout.drafter)
+    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device, drafter=rollout.drafter,
+                          reward_names=reward_names)
     return trainer, val
 
 
@@ -162,13 +178,24 @@ def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True) -
     reporter.log(f"done: {step} steps; policy exported to {policy}")
 
 
+def _merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`, section by section (a spec file's `algorithm:` keeps the preset's other keys)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def load_spec(path: str | None, preset_name: str | None) -> JobSpec:
-    data: dict = dict(PRESETS[preset_name]) if preset_name else {}
+    """A spec from a YAML file, a named preset, or the file's keys on top of the preset."""
     if preset_name and preset_name not in PRESETS:
         raise KeyError(f"unknown preset {preset_name!r}; known: {', '.join(PRESETS)}")
+    data: dict = dict(PRESETS[preset_name]) if preset_name else {}
     if path:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
-        data = {**data, **loaded}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: a job spec is a mapping of JobSpec fields")
+        data = _merge(data, loaded)
     return JobSpec.model_validate(data)
 
 

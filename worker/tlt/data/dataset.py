@@ -24,6 +24,9 @@ from worker.tlt.data.toy import toy_count_rows
 
 ChatMessages = list[dict[str, str]]
 
+# Rewards live with the task: a built-in dataset's reward functions, used when the spec leaves reward_funcs unset.
+BUILTIN_REWARDS: dict[str, list[str]] = {"gsm8k": ["math_accuracy"], "toy-count": ["toy_count"]}
+
 
 @dataclass(frozen=True)
 class Example:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -85,10 +86,12 @@ class GRPOTrainer:
         device: torch.device | str = "cpu",
         drafter: DrafterHook | None = None,
         num_samples: int = 2,
+        reward_names: list[str] | None = None,  # names of reward_fns for metrics (default: algorithm.reward_funcs)
     ) -> None:
         self.spec, self.algo = spec, spec.algorithm
         self.model, self.tokenizer, self.rollout = model, tokenizer, rollout
         self.reward_fns, self.device, self.drafter = reward_fns, device, drafter
+        self.reward_names = reward_names or list(spec.algorithm.reward_funcs)
         self.num_samples = num_samples  # sample rows reported per step
         self.sampler: PromptSampler[RenderedPrompt] = PromptSampler(train_prompts, seed=spec.seed)
         self.generator = rollout.generator  # the rollout's sampling stream (checkpointed)
@@ -118,7 +121,7 @@ class GRPOTrainer:
             pen = overlong_penalty(len(t.response), self.algo.max_completion_length, self.algo.overlong_buffer)
             totals.append(total + pen)
         metrics = {}
-        for k, name in enumerate(self.algo.reward_funcs):
+        for k, name in enumerate(self.reward_names):
             metrics[f"reward/{name}/mean"] = float(np.mean([parts[k] for _, parts in scored]))
         self._last_texts = texts
         return torch.tensor(totals, dtype=torch.float32), metrics
@@ -175,7 +178,9 @@ class GRPOTrainer:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.algo.max_grad_norm))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped update still advances the schedule (one LR per RL step)
+            warnings.filterwarnings("ignore", message="Detected call of")
+            self.scheduler.step()
         self.model.eval()
         tokens = max(stats["tokens"], 1.0)
         out = {
