@@ -19,7 +19,7 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 for part in "$@"; do
   echo "=== $part $(date +%T)"
   case $part in
-    gputests) python3 -m pytest -m gpu tests -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    gputests) python3 -m pytest -m gpu tests -q --ignore=tests/backend --ignore=tests/integration --ignore=tests/ui -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
     rollout) python3 bench/rollout_bench.py --out "$OUT/rollout_h200.md" --json-out "$OUT/rollout_h200.json" \
                ${ROLLOUT_ARGS:-} 2>&1 | tee "$OUT/rollout.log" ;;
     peers) python3 .device/hf_trl_peers.py --gguf "$GGUF" --data worker/tlt/data/gsm8k/train.jsonl \

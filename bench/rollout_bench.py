@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=50, help="ours; HF generate's own default is 50 (its generation_config)")
     ap.add_argument("--no-hf", action="store_true", help="ours only")
     ap.add_argument("--no-hf-static", action="store_true", help="skip HF's static cache (it compiles per shape)")
     ap.add_argument("--peers-json", default=None, help="hf_trl_peers.py output: its rollout replaces our HF run")
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if "rollout" in parts:
         qs = gsm8k_questions(a.dataset, a.prompts)
         res["rollout_ours"] = bench_rollout(model, tok, chat_prompts(tok, qs), a.samples, a.max_new_tokens,
-                                            a.temperature)
+                                            a.temperature, top_k=a.top_k)
         print(f"rollout ours: {json.dumps(res['rollout_ours'])}", flush=True)
         if a.peers_json:
             res["rollout_hf"] = json.loads(Path(a.peers_json).read_text())["hf_generate_rollout"]

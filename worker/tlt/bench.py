@@ -100,12 +100,12 @@ def summarize(out: GenerationOutput, seconds: float) -> dict:
 
 def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int]], samples: int, max_new: int,
                   temperature: float, sd: str = "off", sd_depth: int = 4, cuda_graphs: bool = True,
-                  compile_step: bool = False, seed: int = 0) -> dict:
+                  compile_step: bool = False, seed: int = 0, top_k: int = 50) -> dict:
     dev = model.head_weight.device
     max_len = max(len(p) for p in prompts) + max_new
     engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed)
     capture = engine.warmup(len(prompts) * samples, max_len)
-    reqs = [Request(p, SamplingParams(temperature=temperature, max_new_tokens=max_new, n=samples)) for p in prompts]
+    reqs = [Request(p, SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)) for p in prompts]
     _sync(dev)
     t0 = time.perf_counter()
     out = engine.generate(reqs)
@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="decode: sequences decoded together")
     ap.add_argument("--max-new-tokens", type=int, default=1024)
     ap.add_argument("--temperature", type=float, default=1.0)
+    # HF generate samples with its generation_config's top_k=50 unless told otherwise: the same law for a fair race.
+    ap.add_argument("--top-k", type=int, default=50, help="0 = full vocabulary")
     ap.add_argument("--sd", choices=["off", "on", "adaptive"], default="off")
     ap.add_argument("--sd-depth", type=int, default=4)
     ap.add_argument("--device", default=None, help="default cuda; cpu only when asked (smoke tests)")
@@ -169,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "rollout":
         prompts = chat_prompts(tok, gsm8k_questions(a.dataset, a.prompts))
         res = bench_rollout(model, tok, prompts, a.samples, a.max_new_tokens, a.temperature, a.sd, a.sd_depth,
-                            graphs, a.compile, a.seed)
+                            graphs, a.compile, a.seed, a.top_k)
         res.update(prompts=a.prompts, samples=a.samples, max_new_tokens=a.max_new_tokens,
-                   temperature=a.temperature)
+                   temperature=a.temperature, top_k=a.top_k)
     else:
         prompts = chat_prompts(tok, gsm8k_questions(a.dataset, a.batch))
         res = bench_decode(model, tok, prompts, a.max_new_tokens, graphs, a.compile)
