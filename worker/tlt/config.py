@@ -20,6 +20,11 @@ class _Strict(BaseModel):
     # Unknown keys are an error, not silently dropped: a typo in a spec must not train with a default.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def _require_one_of(self, *keys: str) -> None:
+        given = [k for k in keys if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(keys)} (got {given or 'none'})")
+
 
 class ModelSource(_Strict):
     """Where the policy comes from: exactly one of `builtin`, `hf_dir`, `gguf`."""
@@ -31,9 +36,7 @@ class ModelSource(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
-        given = [k for k in ("builtin", "hf_dir", "gguf") if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of builtin, hf_dir, gguf (got {given or 'none'})")
+        self._require_one_of("builtin", "hf_dir", "gguf")
         return self
 
 
@@ -59,9 +62,7 @@ class DatasetSource(_Strict):
 
     @model_validator(mode="after")
     def _check_one(self) -> DatasetSource:
-        given = [k for k in ("builtin", "dataset_id", "path") if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of builtin, dataset_id, path (got {given or 'none'})")
+        self._require_one_of("builtin", "dataset_id", "path")
         return self
 
 
