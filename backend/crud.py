@@ -94,13 +94,18 @@ def user_for_token(session: Session, secret: str) -> User | None:
     return token.user
 
 
-def list_tokens(session: Session) -> Sequence[ApiToken]:
-    return session.scalars(select(ApiToken).order_by(ApiToken.id)).all()
+def list_tokens(session: Session, owner: User | None = None) -> Sequence[ApiToken]:
+    """All tokens, or only `owner`'s."""
+    stmt = select(ApiToken)
+    if owner is not None:
+        stmt = stmt.where(ApiToken.user_id == owner.id)
+    return session.scalars(stmt.order_by(ApiToken.id)).all()
 
 
-def revoke_token(session: Session, token_id: int) -> ApiToken:
+def revoke_token(session: Session, token_id: int, owner: User | None = None) -> ApiToken:
+    """Revoke (idempotent). With `owner`, only that user's token: another's is NotFound (ids don't leak)."""
     token = session.get(ApiToken, token_id)
-    if token is None:
+    if token is None or (owner is not None and token.user_id != owner.id):
         raise NotFound(f"token {token_id} not found")
     if token.revoked_at is None:
         token.revoked_at = utcnow()
@@ -232,13 +237,25 @@ def transition(
     return job
 
 
-def request_cancel(session: Session, job: Job, reason: str = "cancelled by user") -> Job:
-    status = JobStatus(job.status)
-    if status == JobStatus.queued:  # no worker holds it: done at once (the worker skips it when the message arrives)
-        return transition(session, job.id, JobStatus.cancelled, reason=reason, expect=[status])
-    if status == JobStatus.recovering:
-        return transition(session, job.id, JobStatus.cancelled, reason=reason, expect=[status])
-    return transition(session, job.id, JobStatus.cancelling, reason=reason, expect=[status])
+def request_cancel(session: Session, job: Job, reason: str = "cancelled by user", attempts: int = 3) -> Job:
+    """queued/recovering -> cancelled, else -> cancelling. When the status moves under us (a worker took the job:
+    queued -> starting -> running) re-read and try again, up to `attempts` times; a job already cancelling is
+    returned as is; a final one raises IllegalTransition."""
+    for attempt in range(attempts):
+        status = JobStatus(job.status)
+        if status == JobStatus.cancelling:
+            return job
+        to = JobStatus.cancelled if status in (JobStatus.queued, JobStatus.recovering) else JobStatus.cancelling
+        try:
+            return transition(session, job.id, to, reason=reason, expect=[status])
+        except lifecycle.IllegalTransition:
+            fresh = session.get(Job, job.id, populate_existing=True)
+            if fresh is None:
+                raise NotFound(f"job {job.id} not found") from None
+            if fresh.status == status or attempt == attempts - 1:
+                raise  # not a race: the transition is illegal from here (e.g. the job is final)
+            job = fresh
+    raise ValueError(f"attempts must be >= 1, got {attempts}")
 
 
 def retry_job(session: Session, job: Job) -> Job:

@@ -17,11 +17,20 @@ MAX_ERRORS = 20  # bad rows listed in a rejection (the count covers all of them)
 class Report:
     num_rows: int = 0
     columns: list[str] = field(default_factory=list)  # all columns found (union over rows for JSONL)
-    bad_rows: int = 0
+    bad_rows: int = 0  # rows with at least one problem
     errors: list[str] = field(default_factory=list)  # the first MAX_ERRORS problems, "row N: ..."
+    bad_row_numbers: list[int] = field(default_factory=list)  # the first MAX_ERRORS bad rows (0 = the whole file)
+    bad_columns: dict[str, int] = field(default_factory=dict)  # column -> rows where it is missing or invalid
+    _last_bad: int = -1  # the row counted last (a row with two bad columns counts once)
 
-    def bad(self, row: int, msg: str) -> None:
-        self.bad_rows += 1
+    def bad(self, row: int, msg: str, column: str | None = None, rows: int = 1) -> None:
+        if row != self._last_bad or row == 0:
+            self.bad_rows += rows
+            self._last_bad = row
+            if len(self.bad_row_numbers) < MAX_ERRORS:
+                self.bad_row_numbers.append(row)
+        if column is not None:
+            self.bad_columns[column] = self.bad_columns.get(column, 0) + rows
         if len(self.errors) < MAX_ERRORS:
             self.errors.append(f"row {row}: {msg}")
 
@@ -37,14 +46,14 @@ def detect_format(filename: str) -> str:
 
 def _check_value(report: Report, row: int, col: str, value: object, prompt_col: str) -> None:
     if value is None or value == "" or value == []:
-        report.bad(row, f"column {col!r} is missing or empty")
+        report.bad(row, f"column {col!r} is missing or empty", col)
     elif col == prompt_col and isinstance(value, list):
         ok = all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                  for m in value)
         if not ok:
-            report.bad(row, f"column {col!r}: a message list needs {{role, content}} strings")
+            report.bad(row, f"column {col!r}: a message list needs {{role, content}} strings", col)
     elif col == prompt_col and not isinstance(value, str):
-        report.bad(row, f"column {col!r} must be a string or a list of messages, got {type(value).__name__}")
+        report.bad(row, f"column {col!r} must be a string or a list of messages, got {type(value).__name__}", col)
 
 
 def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
@@ -78,7 +87,9 @@ def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
         missing = [c for c in columns if c not in names]
         if missing:
             report.num_rows = pf.metadata.num_rows
-            report.bad(0, f"missing columns {missing} (file has {names})")
+            report.bad(0, f"missing columns {missing} (file has {names})", rows=max(report.num_rows, 1))
+            for col in missing:
+                report.bad_columns[col] = report.num_rows
         else:
             row = 0
             for batch in pf.iter_batches(columns=columns, batch_size=4096):

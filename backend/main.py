@@ -18,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from backend import crud, lifecycle
 from backend.api.routes import artifacts, datasets, jobs, stream, system, telemetry, tokens
@@ -26,6 +26,8 @@ from backend.core import migrate
 from backend.core.config import Settings, get_settings
 from backend.core.db import make_engine, make_session_factory
 from backend.core.dispatch import Dispatcher
+from backend.core.limits import BodyLimit, SubmitLimiter
+from backend.schemas import errors
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
@@ -50,23 +52,6 @@ def _error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": f"invalid value: {exc.orig}"}, status_code=status.HTTP_400_BAD_REQUEST)
 
 
-class UploadLimit:
-    """Refuse a dataset upload whose Content-Length is over the limit before its body is read (the route still
-    counts bytes for uploads without a length)."""
-
-    def __init__(self, app: ASGIApp, path: str, max_bytes: int) -> None:
-        self.app, self.path, self.max_bytes = app, path, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].rstrip("/") == self.path:
-            length = dict(scope["headers"]).get(b"content-length")
-            if length is not None and length.isdigit() and int(length) > self.max_bytes + 64 * 1024:  # + form framing
-                msg = f"upload exceeds the limit of {self.max_bytes} bytes"
-                await JSONResponse({"detail": msg}, status_code=status.HTTP_413_CONTENT_TOO_LARGE)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 class Dashboard(StaticFiles):
     """The built dashboard; unknown paths outside /api get index.html so client-side routes survive a reload."""
 
@@ -74,7 +59,7 @@ class Dashboard(StaticFiles):
         try:
             return await super().get_response(path, scope)
         except StarletteHTTPException as e:
-            if e.status_code != 404 or path.startswith("api/"):
+            if e.status_code != 404 or path.startswith("api/") or scope["path"].startswith(f"{API_PREFIX}/"):
                 raise
             return await super().get_response("index.html", scope)
 
@@ -101,9 +86,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = make_session_factory(engine)
     app.state.dispatcher = Dispatcher(settings)
     _error_handlers(app)
-    app.add_middleware(UploadLimit, path=f"{API_PREFIX}/datasets", max_bytes=settings.max_upload_bytes)
+    app.state.submit_limiter = SubmitLimiter(settings.submit_rate_per_min, settings.submit_burst)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, upload_path=f"{API_PREFIX}/datasets",
+                       upload_max_bytes=settings.max_upload_bytes)
 
-    api = APIRouter(prefix=API_PREFIX)
+    api = APIRouter(prefix=API_PREFIX, responses=errors(400, 401, 413, 422))
     for r in (jobs.router, telemetry.router, stream.router, artifacts.router, datasets.router, tokens.router,
               system.api_router):
         api.include_router(r)

@@ -20,6 +20,26 @@ class _Out(BaseModel):
     model_config = ConfigDict(from_attributes=True, populate_by_name=True)
 
 
+class ErrorDetail(BaseModel):
+    """Every error response: `detail` is a message, or (422) a list of {loc, msg, type} / a {message, errors} report."""
+
+    detail: Any
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for these error codes (all share ErrorDetail)."""
+    return {code: {"model": ErrorDetail, "description": ERROR_TEXT.get(code, "error")} for code in codes}
+
+
+ERROR_TEXT = {
+    400: "bad request (e.g. a malformed cursor)", 401: "missing, invalid or revoked token",
+    403: "admin token required", 404: "not found (or not yours)", 409: "conflict with the current state",
+    410: "gone (deleted by retention)", 413: "request body or upload too large", 415: "unsupported file type",
+    416: "range not satisfiable", 422: "invalid input", 429: "too many submissions (see Retry-After)",
+    503: "broker unavailable",
+}
+
+
 class Page(BaseModel, Generic[T]):
     items: list[T]
     next_cursor: str | None = None  # pass back as ?cursor= for the next page; None on the last page

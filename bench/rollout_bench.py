@@ -9,6 +9,9 @@ T=1.0, prefill included, best of 2 runs after a warm-up), for ours and HF genera
 cache; and the GSM8K rollout of --prompts x --samples (<= --max-new-tokens new tokens, T=1.0) for ours and HF
 dynamic. Same model (SmolLM2-135M-Instruct GGUF, dequantised, bf16), same prompts (chat template + the GSM8K system
 prompt), same GPU, one process. Our decode CUDA graphs are captured before timing (capture time in the notes).
+`--sd-modes off,adaptive` adds the adaptive engine (n-gram cold-start drafter, SD on below --sd-on-below active
+sequences, bandit per bucket) to the same table: rollout seconds, tail tokens/s (perf/tokens_per_s_tail, steps with
+fewer than --sd-on-below active) and tokens/s per batch-size bucket, SD off vs adaptive, each run once.
 Fails loudly without CUDA.
 """
 
@@ -20,6 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,7 +32,7 @@ from worker.tlt.config import ModelSource
 from worker.tlt.model.load import load_model, smollm2_gguf_path
 
 
-def hf_load(gguf: str):
+def hf_load(gguf: str) -> tuple[Any, Any]:
     """As ../shared/peers/hf_trl_peers.py: transformers dequantises the GGUF, weights copied into a plain bf16 model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -108,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers-json", default=None, help="hf_trl_peers.py output: its rollout replaces our HF run")
     ap.add_argument("--no-compile", action="store_true",
                     help="skip the extra decode rows with our torch.compile'd step (batch <= 8; ~1 min compile each)")
+    ap.add_argument("--sd-modes", default="off", help="rollout SD modes to compare, e.g. off,adaptive")
+    ap.add_argument("--sd-on-below", type=int, default=32, help="adaptive: SD on below this many active sequences")
     ap.add_argument("--out", default="bench/results/rollout.md")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args(argv)
@@ -139,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     if "rollout" in parts:
         qs = gsm8k_questions(a.dataset, a.prompts)
         res["rollout_ours"] = bench_rollout(model, tok, chat_prompts(tok, qs), a.samples, a.max_new_tokens,
-                                            a.temperature, top_k=a.top_k)
+                                            a.temperature, top_k=a.top_k, sd_on_below=a.sd_on_below)
         print(f"rollout ours: {json.dumps(res['rollout_ours'])}", flush=True)
+        res["rollout_sd"] = {"off": res["rollout_ours"]}
+        for mode in [m for m in a.sd_modes.split(",") if m and m != "off"]:
+            res["rollout_sd"][mode] = bench_rollout(model, tok, chat_prompts(tok, qs), a.samples, a.max_new_tokens,
+                                                    a.temperature, sd=mode, top_k=a.top_k, sd_on_below=a.sd_on_below)
+            print(f"rollout sd={mode}: {json.dumps(res['rollout_sd'][mode])}", flush=True)
         if a.peers_json:
             res["rollout_hf"] = json.loads(Path(a.peers_json).read_text())["hf_generate_rollout"]
             res["notes"].append(f"HF rollout from {a.peers_json}")
@@ -183,8 +194,43 @@ def render(res: dict, a: argparse.Namespace) -> str:
                      f"| {fmt(o['tokens_per_s'] / h['tokens_per_s']) + 'x' if h else '—'} |")
         res["notes"].append(f"our decode graphs: {o['graphs']} captured in {o['capture_s']:.1f} s before timing; "
                             f"prefill {o['prefill_s']:.2f} s of the rollout")
+    lines += sd_rows(res.get("rollout_sd", {}), a)
     lines += [""] + [f"- {n}" for n in res["notes"]] + [""]
     return "\n".join(lines)
+
+
+def sd_rows(runs: dict, a: argparse.Namespace) -> list[str]:
+    """Rows of the SD modes beyond off: the mode's figure in the "ours" column, mode / off in the last one."""
+    off = runs.get("off")
+    lines: list[str] = []
+    if off is None:
+        return lines
+    what = f"rollout {a.prompts}x{a.samples}"
+
+    def ratio(x: float | None, y: float | None, better_low: bool = False) -> str:
+        if not x or not y:
+            return "—"
+        return fmt(y / x if better_low else x / y) + "x vs SD off"
+
+    off_m = off.get("sd_metrics", {})
+    off_b = {b["bucket"]: b["tokens_per_s"] for b in off.get("buckets", [])}
+    for mode, r in runs.items():
+        if mode == "off":
+            continue
+        m = r.get("sd_metrics", {})
+        lines.append(f"| {what}, SD {mode}: seconds | {fmt(r['seconds'])} | — | — | — "
+                     f"| {ratio(r['seconds'], off['seconds'], better_low=True)} |")
+        for key, label in (("perf/tokens_per_s_tail", f"tail tok/s (< {a.sd_on_below} active)"),
+                           ("perf/tokens_per_s_full", "full-batch tok/s")):
+            lines.append(f"| {what}, SD off / {mode}: {label} | {fmt(off_m.get(key))} / {fmt(m.get(key))} | — | — "
+                         f"| — | {ratio(m.get(key), off_m.get(key))} |")
+        for b in r.get("buckets", []):
+            lines.append(f"| {what}, SD off / {mode}: tok/s, {b['bucket']} active ({b['sd_on_steps']} of {b['steps']} "
+                         f"steps SD on) | {fmt(off_b.get(b['bucket']))} / {fmt(b['tokens_per_s'])} | — | — | — "
+                         f"| {ratio(b['tokens_per_s'], off_b.get(b['bucket']))} |")
+        lines.append(f"| {what}, SD {mode}: accept length / SD-on fraction of steps | {fmt(m.get('sd/accept_len'))} / "
+                     f"{fmt(m.get('sd/on_fraction'))} | — | — | — | — |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -169,11 +169,15 @@ def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]], s
     _out(f"dashboard:  {url}/#/jobs/{job['id']}  (sign in with this token)\ntoken:      {token}\n"
          f"artifacts:  {artifacts / 'jobs' / str(job['id'])}\n"
          f"job {job['id']} ({job['name']}) submitted; waiting for it (tlt logs -f {job['id']} --token ...)")
-    status = job["status"]
+    status, seen_log = job["status"], 0
     while status not in FINAL_STATUSES:
         if any(p.poll() is not None for p in procs):
             raise RuntimeError("the API or the worker exited while the demo job ran")
         time.sleep(2.0)
+        for line in client.logs(job["id"], after_id=seen_log):  # the training loop's own progress lines
+            seen_log = max(seen_log, line["id"])
+            if line["stream"] == "log":
+                _out(f"job {job['id']}: {line['line']}")
         new = client.job(job["id"])["status"]
         if new != status:
             _out(f"job {job['id']}: {new}")

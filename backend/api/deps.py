@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from backend import crud
 from backend.core.config import Settings
 from backend.core.dispatch import Dispatcher
+from backend.core.security import hash_token
 from backend.models import User
 
 bearer = HTTPBearer(auto_error=False, description="An API token from `tlt token create` or POST /api/v1/tokens")
@@ -65,3 +66,14 @@ def get_admin(user: CurrentUser) -> User:
 
 
 AdminUser = Annotated[User, Depends(get_admin)]
+
+
+def submit_allowed(
+    request: Request, _user: CurrentUser, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> None:
+    """Per-token job-submission rate limit (after authentication): 429 with Retry-After."""
+    assert creds is not None  # CurrentUser already refused requests without one
+    request.app.state.submit_limiter.check(hash_token(creds.credentials))
+
+
+SubmitAllowed = Depends(submit_allowed)

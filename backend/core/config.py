@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     broker_timeout_s: float = Field(default=10.0, gt=0)  # connect/publish timeout towards the broker
     page_size_max: int = Field(default=500, ge=1)  # largest page a list endpoint returns
     sse_keepalive_s: float = Field(default=15.0, gt=0)  # SSE: a comment line is sent after this long without news
+    sse_max_s: float = Field(default=0.0, ge=0)  # SSE: end a stream after this long (client resumes); 0 = never
+    max_body_kb: float = Field(default=1024.0, gt=0)  # largest JSON request body (uploads: max_upload_mb); else 413
+    submit_rate_per_min: float = Field(default=60.0, ge=0)  # job submissions per token per minute; 0 = unlimited
+    submit_burst: int = Field(default=10, ge=1)  # submissions a token may make at once before the rate applies
     public_url: str = "http://127.0.0.1:8000"  # the dashboard URL `tlt up --demo` prints
 
     @field_validator("home", mode="after")
@@ -61,6 +65,10 @@ class Settings(BaseSettings):
     def artifacts(self) -> Path:
         assert self.artifact_dir is not None  # filled by the validator
         return self.artifact_dir
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_kb * 1024)
 
     @property
     def max_upload_bytes(self) -> int:

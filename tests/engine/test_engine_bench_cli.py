@@ -18,3 +18,19 @@ def test_bench_rollout_and_decode_json(capsys) -> None:
     assert main(["decode", "--batch", "2", *args]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["tokens"] == 12 and res["tokens_per_s"] > 0
+
+
+def test_bench_rollout_adaptive_and_off_report_tail_and_buckets(capsys) -> None:
+    args = ["rollout", "--model", "tiny-llama", "--device", "cpu", "--prompts", "3", "--samples", "2",
+            "--max-new-tokens", "24", "--sd-on-below", "8", "--json"]  # 6 < 8: on after patience
+    runs = {}
+    for sd in ("off", "adaptive"):
+        assert main([*args, "--sd", sd]) == 0
+        runs[sd] = json.loads(capsys.readouterr().out)
+    off, ada = runs["off"], runs["adaptive"]
+    assert off["sd_metrics"]["sd/on_fraction"] == 0.0 and "perf/tokens_per_s_tail" in off["sd_metrics"]
+    assert 0.0 < ada["sd_metrics"]["sd/on_fraction"] <= 1.0
+    assert any(k.startswith("sd/arm/") for k in ada["sd_metrics"])
+    for r in (off, ada):
+        assert r["sequences"] == 6 and r["buckets"] and all(b["tokens_per_s"] > 0 for b in r["buckets"])
+        assert sum(b["tokens"] for b in r["buckets"]) + 6 == r["tokens"]  # + the first token of each prefill

@@ -8,7 +8,10 @@
 final answer after '####'." as the HF/TRL peer script uses), `--samples` per prompt, temperature 1.0, continuous
 batching; prints time, tokens, tokens/s and response-length percentiles. Decode CUDA graphs are captured before the
 timed run (capture time reported separately). `--sd on` uses the model-free n-gram drafter (chain of
-`--sd-depth`); `--sd adaptive` is the adaptive engine's (issue 4) and refuses to run until it exists.
+`--sd-depth`); `--sd adaptive` runs the adaptive engine (issue 4) with the n-gram cold-start drafter: SD on below
+`--sd-on-below` active sequences, the job spec's default bandit over the n-gram arms and plain decoding. Rollouts
+with `--sd off|adaptive` also report the controller's metrics (`sd_metrics`: sd/*, perf/tokens_per_s_full / _tail /
+_bucket/<b>) and per-bucket rows (`buckets`); SD off runs a controller pinned off, so both modes are measured alike.
 `decode`: `--batch` different prompts, EOS ignored so every sequence decodes exactly `--max-new-tokens` tokens;
 prints decode tokens/s (prefill included, as HF generate's figures are).
 Both need CUDA unless `--device cpu` is given explicitly (for smoke tests only).
@@ -25,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-from worker.tlt.config import ModelSource
+from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.adaptive.switch import SwitchConfig
+from worker.tlt.config import ModelSource, RolloutConfig
 from worker.tlt.model.load import load_model
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
@@ -77,14 +82,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def make_engine(model: Transformer, tok: TokenizerLike, max_len: int, slots: int, sd: str, sd_depth: int,
-                cuda_graphs: bool, compile_step: bool, seed: int) -> Engine:
+def make_controller(sd: str, on_below: int = 32, seed: int = 0) -> AdaptiveSd | None:
+    """adaptive: the job spec's defaults (bandit, patience) over the n-gram arms; off: pinned off, metrics only."""
     if sd == "adaptive":
-        raise SystemExit("--sd adaptive needs the adaptive engine (issue 4), which is not in this build")
+        return AdaptiveSd.from_spec(RolloutConfig(speculative="adaptive", sd_on_below=on_below, seed=seed), ["ngram"])
+    if sd == "off":
+        return AdaptiveSd(SwitchConfig(mode="off", on_below=on_below), None)
+    return None
+
+
+def make_engine(model: Transformer, tok: TokenizerLike, max_len: int, slots: int, sd: str, sd_depth: int,
+                cuda_graphs: bool, compile_step: bool, seed: int, controller: AdaptiveSd | None = None) -> Engine:
     spec = SpecConfig("on", "chain", depth=sd_depth) if sd == "on" else SpecConfig()
     proposer = NGramProposer(NGramConfig(topk=1)) if sd == "on" else None
+    proposers = {"ngram": NGramProposer(NGramConfig(topk=1))} if controller is not None else None
     cfg = EngineConfig(max_len=max_len, max_slots=slots, cuda_graphs=cuda_graphs, compile=compile_step, seed=seed)
-    return Engine(model, eos_ids=tok.eos_ids, config=cfg, spec=spec, proposer=proposer)
+    return Engine(model, eos_ids=tok.eos_ids, config=cfg, spec=spec, proposer=proposer, adaptive=controller,
+                  proposers=proposers)
 
 
 def summarize(out: GenerationOutput, seconds: float) -> dict:
@@ -100,10 +114,12 @@ def summarize(out: GenerationOutput, seconds: float) -> dict:
 
 def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int]], samples: int, max_new: int,
                   temperature: float, sd: str = "off", sd_depth: int = 4, cuda_graphs: bool = True,
-                  compile_step: bool = False, seed: int = 0, top_k: int = 50) -> dict:
+                  compile_step: bool = False, seed: int = 0, top_k: int = 50, sd_on_below: int = 32) -> dict:
     dev = model.head_weight.device
     max_len = max(len(p) for p in prompts) + max_new
-    engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed)
+    ctl = make_controller(sd, sd_on_below, seed)
+    engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed,
+                         ctl)
     capture = engine.warmup(len(prompts) * samples, max_len)
     reqs = [Request(p, SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)) for p in prompts]
     _sync(dev)
@@ -112,6 +128,8 @@ def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int
     _sync(dev)
     res = summarize(out, time.perf_counter() - t0)
     res.update(capture_s=capture, graphs=len(engine.graphs) if engine.graphs is not None else 0, sd=sd)
+    if ctl is not None:
+        res.update(sd_metrics=out.sd_metrics, buckets=out.sd_buckets)
     return res
 
 
@@ -149,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=50, help="0 = full vocabulary")
     ap.add_argument("--sd", choices=["off", "on", "adaptive"], default="off")
     ap.add_argument("--sd-depth", type=int, default=4)
+    ap.add_argument("--sd-on-below", type=int, default=32, help="adaptive: SD on below this many active sequences")
     ap.add_argument("--device", default=None, help="default cuda; cpu only when asked (smoke tests)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--no-cuda-graphs", action="store_true")
@@ -171,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "rollout":
         prompts = chat_prompts(tok, gsm8k_questions(a.dataset, a.prompts))
         res = bench_rollout(model, tok, prompts, a.samples, a.max_new_tokens, a.temperature, a.sd, a.sd_depth,
-                            graphs, a.compile, a.seed, a.top_k)
+                            graphs, a.compile, a.seed, a.top_k, a.sd_on_below)
         res.update(prompts=a.prompts, samples=a.samples, max_new_tokens=a.max_new_tokens,
                    temperature=a.temperature, top_k=a.top_k)
     else:

@@ -4,17 +4,26 @@ support. A directory downloads as a canonical tar stream whose size and sha256 w
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Header, HTTPException, Query, status
 from fastapi.responses import StreamingResponse
 
 from backend import artifact_store, crud
 from backend.api.deps import ArtifactId, CurrentUser, JobId, SessionDep, SettingsDep
-from backend.schemas import ArtifactPublic
+from backend.schemas import ArtifactPublic, errors
 
-router = APIRouter(tags=["artifacts"])
+
+def _disposition(name: str) -> str:
+    """An attachment header safe for any file name (quotes, newlines, non-ASCII): ASCII fallback + RFC 5987."""
+    fallback = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "artifact"
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
+
+
+router = APIRouter(tags=["artifacts"], responses=errors(403, 404, 409, 410, 416))
 
 
 @router.get("/jobs/{job_id}/artifacts", response_model=list[ArtifactPublic])
@@ -57,7 +66,7 @@ def download(
         "ETag": f'"{art.sha256}"',
         "X-Checksum-Sha256": art.sha256,
         "Digest": "sha-256=" + base64.b64encode(bytes.fromhex(art.sha256)).decode(),
-        "Content-Disposition": f'attachment; filename="{name}"',
+        "Content-Disposition": _disposition(name),
     }
     start, end = rng if rng else (0, size - 1)
     headers["Content-Length"] = str(end - start + 1 if size else 0)

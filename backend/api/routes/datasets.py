@@ -11,9 +11,9 @@ from fastapi import APIRouter, File, Form, HTTPException, UploadFile, status
 
 from backend import crud, dataset_store
 from backend.api.deps import CurrentUser, SessionDep, SettingsDep
-from backend.schemas import DatasetPublic
+from backend.schemas import DatasetPublic, errors
 
-router = APIRouter(prefix="/datasets", tags=["datasets"])
+router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(404, 415))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic)
@@ -52,6 +52,9 @@ async def upload_dataset(
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, {
                 "message": f"{report.bad_rows} bad row(s) of {report.num_rows}; nothing was stored",
                 "errors": report.errors,
+                "bad_rows": report.bad_row_numbers,  # row numbers (from 1; 0 = the whole file), the first ones
+                "bad_columns": report.bad_columns,  # column -> how many rows have it missing or invalid
+                "columns": report.columns,  # the columns the file has
             })
         return crud.create_dataset(
             session, user, name=name or (file.filename or dest.name), format=fmt, path=str(dest), size=size,

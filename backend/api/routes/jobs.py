@@ -10,13 +10,13 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 
 from backend import crud
-from backend.api.deps import CurrentUser, DispatcherDep, JobId, SessionDep, SettingsDep
+from backend.api.deps import CurrentUser, DispatcherDep, JobId, SessionDep, SettingsDep, SubmitAllowed
 from backend.core.dispatch import EnqueueError
 from backend.lifecycle import JobStatus
 from backend.models import Job
-from backend.schemas import JobCreate, JobPublic, Page
+from backend.schemas import JobCreate, JobPublic, Page, errors
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(404, 409, 429, 503))
 
 
 def _public(session: SessionDep, jobs: Sequence[Job]) -> list[JobPublic]:
@@ -35,7 +35,7 @@ def _enqueue(session: SessionDep, dispatcher: DispatcherDep, job: Job) -> None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"job {job.id} could not be enqueued: {e}") from e
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, dependencies=[SubmitAllowed])
 def create_job(
     body: JobCreate, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep, response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,

@@ -21,9 +21,9 @@ from starlette.concurrency import run_in_threadpool
 from backend import crud
 from backend.api.deps import CurrentUser, JobId, SessionDep, SettingsDep
 from backend.lifecycle import FINAL
-from backend.schemas import EventPublic, LogLinePublic
+from backend.schemas import EventPublic, LogLinePublic, errors
 
-router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"])
+router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"], responses=errors(404))
 BATCH = 500  # rows per table per poll
 
 
@@ -80,7 +80,7 @@ async def stream(
     factory = request.app.state.session_factory
 
     async def gen() -> AsyncIterator[str]:
-        quiet_since = time.monotonic()
+        quiet_since = opened = time.monotonic()
         yield "retry: 1000\n\n"
         while not await request.is_disconnected():
             batch, job_status = await run_in_threadpool(_fetch, factory, job_id, cursor)
@@ -93,6 +93,8 @@ async def stream(
                 ident = format_cursor(*cursor)
                 yield f"event: end\nid: {ident}\ndata: {json.dumps({'status': job_status})}\n\n"
                 return
+            if settings.sse_max_s and time.monotonic() - opened > settings.sse_max_s:
+                return  # bounded connection: the client reconnects with Last-Event-ID and misses nothing
             if time.monotonic() - quiet_since > settings.sse_keepalive_s:
                 yield ": keep-alive\n\n"
                 quiet_since = time.monotonic()

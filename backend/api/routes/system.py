@@ -26,7 +26,8 @@ def healthz(request: Request) -> dict[str, str]:
     return {"status": "ok"}
 
 
-@health_router.get("/metrics", response_class=PlainTextResponse)
+@health_router.get("/metrics", response_class=PlainTextResponse, responses={401: {"description": "missing, invalid or revoked token",
+                                                  "content": {"application/json": {}}}})
 def prometheus(session: SessionDep, _user: CurrentUser) -> str:
     """Prometheus text format. Needs a bearer token (configure `authorization` in the scrape config)."""
     counts = crud.count_jobs_by_status(session)

@@ -17,9 +17,10 @@ from backend.schemas import (
     MetricPoint,
     MetricSeries,
     SamplePublic,
+    errors,
 )
 
-router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"])
+router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"], responses=errors(404))
 HIST_MAX = 10_000  # largest `points` / `limit` of GET /histograms (a row is ~1 KB of JSON)
 
 

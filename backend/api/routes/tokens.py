@@ -1,32 +1,36 @@
-"""API tokens (admin only: create for any user, list, revoke) and the caller's own identity."""
+"""API tokens and the caller's own identity. An admin creates tokens for anyone (and admins), lists and revokes all;
+any user may create, list and revoke their own non-admin tokens (others' tokens are a 403 to create, 404 to revoke)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, HTTPException, status
 
 from backend import crud
-from backend.api.deps import AdminUser, CurrentUser, SessionDep, TokenId
+from backend.api.deps import CurrentUser, SessionDep, TokenId
 from backend.models import ApiToken, User
-from backend.schemas import TokenCreate, TokenCreated, TokenPublic, UserPublic
+from backend.schemas import TokenCreate, TokenCreated, TokenPublic, UserPublic, errors
 
-router = APIRouter(tags=["tokens"])
+router = APIRouter(tags=["tokens"], responses=errors(403, 404))
 
 
 @router.post("/tokens", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
-def create_token(body: TokenCreate, session: SessionDep, _admin: AdminUser) -> TokenCreated:
-    """The secret is in this response only; it is stored hashed."""
+def create_token(body: TokenCreate, session: SessionDep, user: CurrentUser) -> TokenCreated:
+    """The secret is in this response only; it is stored hashed. Non-admins: only for themselves, never admin."""
+    if not user.is_admin and (body.user != user.name or body.admin):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "only an admin creates tokens for others or admin tokens")
     token, secret = crud.create_token(session, body.user, admin=body.admin, name=body.name)
     return TokenCreated.model_validate({**TokenPublic.model_validate(token).model_dump(), "token": secret})
 
 
 @router.get("/tokens", response_model=list[TokenPublic])
-def list_tokens(session: SessionDep, _admin: AdminUser):
-    return crud.list_tokens(session)
+def list_tokens(session: SessionDep, user: CurrentUser):
+    """All tokens for an admin, one's own otherwise (never the secrets)."""
+    return crud.list_tokens(session, None if user.is_admin else user)
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenPublic)
-def revoke_token(token_id: TokenId, session: SessionDep, _admin: AdminUser) -> ApiToken:
-    return crud.revoke_token(session, token_id)
+def revoke_token(token_id: TokenId, session: SessionDep, user: CurrentUser) -> ApiToken:
+    return crud.revoke_token(session, token_id, None if user.is_admin else user)
 
 
 @router.get("/users/me", response_model=UserPublic)

@@ -79,15 +79,31 @@ class AdaptiveSd:
         return self.bandit.select(self.scheme.bucket(active))
 
     def record(self, active: int, arm: Arm, emitted: int, seconds: float, accepted_per_pos: Sequence[int] = (),
-               drafted_per_pos: Sequence[int] | None = None, accepted: int | None = None) -> None:
-        """What the step planned with `arm` did; feeds the bandit (switch-on steps only) and the metrics."""
-        on = self.switch.on
+               drafted_per_pos: Sequence[int] | None = None, accepted: int | None = None,
+               sd_on: bool | None = None) -> None:
+        """What the step planned with `arm` did; feeds the bandit (switch-on steps only) and the metrics.
+
+        sd_on: the switch's state when that step was planned (default: its state now). An engine that plans several
+        plain decode steps before it learns their emitted counts passes it, since the switch may have moved since."""
+        on = self.switch.on if sd_on is None else sd_on
         if on and self.bandit is not None:
             self.bandit.observe(self.scheme.bucket(active), arm, emitted, seconds, active=active)
         self.metrics.observe_step(active=active, sd_on=on, arm=arm.name if on else None,
                                   verify_tokens=arm.verify_tokens, emitted=emitted, seconds=seconds,
                                   accepted_per_pos=accepted_per_pos, drafted_per_pos=drafted_per_pos,
                                   accepted=accepted)
+
+    def all_arms(self) -> list[Arm]:
+        """Every arm this controller can plan (the fixed arm and each bucket's bandit arms), e.g. to size the
+        engine's KV headroom for the widest verify."""
+        arms = [NO_SD, self.fixed_arm]
+        if self.bandit is not None:
+            for b in range(self.scheme.num_buckets):
+                try:
+                    arms += self.bandit.arms(b)
+                except KeyError:  # a table without this bucket
+                    continue
+        return arms
 
     def set_drafters(self, drafters: Sequence[DrafterKind]) -> None:
         """The drafters changed (e.g. the learned one is loaded): new arms are explored, kept ones keep their data."""

@@ -14,24 +14,34 @@ Speculative decoding (`rollout.speculative`, `drafter.kind`):
   weights and captures hidden states through its hook; the trainer's drafter hook spot-trains it after the update.
 - `on` + `ngram`: the model-free n-gram drafter over each sequence and its GRPO siblings (spec/ngram.py).
   Drafts are a chain of `draft_depth` tokens, or a tree when `draft_topk > 1`; the engine verifies losslessly.
-- `adaptive` (switch by batch size + bandit, issue 4) is not wired into this engine yet: it runs SD off and says
-  so in the log; `on` with `eagle3` / `none` likewise. sd/on_fraction always reports what actually ran.
+- `adaptive` (issue 4): the engine asks `adaptive.AdaptiveSd` every decode step: SD on below `sd_on_below` active
+  sequences (hysteresis `sd_patience`), the arm (drafter x depth x top-k x verify width, or plain decoding) chosen
+  per batch-size bucket by the spec's bandit. Drafters: the n-gram drafter always (cold start, sees the GRPO
+  siblings), plus the EAGLE drafter when `drafter.kind == "eagle1"` (whose spot trainer also gets the engine's
+  tail hook: bounded training steps between tail decode steps). The bandit keeps what it learned across RL steps.
+  The rollout's metrics are the controller's (sd/on_fraction, sd/accept_len, sd/accept_rate_pos_k, sd/arm/<name>,
+  perf/tokens_per_s_{full,tail,bucket/<b>}).
+- `on` with `eagle3` / `none` is not wired: it runs SD off and says so in the log. sd/on_fraction always reports
+  what actually ran.
 Validation rollouts (greedy) run plain decoding with the hook detached, so they never feed the drafter's buffer.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.data.prompts import RenderedPrompt
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.rollout_io import Trajectory
+from worker.tlt.rollout.adaptive_loop import TailHook
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.kv_cache import slots_for_budget
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams, SpecConfig
@@ -45,7 +55,10 @@ log = logging.getLogger(__name__)
 
 
 def sd_metrics(out: GenerationOutput) -> dict[str, float]:
-    """sd/* metrics of one generate(): share of tokens emitted by speculative steps, mean tokens per verify."""
+    """sd/* metrics of one generate(): the adaptive controller's summary when it ran (adaptive/metrics.py names),
+    else the share of tokens emitted by speculative steps and the mean tokens per verify."""
+    if out.sd_metrics:
+        return dict(out.sd_metrics)
     emitted = sum(s.emitted for s in out.steps if s.kind != "prefill")
     spec = [s for s in out.steps if s.kind == "spec"]
     spec_emitted = sum(s.emitted for s in spec)
@@ -79,13 +92,13 @@ class EngineRollout:
             max_new_tokens=a.max_completion_length, n=n,
         )
         requests = [Request(list(p.ids), params) for p in prompts]
-        if greedy:  # validation: plain decoding, nothing captured
-            proposer, hook = self.engine.proposer, self.engine.hidden_hook
-            self.engine.proposer, self.engine.hidden_hook = None, None
+        if greedy:  # validation: plain decoding, nothing captured, the bandit untouched
+            proposer, hook, ctl = self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive
+            self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = None, None, None
             try:
                 out = self.engine.generate(requests)
             finally:
-                self.engine.proposer, self.engine.hidden_hook = proposer, hook
+                self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = proposer, hook, ctl
         else:
             self.rollouts += 1
             if self.drafter is not None:
@@ -101,6 +114,17 @@ class EngineRollout:
 
     def on_weights_updated(self) -> None:
         """Colocated: the engine runs the trained module itself, so there is nothing to copy."""
+
+
+def tail_trainer(drafter: OnlineDrafter) -> TailHook:
+    """The engine's tail hook for the drafter: spot-train steps until the budget the engine grants runs out (a step
+    is never cut, so one may overrun; the engine charges it to its credit)."""
+
+    def hook(budget_s: float) -> int:
+        deadline = time.perf_counter() + budget_s
+        return drafter.train_in_tail(lambda: time.perf_counter() >= deadline, max_steps=1)
+
+    return hook
 
 
 def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, device: torch.device) -> EngineRollout:
@@ -119,7 +143,21 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
     drafter: OnlineDrafter | None = None
     hook = None
     kind = spec.drafter.kind
-    if ro.speculative == "on" and kind in ("eagle1", "ngram"):
+    adaptive: AdaptiveSd | None = None
+    proposers: dict[str, Proposer] = {}
+    tail_hook: TailHook | None = None
+    if ro.speculative == "adaptive":
+        proposers["ngram"] = NGramProposer(NGramConfig())  # cold start: always there
+        if kind == "eagle1":
+            from worker.tlt.drafter.online import OnlineDrafter  # imported only by jobs that train a drafter
+
+            drafter = OnlineDrafter(spec, model)
+            proposers["eagle"], hook = drafter.proposer, drafter.hidden_hook
+            tail_hook = tail_trainer(drafter)
+        elif kind != "ngram":
+            log.warning("drafter.kind=%s has no engine drafter; adaptive SD runs with the n-gram drafter only", kind)
+        adaptive = AdaptiveSd.from_spec(ro, drafters=list(proposers))  # type: ignore[arg-type]
+    elif ro.speculative == "on" and kind in ("eagle1", "ngram"):
         tree = ro.draft_topk > 1
         spec_cfg = SpecConfig(mode="on", method="tree" if tree else "chain", depth=ro.draft_depth,
                               topk=ro.draft_topk, verify_tokens=max(ro.verify_tokens, 2))
@@ -134,5 +172,5 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
         log.warning("rollout.speculative=%s with drafter.kind=%s is not wired into the trainer's engine yet; "
                     "running SD off", ro.speculative, kind)
     engine = Engine(model, eos_ids=tokenizer.eos_ids, config=config, spec=spec_cfg, proposer=proposer,
-                    hidden_hook=hook)
+                    hidden_hook=hook, adaptive=adaptive, proposers=proposers, tail_hook=tail_hook)
     return EngineRollout(engine, tokenizer, spec, drafter)

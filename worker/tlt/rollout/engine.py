@@ -8,11 +8,18 @@ Phases (gpt-fast style; `generate()` only orchestrates):
 - `prefill(items)`: prompts of newly admitted sequences (one forward per distinct prompt, K/V copied to its
   siblings), first token sampled;
 - `decode_step(batch)`: one token for rows 0..batch-1 (CUDA-graph replay on CUDA), no host sync;
-- `speculative_step(batch)`: the proposer drafts a chain or tree per row, ONE target forward verifies all rows with
-  the tree mask, spec/verify.py accepts per row, the KV cache keeps only accepted nodes, EOS / max_new_tokens cut
-  inside accepted runs;
-- `sync()`: the only place the host waits: finished sequences leave (results copied out), rows are compacted so
-  active sequences stay in rows 0..n-1, and waiting requests join in the freed rows.
+- `speculative_step(batch, arm=None)`: the proposer drafts a chain or tree per row, ONE target forward verifies all
+  rows with the tree mask, spec/verify.py accepts per row, the KV cache keeps only accepted nodes, EOS /
+  max_new_tokens cut inside accepted runs; ONE host read at the end (emitted counts, done flags, per-position
+  acceptance and the emitted tokens, which extend the host histories directly);
+- `sync()`: finished sequences leave (results copied out), rows are compacted so active sequences stay in rows
+  0..n-1, and waiting requests join in the freed rows.
+Adaptive SD (issue 4): `Engine(..., adaptive=AdaptiveSd, proposers={"ngram": ..., "eagle": ...})` asks the controller
+for an arm every decode step and runs plain decoding or a speculative step with that arm's drafter, depth, top-k and
+verify width (rollout/adaptive_loop.py); SD switches on and off mid-generation without re-prefilling, and stays
+exactly lossless (the verifier is the same for every arm). The n-gram drafter is always there (cold start); the KV
+headroom is sized at construction for the widest arm. `GenerationOutput.sd_metrics` carries the controller's
+RolloutSdMetrics summary; `tail_hook(budget_s)` runs between tail steps within a bounded credit.
 Randomness comes from one explicit torch.Generator (EngineConfig.seed). Sampling and acceptance use the processed
 distribution of spec/sampling.py; log-probs are of emitted tokens under it (greedy rows: log_softmax of the logits).
 Hidden-state capture: `hidden_hook(seq_ids, token_ids, hidden [N, H])` is called per step with the final-norm
@@ -25,14 +32,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from worker.tlt.adaptive.arms import Arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.adaptive_loop import (
+    Pending,
+    TailBudget,
+    TailHook,
+    adaptive_iteration,
+)
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache, slots_for_budget
+from worker.tlt.rollout.speculative import speculative_step
 from worker.tlt.rollout.state import MAX_EOS, RowState
 from worker.tlt.rollout.types import (
     EngineConfig,
@@ -42,12 +58,10 @@ from worker.tlt.rollout.types import (
     SpecConfig,
     StepStats,
 )
-from worker.tlt.spec.proposer import DraftContext, Proposer
-from worker.tlt.spec.sampling import SamplingParams as RowParams
+from worker.tlt.spec.ngram import NGramProposer
+from worker.tlt.spec.proposer import Proposer
 from worker.tlt.spec.sampling import processed_probs, sample, token_logprobs
 from worker.tlt.spec.stats import AcceptanceStats
-from worker.tlt.spec.tree import ancestor_mask, node_depths
-from worker.tlt.spec.verify import verify_greedy, verify_sampling
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +82,35 @@ class Engine:
         spec: SpecConfig | None = None,
         proposer: Proposer | None = None,
         hidden_hook: HiddenHook | None = None,
+        adaptive: AdaptiveSd | None = None,
+        proposers: Mapping[str, Proposer] | None = None,
+        tail_hook: TailHook | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """proposer + spec: SD with one fixed drafter and shape (spec.mode "on"). adaptive: the controller plans every
+        step (spec is then ignored); proposers: drafter kind -> Proposer for the arms ("ngram" is added when missing:
+        the cold-start drafter); tail_hook: called with a time budget between steps run with the switch on; clock:
+        step timing (tests pass a deterministic one so that the bandit's choices are reproducible)."""
         self.model = model.eval()
         self.config = config = config or EngineConfig()
         self.spec = spec or SpecConfig()
         self.proposer = proposer
         self.hidden_hook = hidden_hook
+        self.adaptive = adaptive
+        self.proposers: dict[str, Proposer] = dict(proposers or {})
+        if adaptive is not None and "ngram" not in self.proposers:
+            self.proposers["ngram"] = NGramProposer()
+        arms = adaptive.all_arms() if adaptive is not None else []
+        missing = sorted({a.drafter for a in arms if a.is_sd and a.drafter not in self.proposers})
+        if missing:
+            raise ValueError(f"the controller plans arms with drafters {missing}; the engine has {sorted(self.proposers)}")
+        self.clock = clock
+        self.tail = TailBudget(tail_hook, config.tail_budget, config.tail_credit_cap_s, clock)
         self.eos_ids = tuple(eos_ids)
         w = model.head_weight
         self.device, self.dtype = w.device, w.dtype
-        self.max_nodes = max(self.spec.num_nodes, 1)
+        # KV headroom: a verify writes up to max_nodes columns past a row's length (the widest arm of the controller)
+        self.max_nodes = max([self.spec.num_nodes, 1, *(a.verify_tokens for a in arms)])
         self.max_len = config.max_len
         t = _round_up(config.max_len + self.max_nodes + 2, 64)  # headroom: a verify writes up to max_nodes columns
         slots = config.max_slots or slots_for_budget(model.args, t, config.kv_cache_gb, self.dtype)
@@ -97,6 +130,9 @@ class Engine:
         self.row_hi = np.zeros(slots, dtype=np.int64)  # upper bound of lens per row (picks the attention length)
         self.row_cap = np.zeros(slots, dtype=np.int64)  # prompt_len + max_new_tokens per row
         self.row_known = np.zeros(slots, dtype=np.int64)  # emitted tokens already appended to `histories`
+        self.row_plen = np.zeros(slots, dtype=np.int64)  # prompt length per row (host mirror of rows.prompt_len)
+        self._hist_fresh = False  # histories hold every emitted token of rows 0..n-1 (no device read needed)
+        self._done_host: list[bool] | None = None  # done flags of rows 0..n-1 read by the last speculative step
         # request -> per-sample host token lists (prompt + emitted), what drafters read; filled lazily
         self.histories: dict[int, list[list[int]]] = {}
         self.accept_stats = AcceptanceStats()  # speculative steps of the last generate() (spec/stats.py)
@@ -227,6 +263,7 @@ class Engine:
             self.row_seq.append((r, _))
             self.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
             self.row_hi[r0 + i] = plens[i]
+            self.row_plen[r0 + i] = plens[i]
             self.row_cap[r0 + i] = plens[i] + p.max_new_tokens
         host = torch.tensor(
             [[plens[i] - 1, plens[i], requests[r].params.max_new_tokens, r, requests[r].params.top_k]
@@ -241,6 +278,7 @@ class Engine:
         logits = last_logits[torch.tensor([firsts[r] for r, _ in order], device=dev)]
         tok, lp = self._sample_no_sync(logits, rows)
         n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
+        self._hist_fresh, self._done_host = False, None
         return StepStats("prefill", m, m, int(max(plens)), int(n.sum()), 0, time.perf_counter() - t0)
 
     # ------------------------------------------------------------------------------------------------- decode
@@ -264,6 +302,7 @@ class Engine:
         roots = self.rows.last[:batch].clone() if self.hidden_hook is not None else None
         tok, lp = self._sample_no_sync(logits, rows)
         n = self.rows.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
+        self._hist_fresh, self._done_host = False, None
         if roots is not None:
             self._emit_hidden(batch, roots[:, None], hidden[:, None], n)
         self.row_hi[: self.n_active] = np.minimum(self.row_hi[: self.n_active] + 1, self.row_cap[: self.n_active])
@@ -271,71 +310,17 @@ class Engine:
 
     # -------------------------------------------------------------------------------------------- speculative
     @torch.no_grad()
-    def speculative_step(self, batch: int) -> StepStats:
-        """Draft, verify all rows in one target forward, accept, roll back, commit (syncs once for the stats)."""
-        if self.proposer is None:
-            raise RuntimeError("speculative_step needs a proposer")
-        t0 = time.perf_counter()
-        rows, st = slice(0, batch), self.rows
-        self._sync_histories(batch)
-        seqs = self.row_seq[:batch]
-        ctx = DraftContext(
-            histories=[self.histories[r][s] for r, s in seqs],
-            prompt_lens=st.prompt_len[:batch].tolist(),
-            group_ids=[r for r, _ in seqs],
-            sample_ids=[s for _, s in seqs],
-            max_nodes=self.spec.num_nodes,
-            max_depth=self.spec.depth,
-            device=self.device,
-            groups=self.histories,
-            sampling=RowParams(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
-        )
-        prop = self.proposer.propose(ctx)
-        n_nodes = prop.num_nodes
-        if n_nodes > self.max_nodes or prop.tokens.shape[0] != batch:
-            raise ValueError(f"proposal of shape {tuple(prop.tokens.shape)}: want {batch} rows, <= {self.max_nodes} nodes")
-        lens = st.lens[:batch]
-        depth = node_depths(prop.parents)  # [B, N]
-        anc = ancestor_mask(prop.parents)  # [B, N, N]
-        node_i = self._cols[:n_nodes]
-        pos = lens[:, None] + depth
-        widx = lens[:, None] + node_i[None, :]
-        tk = self._tk(self.n_active, n_nodes)
-        mask = (self._cols[:tk][None, None, :] < lens[:, None, None]).expand(batch, n_nodes, tk).clone()
-        mask.scatter_(2, widx[:, None, :].expand(batch, n_nodes, n_nodes), anc)
-        logits, hidden, _ = self.model.forward_hidden(prop.tokens, pos, self.cache, write_idx=widx, attn_mask=mask)
-        chain = self.spec.method == "chain"
-        max_depth = n_nodes - 1 if chain else None
-        max_children = None  # the drafter decides the branching (one host sync in the verifier)
-        if self._all_greedy():
-            res = verify_greedy(prop, logits, max_depth=max_depth, max_children=max_children)
-        else:
-            temp, top_p, top_k = self._params(rows)
-            probs = processed_probs(logits, temp, top_p, top_k)  # type: ignore[arg-type]
-            res = verify_sampling(prop, probs, self.gen, max_depth=max_depth, max_children=max_children)
-        n_acc = res.num_emitted - 1
-        acc_nodes = res.accepted_nodes[:, : res.accepted_nodes.shape[1] - 1].clamp_min(0)  # [B, D]
-        # a chain's accepted nodes already sit at lens+1.. (node i at column lens+i); a tree's are moved there
-        is_chain = bool(((prop.parents[:, 1:] == node_i[None, :-1]) | (prop.parents[:, 1:] < 0)).all())
-        if not is_chain:
-            self.cache.compact_accepted(lens, acc_nodes, n_acc)
-        active = ~st.done[:batch]
-        n = st.commit_no_sync(rows, res.tokens, res.logprobs, res.num_emitted)
-        if self.hidden_hook is not None:  # root + the accepted nodes that were kept (the last kept token is the new root)
-            kept = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes], dim=1)
-            self._emit_hidden(batch, prop.tokens.gather(1, kept),
-                              hidden.gather(1, kept[..., None].expand(-1, -1, hidden.shape[-1])), n)
-        self.accept_stats.observe(prop, res)
-        self.row_hi[: self.n_active] = np.minimum(self.row_hi[: self.n_active] + n_nodes,
-                                                  self.row_cap[: self.n_active])
-        stats = torch.stack([n.sum(), (n_acc * active).sum()]).tolist()
-        return StepStats("spec", self.n_active, batch, n_nodes, int(stats[0]), int(stats[1]), time.perf_counter() - t0)
+    def speculative_step(self, batch: int, arm: Arm | None = None) -> StepStats:
+        """Draft with `arm`'s drafter and shape (None: the fixed proposer and SpecConfig), verify all rows in one
+        target forward, accept, roll back, commit; one host read at the end (rollout/speculative.py)."""
+        return speculative_step(self, batch, arm)
 
     def _sync_histories(self, n: int) -> None:
         """Append the tokens emitted since the last call to the host histories of rows 0..n-1 (one copy)."""
         n_gen = self.rows.n_gen[:n].cpu().numpy()
         known = self.row_known[:n]
         lo, hi = int(known.min()), int(n_gen.max())
+        self._hist_fresh = n == self.n_active
         if hi <= lo:
             return
         block = self.rows.out_tok[:n, lo:hi].cpu().tolist()
@@ -358,7 +343,7 @@ class Engine:
         if n == 0:
             return
         st = self.rows
-        done = st.done[:n].cpu().tolist()
+        done, self._done_host = self._done_host or st.done[:n].cpu().tolist(), None
         fin = [i for i in range(n) if done[i]]
         if not fin:
             return
@@ -385,7 +370,7 @@ class Engine:
             for h, mv in zip(holes, movers, strict=True):
                 self.row_seq[h], self.row_params[h] = self.row_seq[mv], self.row_params[mv]
                 self.row_hi[h], self.row_cap[h] = self.row_hi[mv], self.row_cap[mv]
-                self.row_known[h] = self.row_known[mv]
+                self.row_known[h], self.row_plen[h] = self.row_known[mv], self.row_plen[mv]
         st.done[n_new:n] = True
         del self.row_seq[n_new:], self.row_params[n_new:]
         self.n_active = n_new
@@ -403,14 +388,22 @@ class Engine:
         queue = deque((r, s) for r, req in enumerate(requests) for s in range(req.params.n))
         results: dict[tuple[int, int], SequenceResult] = {}
         steps: list[StepStats] = []
-        use_spec = self.spec.mode == "on" and self.proposer is not None
+        ctl = self.adaptive
+        use_spec = ctl is None and self.spec.mode == "on" and self.proposer is not None
         self.histories = {r: [list(req.prompt) for _ in range(req.params.n)] for r, req in enumerate(requests)}
         self.accept_stats = AcceptanceStats()
+        self.tail.reset()
+        self._done_host = None
+        if ctl is not None:
+            ctl.start_rollout()
+        pending: Pending | None = None
         while queue or self.n_active:
             if queue and self.n_active < self.slots:
                 items = [queue.popleft() for _ in range(min(self.slots - self.n_active, len(queue)))]
                 steps.append(self.prefill(items, requests))
-            if use_spec:
+            if ctl is not None:
+                pending = adaptive_iteration(self, ctl, steps, pending, self.tail)
+            elif use_spec:
                 steps.append(self.speculative_step(self.n_active))
             else:
                 t0, active, batch = time.perf_counter(), self.n_active, self.bucket(self.n_active)
@@ -419,8 +412,14 @@ class Engine:
                 dt = (time.perf_counter() - t0) / len(counts)
                 steps += [StepStats("decode", active, batch, 1, int(c), 0, dt) for c in counts]
             self.sync(results)
-        if self.proposer is not None:
-            self.proposer.reset()
+        for p in {id(x): x for x in [self.proposer, *self.proposers.values()] if x is not None}.values():
+            p.reset()
         seqs = [results[k] for k in sorted(results)]
-        return GenerationOutput(seqs, steps, time.perf_counter() - t_start)
+        out = GenerationOutput(seqs, steps, time.perf_counter() - t_start)
+        if ctl is not None:
+            out.sd_metrics = ctl.metrics.summary()
+            if self.tail.hook is not None:
+                out.sd_metrics.update({"perf/tail_hook_s": self.tail.used_s, "perf/tail_hook_calls": self.tail.calls})
+            out.sd_buckets = ctl.metrics.per_bucket()
+        return out
 

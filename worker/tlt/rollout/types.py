@@ -57,6 +57,10 @@ class EngineConfig:
     attn_bucket: int = 256  # decode attends over columns 0..Tk-1, Tk rounded up to a multiple of this
     prefill_tokens: int = 16384  # padded prompt tokens per prefill forward
     seed: int = 0  # the engine's torch.Generator seed
+    # Tail hook (adaptive engine): each step run with the SD switch on earns this fraction of its wall time as
+    # credit for the hook (spot training between decode steps), so the hook slows the tail by about this much.
+    tail_budget: float = 0.03
+    tail_credit_cap_s: float = 0.5  # credit never banks beyond this many seconds (one hook call stays short)
 
 
 FinishReason = Literal["stop", "length"]
@@ -80,6 +84,9 @@ class StepStats:
     emitted: int  # tokens emitted by the step (after EOS / budget truncation)
     accepted: int  # accepted draft tokens (spec steps)
     seconds: float  # wall time of the step (decode: the sync window's time shared equally)
+    arm: str | None = None  # adaptive engine: the arm the controller planned ("none" = plain decoding)
+    accepted_pos: tuple[int, ...] = ()  # spec steps: sequences whose k-th draft token was accepted, k = 1..D
+    drafted_pos: tuple[int, ...] = ()  # spec steps: sequences that had a k-th draft token, k = 1..D
 
 
 @dataclass
@@ -87,6 +94,9 @@ class GenerationOutput:
     sequences: list[SequenceResult]  # ordered by (request, sample)
     steps: list[StepStats]
     seconds: float  # wall time of generate()
+    # adaptive engine: the controller's RolloutSdMetrics.summary() of this generate() (sd/*, perf/tokens_per_s_*)
+    sd_metrics: dict[str, float] = field(default_factory=dict)
+    sd_buckets: list[dict] = field(default_factory=list)  # ... and its per_bucket() rows (benchmark tables)
 
     @property
     def tokens(self) -> int:

@@ -1,0 +1,67 @@
+"""`rollout.speculative: adaptive` in the GRPO loop (rl/engine_adapter.py): the engine gets an AdaptiveSd controller
+with the n-gram drafter (plus EAGLE and its tail hook when drafter.kind is eagle1), the rollout's sd/* and perf/*
+metrics reach the trainer's reported metrics, and rollouts stay lossless (the verifier's log-probs are the policy's).
+Run: python -m pytest tests/adaptive/test_adaptive_engine_trainer.py -q"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from worker.tlt.config import JobSpec
+from worker.tlt.file_reporter import FileReporter, read_metrics
+from worker.tlt.model.load import load_model
+from worker.tlt.rl.engine_adapter import make_rollout
+from worker.tlt.train import run
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _spec(kind: str) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "toy-adaptive",
+        "model": {"builtin": "tiny-llama"},
+        "dataset": {"builtin": "toy-count", "system_prompt": None, "validation_size": 4, "max_prompt_length": 64},
+        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 24,
+                      "learning_rate": 2e-2, "reward_funcs": ["toy_count"]},
+        "rollout": {"speculative": "adaptive", "sd_on_below": 9, "sd_patience": 1, "kv_cache_gb": 0.05},
+        "drafter": {"kind": kind, "max_train_steps_per_rl_step": 3, "buffer_gb": 0.01},
+        "max_steps": 2,
+        "save_steps": 2,
+    })
+
+
+def test_make_rollout_builds_the_adaptive_engine() -> None:
+    spec = _spec("eagle1")
+    model, tok = load_model(spec.model, "cpu")
+    rollout = make_rollout(spec, model, tok, torch.device("cpu"))
+    eng = rollout.engine
+    assert eng.adaptive is not None and sorted(eng.proposers) == ["eagle", "ngram"]
+    assert rollout.drafter is not None and eng.proposers["eagle"] is rollout.drafter.proposer
+    assert eng.tail.hook is not None and eng.hidden_hook is not None
+    assert {a.drafter for a in eng.adaptive.all_arms()} == {"none", "ngram", "eagle"}
+    ngram_only = make_rollout(_spec("ngram"), model, tok, torch.device("cpu")).engine
+    assert sorted(ngram_only.proposers) == ["ngram"] and ngram_only.tail.hook is None
+
+
+@pytest.mark.parametrize("kind", ["ngram", "eagle1"])
+def test_adaptive_rollout_in_the_loop(tmp_path: Path, kind: str) -> None:
+    run(_spec(kind), tmp_path, FileReporter(tmp_path))
+    recs = read_metrics(tmp_path)
+    assert len(recs) == 2
+    for r in recs:
+        m = r["metrics"]
+        assert m["sd/on_fraction"] == 1.0  # 8 sequences < sd_on_below: SD on from the first step
+        assert any(k.startswith("sd/arm/") for k in m) and m["perf/tokens_per_s_tail"] > 0
+        assert m["rollout/logp_abs_diff"] < 1e-4  # lossless
+        assert (m.get("perf/tail_hook_calls", 0) > 0) == (kind == "eagle1")  # spot training between tail steps
+    if kind == "eagle1":
+        assert recs[-1]["metrics"]["drafter/steps"] == 6  # the tail's steps count against the per-step cap
