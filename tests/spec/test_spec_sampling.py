@@ -126,3 +126,15 @@ def test_sample_without_replacement_is_sequential_draws() -> None:
     # i.i.d. draws (with replacement) are told apart by the same statistic
     iid = sample(q.expand(100_000, 2, 6), g)
     assert joint_pair_pvalue(iid[:, 0], iid[:, 1], q, second_given_first) < 1e-6
+
+
+def test_scalar_top_k_fast_path_equals_per_row_path_including_ties():
+    """A scalar k takes the topk fast path, a [B] tensor the sort path: same distribution, ties at the k-th kept."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 3, 300, generator=gen)
+    logits[0, 0, :8] = 4.0  # eight-way tie at the top
+    for k in (1, 5, 50, 299):
+        fast = processed_probs(logits, 0.7, 1.0, k)
+        slow = processed_probs(logits, 0.7, 1.0, torch.full((4,), k))
+        torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)
+    assert int((processed_probs(logits, 1.0, 1.0, 5)[0, 0] > 0).sum()) == 8

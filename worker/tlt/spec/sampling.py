@@ -79,6 +79,11 @@ def processed_probs(
     use_p = isinstance(top_p, torch.Tensor) or float(top_p) < 1.0
     if not (use_k or use_p):
         probs = torch.softmax(scaled, dim=-1)
+    elif use_k and not use_p and not isinstance(top_k, torch.Tensor):
+        # One k for the batch: topk finds the k-th largest without sorting the vocabulary (same ties rule as below:
+        # every logit >= the k-th largest survives).
+        kth = torch.topk(scaled, int(top_k), dim=-1).values[..., -1:]  # [B, ..., 1]
+        probs = torch.softmax(scaled.masked_fill(scaled < kth, float("-inf")), dim=-1)
     else:
         sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
         if use_k:
