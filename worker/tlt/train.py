@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import yaml
 
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.data.dataset import BUILTIN_REWARDS, load_examples, split_examples
 from worker.tlt.data.prompts import render_examples
@@ -90,8 +91,16 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
     return trainer, val
 
 
+def _adaptive(trainer: GRPOTrainer) -> AdaptiveSd | None:
+    """The rollout engine's SD controller, when the job runs adaptive SD (its bandit state is part of a resume)."""
+    engine = getattr(trainer.rollout, "engine", None)
+    return getattr(engine, "adaptive", None)
+
+
 def save_checkpoint(trainer: GRPOTrainer, root: Path, keep: int) -> Path:
-    extra = {"drafter": trainer.drafter.state_dict()} if trainer.drafter is not None else {}
+    extra: dict = {"drafter": trainer.drafter.state_dict()} if trainer.drafter is not None else {}
+    if (ctl := _adaptive(trainer)) is not None:
+        extra["adaptive"] = ctl.state_dict()
     return write_checkpoint(
         root, trainer.step_count, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler,
         rng=capture_rng(trainer.generator), trainer_state=trainer.state_dict(), extra=extra, keep=keep,
@@ -112,6 +121,8 @@ def resume_from(trainer: GRPOTrainer, root: Path) -> int:
     restore_rng(ck.rng, trainer.generator)
     if trainer.drafter is not None and "drafter" in ck.extra:
         trainer.drafter.load_state_dict(ck.extra["drafter"])
+    if (ctl := _adaptive(trainer)) is not None and "adaptive" in ck.extra:
+        ctl.load_state_dict(ck.extra["adaptive"])
     return ck.step
 
 
