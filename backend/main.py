@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI, Request, status
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope
@@ -45,6 +46,13 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(lifecycle.IllegalTransition)
     async def _illegal(_req: Request, exc: lifecycle.IllegalTransition) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
+
+    @app.exception_handler(PoolTimeout)
+    async def _overloaded(_req: Request, exc: PoolTimeout) -> JSONResponse:
+        # every database connection stayed busy for pool_timeout: overload, not a bug; clients retry
+        log.warning("database pool exhausted: %s", exc)
+        return JSONResponse({"detail": "server busy: no database connection free; retry shortly"},
+                            status_code=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "1"})
 
     @app.exception_handler(DataError)
     async def _data_error(_req: Request, exc: DataError) -> JSONResponse:

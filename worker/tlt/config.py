@@ -162,6 +162,7 @@ PRESETS: dict[str, dict] = {
         "model": {"builtin": "smollm2-135m-instruct"},
         "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 48, "learning_rate": 1e-6},
         "rollout": {"speculative": "adaptive", "sd_on_below": 8},
+        "drafter": {"max_train_steps_per_rl_step": 8},  # EAGLE spot training on CPU costs ~1 s a step
         "max_steps": 3,
         "save_steps": 1,
         "save_total_limit": 1,  # a SmolLM2 checkpoint with optimizer state is ~1.6 GB

@@ -78,6 +78,7 @@ async def stream(
     crud.get_job(session, user, job_id)
     cursor = list(parse_cursor(last_event_id or last_event_id_q))
     factory = request.app.state.session_factory
+    session.close()  # give the connection back now: a stream lives for minutes; each poll opens a short session
 
     async def gen() -> AsyncIterator[str]:
         quiet_since = opened = time.monotonic()
