@@ -8,7 +8,6 @@ the widest arm. Run: python -m pytest tests/adaptive/test_adaptive_engine_loop.p
 from __future__ import annotations
 
 import pytest
-import torch
 from scipy.stats import chisquare
 
 from worker.tlt.adaptive.arms import NO_SD, Arm, arms_table
@@ -28,14 +27,6 @@ from worker.tlt.spec.small_model import SmallModelProposer
 TARGET = tiny_target()
 DRAFTER = perturbed_copy(TARGET, noise=0.15)
 EOS = (257,)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 class FakeClock:

@@ -17,14 +17,6 @@ from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.train import run
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _spec(kind: str) -> JobSpec:
     return JobSpec.model_validate({
         "name": "toy-adaptive",
