@@ -9,6 +9,7 @@ export interface Job {
   worker: string | null; queue: string; spec: Record<string, unknown>; idempotency_key: string | null;
   created_at: string; updated_at: string; started_at: string | null; finished_at: string | null;
   heartbeat_at: string | null;
+  last_step: number | null; last_step_time_s: number | null; // newest step with metrics, its timing_s/step
 }
 export interface Page<T> { items: T[]; next_cursor: string | null }
 export interface JobEvent {
@@ -19,7 +20,7 @@ export interface MetricPoint { step: number; value: number }
 export interface MetricSeries { name: string; points: MetricPoint[]; total: number }
 export interface MetricHistory {
   series: MetricSeries[]; last_step: number | null;
-  stream_cursor?: string | null; // requested from the backend: the SSE cursor at the time of this query
+  stream_cursor?: string | null; // the SSE cursor at the time of this query (resume the stream from here)
 }
 export interface Histogram { step: number; name: string; edges: number[]; counts: number[] }
 export interface LogLine { id: number; created_at: string; attempt: number; stream: string; line: string }

@@ -1,13 +1,11 @@
-// Job list: status filter, cursor pagination ("more"), and per job its latest step and step time, refreshed every
-// few seconds while the job is active (one small metrics query per active job: names=timing_s/step&points=1).
-import { FINAL_STATUSES, get, qs, type Job, type MetricHistory, type Page } from "../api";
+// Job list: status filter, cursor pagination ("more"), and per job its latest step and step time (the list's own
+// last_step / last_step_time_s fields), refreshed every few seconds.
+import { get, qs, type Job, type Page } from "../api";
 import { clear, fmt, fmtTime, h } from "../dom";
 import type { Cleanup } from "../router";
 
 const STATUSES = ["", "queued", "starting", "running", "recovering", "cancelling", "succeeded", "failed", "cancelled"];
 const POLL_MS = 3000;
-
-interface StepInfo { step: number | null; stepTime: number | null; fetchedFinal: boolean }
 
 export function statusBadge(status: string): HTMLElement {
   return h("span", { class: `badge st-${status}`, "data-testid": "status" }, status);
@@ -19,7 +17,6 @@ export function jobsPage(root: HTMLElement): Cleanup {
   const tbody = h("tbody");
   const more = h("button", { class: "link" }, "more…");
   const err = h("p", { class: "error" });
-  const info = new Map<number, StepInfo>();
   let jobs: Job[] = [];
   let cursor: string | null = null;
   let timer = 0;
@@ -38,27 +35,17 @@ export function jobsPage(root: HTMLElement): Cleanup {
     clear(tbody);
     if (!jobs.length) tbody.append(h("tr", {}, h("td", { colspan: 9, class: "muted" }, "No jobs yet.")));
     for (const j of jobs) {
-      const si = info.get(j.id);
       tbody.append(h("tr", { "data-job-id": j.id, class: params.get("new") === String(j.id) ? "fresh" : "" },
         h("td", {}, h("a", { href: `#/jobs/${j.id}` }, `#${j.id}`)),
         h("td", {}, h("a", { href: `#/jobs/${j.id}`, "data-testid": "job-name" }, j.name)),
         h("td", { title: j.reason ?? "" }, statusBadge(j.status)),
-        h("td", { "data-testid": "job-step" }, si?.step ?? "–"),
-        h("td", { "data-testid": "job-step-time" }, si?.stepTime != null ? `${fmt(si.stepTime)} s` : "–"),
+        h("td", { "data-testid": "job-step" }, j.last_step ?? "–"),
+        h("td", { "data-testid": "job-step-time" }, j.last_step_time_s != null ? `${fmt(j.last_step_time_s)} s` : "–"),
         h("td", {}, j.attempt), h("td", {}, j.owner), h("td", { class: "muted" }, j.worker ?? ""),
         h("td", { class: "muted" }, fmtTime(j.created_at)),
       ));
     }
     more.style.display = cursor ? "" : "none";
-  }
-
-  async function stepInfo(j: Job): Promise<void> {
-    const old = info.get(j.id);
-    if (old?.fetchedFinal) return;
-    if (j.status === "queued" && old) return;
-    const m = await get<MetricHistory>(`jobs/${j.id}/metrics${qs({ names: "timing_s/step", points: 1 })}`);
-    const pt = m.series[0]?.points.at(-1);
-    info.set(j.id, { step: m.last_step, stepTime: pt?.value ?? null, fetchedFinal: FINAL_STATUSES.has(j.status) });
   }
 
   async function load(append = false): Promise<void> {
@@ -76,8 +63,7 @@ export function jobsPage(root: HTMLElement): Cleanup {
       }
       if (append) cursor = page.next_cursor;
       draw();
-      await Promise.all(jobs.map((j) => stepInfo(j).catch(() => undefined)));
-      if (alive) { draw(); err.textContent = ""; }
+      err.textContent = "";
     } catch (e) {
       err.textContent = `Could not load jobs: ${e}`;
     }
