@@ -12,7 +12,8 @@ function colour(t: number): string {
   return VIRIDIS[Math.round(x)];
 }
 
-function setupCanvas(c: HTMLCanvasElement, width: number, height: number): CanvasRenderingContext2D {
+/** Size a canvas for the device pixel ratio and return its 2-D context in CSS pixels. */
+export function setupCanvas(c: HTMLCanvasElement, width: number, height: number): CanvasRenderingContext2D {
   const dpr = window.devicePixelRatio || 1;
   c.width = Math.floor(width * dpr);
   c.height = Math.floor(height * dpr);

@@ -2,6 +2,7 @@
 // training (harvested idle time) / reward / update / sync, reconstructed from the step's timing_s/* and harvest/*
 // metrics. The metrics are per step, not per GPU, so idle and harvested GPU-seconds are split evenly over the lanes.
 import { fmt, h } from "../dom";
+import { setupCanvas } from "./heatmap";
 import type { MetricStore } from "../job/store";
 
 export const PHASES: Record<string, string> = {
@@ -65,12 +66,7 @@ export class GpuTimeline {
     const lanes = Math.max(1, this.ngpu);
     const laneH = 18, T = 16, L = 46, B = 16;
     const height = T + lanes * (laneH + 4) + B;
-    const dpr = window.devicePixelRatio || 1;
-    this.canvas.width = Math.floor(this.width * dpr); this.canvas.height = Math.floor(height * dpr);
-    this.canvas.style.width = `${this.width}px`; this.canvas.style.height = `${height}px`;
-    const ctx = this.canvas.getContext("2d")!;
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.font = "11px system-ui, sans-serif";
+    const ctx = setupCanvas(this.canvas, this.width, height);
     const s = this.store?.series.get("timing_s/step") ?? this.store?.series.get("timing_s/gen");
     if (!this.store || !s || !s.steps.length) { ctx.fillStyle = "#888"; ctx.fillText("no timing metrics yet", L, T + 12); return; }
     const steps = s.steps.slice(-this.steps);
