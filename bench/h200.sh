@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark tables on an H200 over a copy of this checkout (the lead's device runs).
 #   bench/h200.sh stage              # copy the first GGUF part (.stage/a) to /root/stage
-#   bench/h200.sh PART [PART ...]    # assemble the model, then: gputests | rollout | peers | train | drafter
+#   bench/h200.sh PART [PART ...]    # assemble the model, then: gputests | rollout | peers | any bench/NAME.py
 # Expects carried: .whl/ (gguf, pydantic, trl, datasets, dill, multiprocess wheels), .stage/b (second GGUF part),
 # .device/hf_trl_peers.py (the peer script). Output goes to $OUT (one file per part).
 set -uo pipefail
@@ -24,6 +24,8 @@ for part in "$@"; do
                ${ROLLOUT_ARGS:-} 2>&1 | tee "$OUT/rollout.log" ;;
     peers) python3 .device/hf_trl_peers.py --gguf "$GGUF" --data worker/tlt/data/gsm8k/train.jsonl \
              --what "${PEERS_WHAT:-rollout,grpo}" --out "$OUT/peers.json" 2>&1 | tail -40 | tee "$OUT/peers.log" ;;
-    *) [ -f "bench/$part.py" ] && python3 "bench/$part.py" --out "$OUT/$part.md" 2>&1 | tee "$OUT/$part.log" ;;
+    *) # bench/NAME.py --out NAME.md --json-out NAME.json, plus $ARGS_NAME (e.g. ARGS_train_bench="--steps 3")
+       extra_var="ARGS_$part"; [ -f "bench/$part.py" ] && python3 "bench/$part.py" --out "$OUT/$part.md" \
+         --json-out "$OUT/$part.json" ${!extra_var:-} 2>&1 | tee "$OUT/$part.log" ;;
   esac
 done

@@ -5,10 +5,12 @@
     python bench/rollout_bench.py --peers-json peers.json --out ...                   # HF rollout figure from
                                                                                       # ../shared/peers/hf_trl_peers.py
 Rows: decode tokens/s at batch 1, 8, 64 (every sequence decodes exactly --decode-tokens tokens, EOS ignored,
-T=1.0, prefill included, best of 2 runs after a warm-up), for ours and HF generate with the dynamic and the static
-cache; and the GSM8K rollout of --prompts x --samples (<= --max-new-tokens new tokens, T=1.0) for ours and HF
-dynamic. Same model (SmolLM2-135M-Instruct GGUF, dequantised, bf16), same prompts (chat template + the GSM8K system
-prompt), same GPU, one process. Our decode CUDA graphs are captured before timing (capture time in the notes).
+T=1.0, top-k --top-k = HF generate's default 50, prefill included, best of 2 runs after a warm-up), for ours (whole
+decode step in one CUDA graph), ours + torch.compile (batch <= 8), and HF generate with the dynamic and the static
+cache; and the GSM8K rollout of --prompts x --samples (<= --max-new-tokens new tokens, T=1.0, top-k 50) for ours and
+HF dynamic, with the ratio and the length p50 / p90. Same model (SmolLM2-135M-Instruct GGUF, dequantised, bf16),
+same prompts (chat template + the GSM8K system prompt), same GPU, one process. Our decode CUDA graphs are captured
+(and compiled) before timing: their count, capture seconds and memory are in the notes.
 `--sd-modes off,adaptive` adds the adaptive engine (n-gram cold-start drafter, SD on below --sd-on-below active
 sequences, bandit per bucket) to the same table: rollout seconds, tail tokens/s (perf/tokens_per_s_tail, steps with
 fewer than --sd-on-below active) and tokens/s per batch-size bucket, SD off vs adaptive, each run once.
@@ -128,11 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     if "decode" in parts:
         for b in batches:
             qs = gsm8k_questions(a.dataset, b)
-            row = {"ours": bench_decode(model, tok, chat_prompts(tok, qs), a.decode_tokens)}
+            row = {"ours": bench_decode(model, tok, chat_prompts(tok, qs), a.decode_tokens, top_k=a.top_k)}
             if not a.no_compile and b <= 8:
                 try:
                     row["ours_compiled"] = bench_decode(model, tok, chat_prompts(tok, qs), a.decode_tokens,
-                                                        compile_step=True)
+                                                        compile_step=True, top_k=a.top_k)
                 except Exception as e:  # noqa: BLE001 - reported in the table, the other rows still run
                     res["notes"].append(f"torch.compile at batch {b} failed: {type(e).__name__}: {e}"[:300])
                     print(res["notes"][-1], file=sys.stderr, flush=True)
@@ -169,10 +171,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(res: dict, a: argparse.Namespace) -> str:
     lines = [f"Rollout engine vs HF generate — {res['device']}, torch {res['torch']}, SmolLM2-135M-Instruct bf16, "
-             f"GSM8K prompts, T={a.temperature}", "",
+             f"GSM8K prompts, T={a.temperature}, top-k {a.top_k}", "",
              "| measure | ours (SD off) | ours + compile | HF dynamic | HF static | best ours / best HF |",
              "|---|---|---|---|---|---|"]
     for b, row in res["decode"].items():
+        for kind in ("ours", "ours_compiled"):
+            if kind in row:
+                g = row[kind]
+                res["notes"].append(f"decode batch {b}, {kind}: {g['graphs']} graphs captured in "
+                                    f"{g['capture_s']:.1f} s, {g['graph_mib']:.0f} MiB")
         ours = row["ours"]["tokens_per_s"]
         oc = row.get("ours_compiled", {}).get("tokens_per_s")
         hd = row.get("hf_dynamic", {}).get("tokens_per_s")
@@ -186,14 +193,16 @@ def render(res: dict, a: argparse.Namespace) -> str:
         what = f"rollout {a.prompts}x{a.samples}, <= {a.max_new_tokens} new"
         lines.append(f"| {what}: seconds | {fmt(o['seconds'])} | — | {fmt(h['seconds']) if h else '—'} | — "
                      f"| {fmt(h['seconds'] / o['seconds']) + 'x faster' if h else '—'} |")
-        lines.append(f"| {what}: tokens (mean / p90 / max length) | {o['tokens']:,} ({o['len_mean']:.0f} / "
-                     f"{o['len_p90']:.0f} / {o['len_max']:.0f}) | — | "
-                     + (f"{h['tokens']:,} ({h['len_mean']:.0f} / {h['len_p90']:.0f} / {h['len_max']:.0f})" if h else "—")
+        lines.append(f"| {what}: tokens (mean / p50 / p90 / max length) | {o['tokens']:,} ({o['len_mean']:.0f} / "
+                     f"{o['len_p50']:.0f} / {o['len_p90']:.0f} / {o['len_max']:.0f}) | — | "
+                     + (f"{h['tokens']:,} ({h['len_mean']:.0f} / {h['len_p50']:.0f} / {h['len_p90']:.0f} / "
+                        f"{h['len_max']:.0f})" if h else "—")
                      + " | — | — |")
         lines.append(f"| {what}: tokens/s | {fmt(o['tokens_per_s'])} | — | {fmt(h['tokens_per_s']) if h else '—'} | — "
                      f"| {fmt(o['tokens_per_s'] / h['tokens_per_s']) + 'x' if h else '—'} |")
-        res["notes"].append(f"our decode graphs: {o['graphs']} captured in {o['capture_s']:.1f} s before timing; "
-                            f"prefill {o['prefill_s']:.2f} s of the rollout")
+        res["notes"].append(f"rollout: our decode graphs (whole step): {o['graphs']} captured in {o['capture_s']:.1f} s "
+                            f"before timing, {o.get('graph_mib', 0.0):.0f} MiB; prefill {o['prefill_s']:.2f} s of "
+                            f"the rollout")
     lines += sd_rows(res.get("rollout_sd", {}), a)
     lines += [""] + [f"- {n}" for n in res["notes"]] + [""]
     return "\n".join(lines)

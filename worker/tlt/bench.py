@@ -12,8 +12,9 @@ timed run (capture time reported separately). `--sd on` uses the model-free n-gr
 `--sd-on-below` active sequences, the job spec's default bandit over the n-gram arms and plain decoding. Rollouts
 with `--sd off|adaptive` also report the controller's metrics (`sd_metrics`: sd/*, perf/tokens_per_s_full / _tail /
 _bucket/<b>) and per-bucket rows (`buckets`); SD off runs a controller pinned off, so both modes are measured alike.
-`decode`: `--batch` different prompts, EOS ignored so every sequence decodes exactly `--max-new-tokens` tokens;
-prints decode tokens/s (prefill included, as HF generate's figures are).
+`decode`: `--batch` different prompts, EOS ignored so every sequence decodes exactly `--max-new-tokens` tokens,
+T=1.0 with `--top-k` (50, HF generate's default); prints decode tokens/s (prefill included, as HF generate's
+figures are). Both report the decode graphs: how many, capture seconds (`capture_s`) and memory (`graph_mib`).
 Both need CUDA unless `--device cpu` is given explicitly (for smoke tests only).
 """
 
@@ -120,27 +121,38 @@ def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int
     ctl = make_controller(sd, sd_on_below, seed)
     engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed,
                          ctl)
-    capture = engine.warmup(len(prompts) * samples, max_len)
-    reqs = [Request(p, SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)) for p in prompts]
+    params = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)
+    engine.warmup(len(prompts) * samples, max_len, params=params)
+    reqs = [Request(p, params) for p in prompts]
     _sync(dev)
     t0 = time.perf_counter()
     out = engine.generate(reqs)
     _sync(dev)
     res = summarize(out, time.perf_counter() - t0)
-    res.update(capture_s=capture, graphs=len(engine.graphs) if engine.graphs is not None else 0, sd=sd)
+    res.update(graph_stats(engine), sd=sd)
     if ctl is not None:
         res.update(sd_metrics=out.sd_metrics, buckets=out.sd_buckets)
     return res
 
 
+def graph_stats(engine: Engine) -> dict:
+    """How many decode graphs the engine holds, their capture seconds (compile included) and memory."""
+    g = engine.graphs
+    if g is None:
+        return {"graphs": 0, "capture_s": 0.0, "graph_mib": 0.0}
+    return {"graphs": len(g), "capture_s": g.capture_seconds, "graph_mib": g.pool_bytes / 2**20}
+
+
 def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]], max_new: int,
-                 cuda_graphs: bool = True, compile_step: bool = False, repeats: int = 2) -> dict:
-    """Every sequence decodes exactly max_new tokens (no EOS); best of `repeats` timed runs after a warm-up."""
+                 cuda_graphs: bool = True, compile_step: bool = False, repeats: int = 2, top_k: int = 50) -> dict:
+    """Every sequence decodes exactly max_new tokens (no EOS) at T=1.0 with `top_k`; best of `repeats` timed runs
+    after a warm-up (graph capture, and compile with `compile_step`, happen before timing)."""
     dev = model.head_weight.device
     max_len = max(len(p) for p in prompts) + max_new
     engine = make_engine(model, tok, max_len, len(prompts), "off", 0, cuda_graphs, compile_step, 0)
-    capture = engine.warmup(len(prompts), max_len, batches=[len(prompts)])  # no sequence ends early
-    reqs = [Request(p, SamplingParams(temperature=1.0, max_new_tokens=max_new, eos_ids=())) for p in prompts]
+    params = SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=max_new, eos_ids=())
+    engine.warmup(len(prompts), max_len, batches=[len(prompts)], params=params)  # no sequence ends early
+    reqs = [Request(p, params) for p in prompts]
     best = float("inf")
     for _ in range(repeats):
         _sync(dev)
@@ -150,7 +162,7 @@ def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]
         best = min(best, time.perf_counter() - t0)
     tokens = sum(len(s.tokens) for s in out.sequences)
     return {"batch": len(prompts), "new_tokens": max_new, "seconds": best, "tokens": tokens,
-            "tokens_per_s": tokens / best, "capture_s": capture}
+            "tokens_per_s": tokens / best, "top_k": top_k, "compiled": compile_step, **graph_stats(engine)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                    temperature=a.temperature, top_k=a.top_k)
     else:
         prompts = chat_prompts(tok, gsm8k_questions(a.dataset, a.batch))
-        res = bench_decode(model, tok, prompts, a.max_new_tokens, graphs, a.compile)
+        res = bench_decode(model, tok, prompts, a.max_new_tokens, graphs, a.compile, top_k=a.top_k)
     res.update(info)
     sys.stdout.write(json.dumps(res, indent=None if a.json else 2) + "\n")
     return 0

@@ -7,13 +7,17 @@
 Phases (gpt-fast style; `generate()` only orchestrates):
 - `prefill(items)`: prompts of newly admitted sequences (one forward per distinct prompt, K/V copied to its
   siblings), first token sampled;
-- `decode_step(batch)`: one token for rows 0..batch-1 (CUDA-graph replay on CUDA), no host sync;
+- `decode_step(batch)`: one token for rows 0..batch-1, no host sync: the whole step (forward, processing, sampling
+  with the engine's generator, log-probs, commit; rollout/decode_step.py) is one CUDA-graph replay on CUDA
+  (rollout/graphs.py; torch.compile'd before capture for small batches with `EngineConfig.compile`), the same body
+  run eagerly elsewhere; same seed => same tokens either way;
 - `speculative_step(batch, arm=None)`: the proposer drafts a chain or tree per row, ONE target forward verifies all
   rows with the tree mask, spec/verify.py accepts per row, the KV cache keeps only accepted nodes, EOS /
   max_new_tokens cut inside accepted runs; ONE host read at the end (emitted counts, done flags, per-position
   acceptance and the emitted tokens, which extend the host histories directly);
-- `sync()`: finished sequences leave (results copied out), rows are compacted so active sequences stay in rows
-  0..n-1, and waiting requests join in the freed rows.
+- `sync()`: finished sequences leave (results copied out, `generate(..., on_finish=cb)` calls cb(result) for each
+  right then), rows are compacted so active sequences stay in rows 0..n-1, and waiting requests join in the freed
+  rows.
 Adaptive SD (issue 4): `Engine(..., adaptive=AdaptiveSd, proposers={"ngram": ..., "eagle": ...})` asks the controller
 for an arm every decode step and runs plain decoding or a speculative step with that arm's drafter, depth, top-k and
 verify width (rollout/adaptive_loop.py); SD switches on and off mid-generation without re-prefilling, and stays
@@ -23,7 +27,10 @@ RolloutSdMetrics summary; `tail_hook(budget_s)` runs between tail steps within a
 Randomness comes from one explicit torch.Generator (EngineConfig.seed). Sampling and acceptance use the processed
 distribution of spec/sampling.py; log-probs are of emitted tokens under it (greedy rows: log_softmax of the logits).
 Hidden-state capture: `hidden_hook(seq_ids, token_ids, hidden [N, H])` is called per step with the final-norm
-hidden state at every position whose K/V entered the cache (prompt tokens, roots, accepted drafts).
+hidden state at every position whose K/V entered the cache (prompt tokens, roots, accepted drafts); the decode graph
+outputs the roots and hidden states too, so hooked runs replay the same graphs.
+Host work per plain step: the sampling mode (GREEDY / uniform / MIXED) and the attention-length bound are cached
+and only recomputed after prefill, sync or a speculative step.
 Run the tests: `python -m pytest tests/engine -q`.
 """
 
@@ -46,6 +53,7 @@ from worker.tlt.rollout.adaptive_loop import (
     TailHook,
     adaptive_iteration,
 )
+from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut, choose, sampling_mode
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache, slots_for_budget
 from worker.tlt.rollout.speculative import speculative_step
@@ -54,18 +62,19 @@ from worker.tlt.rollout.types import (
     EngineConfig,
     GenerationOutput,
     Request,
+    SamplingParams,
     SequenceResult,
     SpecConfig,
     StepStats,
 )
 from worker.tlt.spec.ngram import NGramProposer
 from worker.tlt.spec.proposer import Proposer
-from worker.tlt.spec.sampling import processed_probs, sample, token_logprobs
 from worker.tlt.spec.stats import AcceptanceStats
 
 log = logging.getLogger(__name__)
 
 HiddenHook = Callable[[list[tuple[int, int]], torch.Tensor, torch.Tensor], None]  # (seq ids, tokens [N], hidden [N, H])
+FinishCallback = Callable[[SequenceResult], None]  # called once per sequence as it leaves the batch
 
 
 def _round_up(x: int, m: int) -> int:
@@ -120,14 +129,22 @@ class Engine:
         self.rows = RowState(slots, t, config.max_len, self.max_nodes + 1, self.device)
         self.gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._cols = torch.arange(t, device=self.device)
+        on_cuda = self.device.type == "cuda"
+        self.step = DecodeStep(model, self.cache, self.rows, self.gen,
+                               compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0)
+        # one memory pool for every graph of this engine (the verify graphs share it)
+        self.graph_pool: object | None = torch.cuda.graph_pool_handle() if on_cuda and config.cuda_graphs else None
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and config.cuda_graphs:
-            self.graphs = DecodeGraphs(self._decode_forward, config.compile_max_batch if config.compile else 0)
+        if self.graph_pool is not None:
+            self.graphs = DecodeGraphs(self.step, self.graph_pool)
         # host mirrors of the rows 0..n_active-1
         self.n_active = 0
         self.row_seq: list[tuple[int, int]] = []  # (request, sample) per active row
         self.row_params: list[tuple[float, float, int]] = []  # (temperature, top_p, top_k) per active row
-        self.row_hi = np.zeros(slots, dtype=np.int64)  # upper bound of lens per row (picks the attention length)
+        self._row_hi = np.zeros(slots, dtype=np.int64)  # upper bound of lens per row (see `row_hi`)
+        self._plain_steps = 0  # plain decode steps not yet added to _row_hi
+        self._hi_max: int | None = None  # max of _row_hi over the active rows (None: recompute)
+        self._mode: Mode = GREEDY  # sampling mode of rows 0..n-1 (rollout/decode_step.py)
         self.row_cap = np.zeros(slots, dtype=np.int64)  # prompt_len + max_new_tokens per row
         self.row_known = np.zeros(slots, dtype=np.int64)  # emitted tokens already appended to `histories`
         self.row_plen = np.zeros(slots, dtype=np.int64)  # prompt length per row (host mirror of rows.prompt_len)
@@ -141,12 +158,40 @@ class Engine:
     def slots(self) -> int:
         return self.cache.slots
 
-    def warmup(self, max_batch: int, max_len: int, batches: Sequence[int] | None = None) -> float:
+    @property
+    def row_hi(self) -> np.ndarray:
+        """Upper bound of lens per row (picks the attention length), capped at prompt + max_new_tokens. Plain decode
+        steps only count themselves; this brings the array up to date, and since callers may write into it, the
+        cached maximum is recomputed at the next step."""
+        if self._plain_steps:
+            n = self.n_active
+            self._row_hi[:n] = np.minimum(self._row_hi[:n] + self._plain_steps, self.row_cap[:n])
+            self._plain_steps = 0
+        self._hi_max = None
+        return self._row_hi
+
+    def _active_hi(self) -> int:
+        """max(row_hi) over the active rows, without touching the array while only plain steps run."""
+        if self._hi_max is None:
+            hi = self.row_hi  # folds the pending steps in (and drops the cached maximum, set right below)
+            self._hi_max = int(hi[: self.n_active].max()) if self.n_active else 0
+        return self._hi_max + self._plain_steps
+
+    def _rows_changed(self) -> None:
+        """After prefill / sync: recompute what plain steps cache (sampling mode, attention bound)."""
+        self._mode = sampling_mode(self.row_params) if self.row_params else GREEDY
+        _ = self.row_hi  # folds pending steps in and drops the cached maximum
+
+    def warmup(self, max_batch: int, max_len: int, batches: Sequence[int] | None = None,
+               params: SamplingParams | None = None) -> float:
         """Capture the decode graphs for every (batch bucket <= max_batch, attention bucket <= max_len) ahead of a
-        timed run (CUDA with graphs only; a no-op otherwise); `batches` limits it to those batch sizes' buckets.
-        Returns the seconds spent. Rows are left untouched apart from scratch K/V writes of empty rows."""
+        timed run, for requests sampled with `params` (default SamplingParams(): temperature 1, no filter) (CUDA with
+        graphs only; a no-op otherwise); `batches` limits it to those batch sizes' buckets. Returns the seconds
+        spent. Nothing is executed beyond the captures' warm-up runs, whose effects are undone."""
         if self.graphs is None or self.n_active:
             return 0.0
+        p = params or SamplingParams()
+        mode = sampling_mode([(float(p.temperature), float(p.top_p), int(p.top_k))])
         t0 = time.perf_counter()
         wanted = batches if batches is not None else [b for b in self.config.batch_buckets if b <= max_batch]
         buckets = sorted({self.bucket(b) for b in [*wanted, max_batch]})
@@ -154,14 +199,14 @@ class Engine:
         with torch.no_grad():
             for b in buckets:
                 for tk in sorted({self._decode_tk(b, hi) for hi in his}):
-                    self.graphs.run(b, tk)
+                    self.graphs.capture(b, tk, mode)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _decode_tk(self, batch: int, hi: int) -> int:
         """Attention length of a plain decode step: bucketed, or the full cache for compiled batches."""
-        if self.graphs is not None and batch <= self.graphs.compile_max_batch:
+        if self.step.compiled(batch):  # one shape per batch bucket: compiled once
             return self.cache.max_len
         return self._tk_of(hi)
 
@@ -179,29 +224,12 @@ class Engine:
 
     def _params(self, rows: slice) -> tuple[object, object, object]:
         """Scalars when every active row shares one setting (cheaper processing), else per-row tensors."""
-        if len(set(self.row_params)) == 1:
-            return self.row_params[0]
+        if self._mode[0] == "uniform":
+            return self._mode[1:]
         return self.rows.temp[rows], self.rows.top_p[rows], self.rows.top_k[rows]
 
     def _all_greedy(self) -> bool:
-        return all(p[0] <= 0.0 for p in self.row_params)
-
-    def _sample_no_sync(self, logits: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, V] -> (token [B], log-prob [B]) from the processed distribution of each row."""
-        if self._all_greedy():
-            tok = logits.argmax(dim=-1)
-            return tok, torch.log_softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
-        temp, top_p, top_k = self._params(rows)
-        if isinstance(temp, float) and temp > 0.0 and top_p == 1.0 and top_k == 0:
-            probs = torch.softmax(logits.float() / temp, dim=-1)  # = processed_probs without its filter passes
-        else:
-            probs = processed_probs(logits, temp, top_p, top_k)  # type: ignore[arg-type]
-        tok = sample(probs, self.gen)
-        lp = token_logprobs(probs, tok)
-        if any(p[0] <= 0.0 for p in self.row_params):  # greedy rows report log_softmax, not log(one-hot)
-            greedy_lp = torch.log_softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
-            lp = torch.where(self.rows.temp[rows] <= 0.0, greedy_lp, lp)
-        return tok, lp
+        return self._mode == GREEDY
 
     # ------------------------------------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -262,7 +290,7 @@ class Engine:
             st.eos[r0 + i] = torch.tensor(list(eos) + [-1] * (MAX_EOS - len(eos)), device=dev)
             self.row_seq.append((r, _))
             self.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
-            self.row_hi[r0 + i] = plens[i]
+            self.row_hi[r0 + i] = plens[i]  # (folds pending plain steps into the old rows first)
             self.row_plen[r0 + i] = plens[i]
             self.row_cap[r0 + i] = plens[i] + p.max_new_tokens
         host = torch.tensor(
@@ -275,38 +303,26 @@ class Engine:
         st.n_gen[rows] = 0
         st.done[rows] = False
         self.n_active += m
+        self._rows_changed()
         logits = last_logits[torch.tensor([firsts[r] for r, _ in order], device=dev)]
-        tok, lp = self._sample_no_sync(logits, rows)
+        tok, lp = choose(logits, self._mode, st, rows, self.gen)
         n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
         self._hist_fresh, self._done_host = False, None
         return StepStats("prefill", m, m, int(max(plens)), int(n.sum()), 0, time.perf_counter() - t0)
 
     # ------------------------------------------------------------------------------------------------- decode
-    def _decode_forward(self, batch: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target forward of rows 0..batch-1 on their root tokens -> (logits [B, V], hidden [B, H])."""
-        ids = self.rows.last[:batch, None]
-        pos = self.rows.lens[:batch, None]
-        mask = self._cols[:tk][None, None, :] <= pos[:, :, None]  # [B, 1, tk]
-        logits, hidden, _ = self.model.forward_hidden(ids, pos, self.cache, write_idx=pos, attn_mask=mask)
-        return logits[:, 0], hidden[:, 0]
-
     @torch.no_grad()
     def decode_step(self, batch: int) -> torch.Tensor:
-        """One plain decode step for rows 0..batch-1 (no host sync) -> tokens emitted per row [B] (device)."""
-        tk = self._decode_tk(batch, int(self.row_hi[: self.n_active].max()) + 1 if self.n_active else 1)
-        if self.graphs is not None:
-            logits, hidden = self.graphs.run(batch, tk)
-        else:
-            logits, hidden = self._decode_forward(batch, tk)
-        rows = slice(0, batch)
-        roots = self.rows.last[:batch].clone() if self.hidden_hook is not None else None
-        tok, lp = self._sample_no_sync(logits, rows)
-        n = self.rows.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
+        """One plain decode step for rows 0..batch-1 (no host sync) -> tokens emitted per row [B] (device; a graph's
+        static output on CUDA: consume it before the next step, as `.sum()` right away does)."""
+        tk = self._decode_tk(batch, self._active_hi() + 1)
+        out: StepOut = self.graphs.run(batch, tk, self._mode) if self.graphs is not None else self.step(batch, tk,
+                                                                                                        self._mode)
         self._hist_fresh, self._done_host = False, None
-        if roots is not None:
-            self._emit_hidden(batch, roots[:, None], hidden[:, None], n)
-        self.row_hi[: self.n_active] = np.minimum(self.row_hi[: self.n_active] + 1, self.row_cap[: self.n_active])
-        return n
+        if self.hidden_hook is not None:
+            self._emit_hidden(batch, out.roots[:, None], out.hidden[:, None], out.n)
+        self._plain_steps += 1
+        return out.n
 
     # -------------------------------------------------------------------------------------------- speculative
     @torch.no_grad()
@@ -337,8 +353,9 @@ class Engine:
         self.hidden_hook(seq, toks[keep], hidden[keep])
 
     # --------------------------------------------------------------------------------------------------- sync
-    def sync(self, results: dict[tuple[int, int], SequenceResult]) -> None:
-        """Finished rows leave (results copied to the host); the rest are compacted into rows 0..n-1."""
+    def sync(self, results: dict[tuple[int, int], SequenceResult], on_finish: FinishCallback | None = None) -> None:
+        """Finished rows leave (results copied to the host, then `on_finish(result)` for each, in row order); the rest
+        are compacted into rows 0..n-1."""
         n = self.n_active
         if n == 0:
             return
@@ -353,11 +370,13 @@ class Engine:
         toks = st.out_tok.index_select(0, fin_t)[:, :width].cpu().tolist()
         lps = st.out_lp.index_select(0, fin_t)[:, :width].cpu().tolist()
         eos_rows = st.eos.index_select(0, fin_t).cpu().tolist()
+        finished: list[SequenceResult] = []
         for i, row in enumerate(fin):
             r, s = self.row_seq[row]
             tk = toks[i][: counts[i]]
             reason = "stop" if tk and tk[-1] in eos_rows[i] else "length"
-            results[(r, s)] = SequenceResult(r, s, tk, lps[i][: counts[i]], reason)  # type: ignore[arg-type]
+            finished.append(SequenceResult(r, s, tk, lps[i][: counts[i]], reason))  # type: ignore[arg-type]
+            results[(r, s)] = finished[-1]
         keep = [i for i in range(n) if not done[i]]
         n_new = len(keep)
         holes = [i for i in range(n_new) if done[i]]
@@ -367,17 +386,24 @@ class Engine:
             dst = torch.tensor(holes, device=self.device)
             self.cache.move_rows(src, dst)
             st.move_rows(src, dst)
+            hi = self.row_hi
             for h, mv in zip(holes, movers, strict=True):
                 self.row_seq[h], self.row_params[h] = self.row_seq[mv], self.row_params[mv]
-                self.row_hi[h], self.row_cap[h] = self.row_hi[mv], self.row_cap[mv]
+                hi[h], self.row_cap[h] = hi[mv], self.row_cap[mv]
                 self.row_known[h], self.row_plen[h] = self.row_known[mv], self.row_plen[mv]
         st.done[n_new:n] = True
         del self.row_seq[n_new:], self.row_params[n_new:]
         self.n_active = n_new
+        self._rows_changed()
+        if on_finish is not None:
+            for res in finished:
+                on_finish(res)
 
     # ----------------------------------------------------------------------------------------------- generate
     @torch.no_grad()
-    def generate(self, requests: Sequence[Request]) -> GenerationOutput:
+    def generate(self, requests: Sequence[Request], on_finish: FinishCallback | None = None) -> GenerationOutput:
+        """Run `requests` to completion; `on_finish(result)` is called once per sequence as soon as it leaves the
+        batch (from `sync()`, before this returns; e.g. to compute rewards while the tail still decodes)."""
         t_start = time.perf_counter()
         for i, req in enumerate(requests):
             if not req.prompt:
@@ -407,11 +433,14 @@ class Engine:
                 steps.append(self.speculative_step(self.n_active))
             else:
                 t0, active, batch = time.perf_counter(), self.n_active, self.bucket(self.n_active)
-                emitted = [self.decode_step(batch).sum() for _ in range(self.config.sync_every)]
-                counts = torch.stack(emitted).tolist()
+                k = self.config.sync_every
+                emitted = [self.decode_step(batch).sum() for _ in range(k)]
+                # one host read per window: the counts and the done flags that sync() needs
+                packed = torch.cat([torch.stack(emitted), self.rows.done[:active].to(torch.int64)]).tolist()
+                counts, self._done_host = packed[:k], [bool(x) for x in packed[k:]]
                 dt = (time.perf_counter() - t0) / len(counts)
                 steps += [StepStats("decode", active, batch, 1, int(c), 0, dt) for c in counts]
-            self.sync(results)
+            self.sync(results, on_finish)
         for p in {id(x): x for x in [self.proposer, *self.proposers.values()] if x is not None}.values():
             p.reset()
         seqs = [results[k] for k in sorted(results)]

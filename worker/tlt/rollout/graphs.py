@@ -1,67 +1,80 @@
-"""CUDA graphs for the fixed-shape plain decode step, captured lazily per (batch bucket, attention-length bucket)
-into one shared memory pool and kept on the engine (never in globals).
+"""CUDA graphs of the WHOLE plain decode step (rollout/decode_step.py: forward, logits processing, sampling with
+the engine's generator, log-probs, commit), captured lazily per (batch bucket, attention-length bucket, sampling
+mode) into the engine's one memory pool (`Engine.graph_pool`, shared with the verify graphs) and kept on the engine.
 
-A captured step reads its inputs from the engine's persistent row state (`last[:B]`, `lens[:B]`: fixed addresses)
-and writes its outputs (logits [B, V], final-norm hidden [B, H]) into static tensors that the engine reads after
-`replay()`. Optional `torch.compile` of the step body before capture fuses the small kernels; it is used for small
-batches only (`compile_max_batch`), where launch overhead dominates, and the engine then runs those at one fixed
-attention length so that each batch bucket compiles once.
+A captured step reads the engine's persistent row state and KV cache (fixed addresses) and leaves a `StepOut` of
+static tensors. Randomness: the engine's generator is registered with every graph
+(`CUDAGraph.register_generator_state`), so each replay draws fresh numbers and advances the generator exactly as
+the eager step would: with the same seed, graph and eager decoding emit the same tokens.
+
+Capture warms the body up twice on a side stream first (allocator, lazy kernels, torch.compile); those runs really
+commit tokens and draw numbers, so the row state and the generator state are snapshotted before and restored after
+(the K/V they write sit at columns the next real step overwrites). Only the capture itself is not executed.
+`capture_seconds` and `pool_bytes` (reserved-memory growth over all captures) say what the graphs cost.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import torch
 
-log = logging.getLogger(__name__)
+from worker.tlt.rollout.decode_step import DecodeStep, Mode, StepOut
 
-StepFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (batch, tk) -> (logits [B, V], hidden [B, H])
+log = logging.getLogger(__name__)
 
 
 class DecodeGraphs:
-    def __init__(self, step: StepFn, compile_max_batch: int = 0) -> None:
-        self._step: StepFn = step
-        self.compile_max_batch = compile_max_batch  # batches up to this use the compiled step (0 = never)
-        self._compiled: StepFn | None = None
-        if compile_max_batch > 0:
-            self._compiled = torch.compile(step, dynamic=False)  # type: ignore[assignment]
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        self._pool: object | None = None
-        self.capture_seconds = 0.0
+    def __init__(self, step: DecodeStep, pool: object) -> None:
+        self.step = step
+        self.pool = pool  # torch.cuda.graph_pool_handle() shared by all of the engine's graphs
+        self._graphs: dict[tuple[int, int, Mode], tuple[torch.cuda.CUDAGraph, StepOut]] = {}
+        self.capture_seconds = 0.0  # wall time of all captures (warm-up and compile included)
+        self.pool_bytes = 0  # growth of reserved CUDA memory over all captures (static outputs and the pool)
 
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def run(self, batch: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:  # -> logits [B, V], hidden [B, H]
-        key = (batch, tk)
+    @property
+    def compile_max_batch(self) -> int:
+        return self.step.compile_max_batch
+
+    def run(self, batch: int, tk: int, mode: Mode) -> StepOut:
+        """One decode step for rows 0..batch-1 by replay (captured on first use)."""
+        graph, out = self.capture(batch, tk, mode)
+        graph.replay()
+        return out
+
+    def capture(self, batch: int, tk: int, mode: Mode) -> tuple[torch.cuda.CUDAGraph, StepOut]:
+        """The graph of (batch, tk, mode), captured now if needed (without running it)."""
+        key = (batch, tk, mode)
         entry = self._graphs.get(key)
         if entry is None:
-            entry = self._capture(batch, tk)
-            self._graphs[key] = entry
-        graph, logits, hidden = entry
-        graph.replay()
-        return logits, hidden
+            entry = self._graphs[key] = self._capture(batch, tk, mode)
+        return entry
 
-    def _capture(self, batch: int, tk: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _capture(self, batch: int, tk: int, mode: Mode) -> tuple[torch.cuda.CUDAGraph, StepOut]:
         t0 = time.perf_counter()
-        # warm-up on a side stream (allocator and lazy kernels settle before capture); the decode step only writes
-        # K/V at each row's next column, which the next real step overwrites, so warming up on live rows is safe
+        rows, gen = self.step.rows, self.step.gen
+        saved_rows, saved_gen = rows.snapshot(), gen.get_state()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        step = self._compiled if self._compiled is not None and batch <= self.compile_max_batch else self._step
         with torch.cuda.stream(side):
             for _ in range(2):
-                step(batch, tk)
+                self.step(batch, tk, mode)
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):  # type: ignore[arg-type]
-            logits, hidden = step(batch, tk)
+        rows.restore(saved_rows)
+        gen.set_state(saved_gen)
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        reserved0 = torch.cuda.memory_reserved()
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(gen)  # replays draw from (and advance) the engine's generator
+        with torch.cuda.graph(graph, pool=self.pool):  # type: ignore[arg-type]
+            out = self.step(batch, tk, mode)
+        torch.cuda.synchronize()
+        self.pool_bytes += max(torch.cuda.memory_reserved() - reserved0, 0)
         self.capture_seconds += time.perf_counter() - t0
-        log.debug("captured decode graph batch=%d tk=%d", batch, tk)
-        return graph, logits, hidden
+        log.debug("captured decode graph batch=%d tk=%d mode=%s", batch, tk, mode)
+        return graph, out

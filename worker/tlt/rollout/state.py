@@ -41,6 +41,15 @@ class RowState:
         return [self.lens, self.last, self.n_gen, self.done, self.max_new, self.prompt_len, self.group, self.temp,
                 self.top_p, self.top_k, self.eos, self.out_tok, self.out_lp]
 
+    def snapshot(self) -> list[torch.Tensor]:
+        """Copies of every tensor (a CUDA-graph warm-up commits for real; `restore` undoes it)."""
+        return [t.clone() for t in self.tensors()]
+
+    def restore(self, saved: list[torch.Tensor]) -> None:
+        """Write a snapshot back in place (the captured graphs keep reading the same addresses)."""
+        for t, s in zip(self.tensors(), saved, strict=True):
+            t.copy_(s)
+
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:  # [M] int64 each, disjoint
         for t in self.tensors():
             t.index_copy_(0, dst, t.index_select(0, src))

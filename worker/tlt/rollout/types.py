@@ -50,8 +50,10 @@ class EngineConfig:
     max_slots: int | None = None  # sequences resident at once; None = from kv_cache_gb
     kv_cache_gb: float = 8.0  # KV memory budget when max_slots is None
     sync_every: int = 8  # plain decode steps between host checks for finished sequences
-    cuda_graphs: bool = True  # capture the plain decode step per (batch bucket, attention-length bucket); CUDA only
-    compile: bool = False  # torch.compile the decode forward of small batches before capture (CUDA only)
+    # capture the WHOLE plain decode step (forward, sampling, log-probs, commit) per (batch bucket, attention-length
+    # bucket, sampling mode) in CUDA graphs sharing Engine.graph_pool; CUDA only
+    cuda_graphs: bool = True
+    compile: bool = False  # torch.compile the decode step body of small batches before capture (CUDA only)
     compile_max_batch: int = 8  # batch buckets up to this are compiled (each once, at the full attention length)
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
     attn_bucket: int = 256  # decode attends over columns 0..Tk-1, Tk rounded up to a multiple of this

@@ -52,8 +52,11 @@ class SamplingParams:
 
 
 def _per_row(value: Param, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A scalar or a [B] tensor, shaped [B, 1, ..., 1] to broadcast against `logits` [B, ..., V]."""
-    t = torch.as_tensor(value, dtype=dtype, device=logits.device)
+    """A scalar or a [B] tensor, shaped [B, 1, ..., 1] to broadcast against `logits` [B, ..., V]. A Python scalar is
+    filled on the device (no host-to-device copy: this runs inside CUDA-graph captures)."""
+    if not isinstance(value, torch.Tensor):
+        return torch.full((logits.shape[0],) + (1,) * (logits.dim() - 1), value, dtype=dtype, device=logits.device)
+    t = value.to(dtype=dtype, device=logits.device)
     if t.dim() == 0:
         t = t.expand(logits.shape[0])
     if t.shape != (logits.shape[0],):
@@ -70,9 +73,13 @@ def processed_probs(
     """The distribution both plain decoding and the verifier sample from (see the module docstring)."""
     logits = logits.float()
     vocab = logits.shape[-1]
-    temp = _per_row(temperature, logits, torch.float32)
-    greedy = temp <= 0.0
-    scaled = logits / torch.where(greedy, torch.ones_like(temp), temp)
+    greedy: torch.Tensor | None = None  # [B, 1, ..., 1] rows with temperature 0 (None: one positive temperature)
+    if not isinstance(temperature, torch.Tensor) and float(temperature) > 0.0:
+        scaled = logits / float(temperature)
+    else:
+        temp = _per_row(temperature, logits, torch.float32)
+        greedy = temp <= 0.0
+        scaled = logits / torch.where(greedy, torch.ones_like(temp), temp)
 
     # A Python scalar that switches a filter off skips it; a tensor is always applied (no host sync to check it).
     use_k = isinstance(top_k, torch.Tensor) or 0 < int(top_k) < vocab
@@ -100,6 +107,8 @@ def processed_probs(
             sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
         probs = torch.zeros_like(sorted_probs).scatter(-1, order, sorted_probs)
 
+    if greedy is None:
+        return probs
     one_hot = torch.zeros_like(probs).scatter(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy, one_hot, probs)
 
@@ -112,9 +121,23 @@ def sample(
 
     Exponential race: argmax(probs / E) with E ~ Exp(1) i.i.d. picks token i with probability probs_i / sum(probs).
     No host sync and no failure on all-zero rows (which return an arbitrary id), so the verifier can sample every
-    row and keep only the ones it needs."""
-    e = torch.empty(probs.shape, dtype=torch.float32, device=probs.device).exponential_(generator=generator)
-    return (probs.float() / e.clamp_min_(1e-30)).argmax(dim=-1)
+    row and keep only the ones it needs. Split in two (`exponential_noise`, `pick_with_noise`) where the draw and
+    the pick run in different places (the decode step compiles the pick but draws the noise eagerly)."""
+    return pick_with_noise(probs, exponential_noise(probs, generator))
+
+
+def exponential_noise(
+    probs: torch.Tensor,  # [..., V] the weights the noise is for (shape and device)
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [..., V] float32, i.i.d. Exp(1)
+    return torch.empty(probs.shape, dtype=torch.float32, device=probs.device).exponential_(generator=generator)
+
+
+def pick_with_noise(
+    probs: torch.Tensor,  # [..., V] nonnegative weights
+    noise: torch.Tensor,  # [..., V] Exp(1) draws from exponential_noise
+) -> torch.Tensor:  # [...] int64 token ids: the exponential race's winner
+    return (probs.float() / noise.clamp_min(1e-30)).argmax(dim=-1)
 
 
 def token_logprobs(

@@ -1,0 +1,158 @@
+"""The plain decode step as one fixed-shape body: forward of rows 0..B-1 on their roots -> processed distribution
+-> sample with the engine's torch.Generator -> log-probs -> commit (EOS / max_new_tokens). No host sync.
+
+The same body runs eagerly (CPU, `cuda_graphs=False`: the reference), captured whole in a CUDA graph
+(rollout/graphs.py) and, for small batches, torch.compile'd before capture. So that all three draw the same random
+numbers, the exponential noise of the sampler is always drawn eagerly from the engine's generator (dynamo cannot
+trace a Generator argument, and inductor's own RNG would differ); the compiled parts are the two deterministic
+halves around it: `head` (forward + logits processing) and `tail` (pick + log-prob + commit).
+
+Sampling mode (what the processing depends on; fixed per captured graph, part of its key):
+- `GREEDY`: every active row has temperature 0: argmax, log-prob = log_softmax;
+- `("uniform", temperature, top_p, top_k)`: every active row shares one setting: scalar processing (top-k by
+  torch.topk, no sort);
+- `MIXED`: per-row settings read from RowState's temp / top_p / top_k tensors (fixed addresses); greedy rows
+  report log_softmax, as in plain greedy decoding.
+
+Run the tests: `python -m pytest tests/engine/test_engine_decode_step.py -q`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.kv_cache import KVCache
+from worker.tlt.rollout.state import RowState
+from worker.tlt.spec.sampling import exponential_noise, pick_with_noise, processed_probs, token_logprobs
+
+Mode = tuple[Any, ...]  # GREEDY | ("uniform", temperature, top_p, top_k) | MIXED
+GREEDY: Mode = ("greedy",)
+MIXED: Mode = ("mixed",)
+
+
+def sampling_mode(params: Sequence[tuple[float, float, int]]) -> Mode:
+    """The mode of a batch from its rows' (temperature, top_p, top_k) (module docstring)."""
+    if all(p[0] <= 0.0 for p in params):
+        return GREEDY
+    first = params[0]
+    if all(p == first for p in params):
+        return ("uniform", *first)
+    return MIXED
+
+
+def choose_greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V] -> (token [B], lp [B])
+    tok = logits.argmax(dim=-1)
+    return tok, torch.log_softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
+
+
+def process(
+    logits: torch.Tensor,  # [B, V]
+    mode: Mode,  # uniform or MIXED
+    temp: torch.Tensor,  # [B] per-row settings (read in MIXED mode only)
+    top_p: torch.Tensor,  # [B]
+    top_k: torch.Tensor,  # [B]
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # (probs [B, V] float32, log_softmax [B, V] for greedy rows or None)
+    if mode[0] == "uniform":
+        _, t, p, k = mode
+        if p >= 1.0 and k <= 0:
+            return torch.softmax(logits.float() / t, dim=-1), None  # = processed_probs without its filter passes
+        return processed_probs(logits, t, p, k), None
+    return processed_probs(logits, temp, top_p, top_k), torch.log_softmax(logits.float(), dim=-1)
+
+
+def choose_sampled(
+    probs: torch.Tensor,  # [B, V] processed distribution
+    noise: torch.Tensor,  # [B, V] Exp(1) draws
+    lsm: torch.Tensor | None,  # [B, V] log_softmax (MIXED mode) or None
+    temp: torch.Tensor,  # [B] per-row temperature (MIXED mode: greedy rows report log_softmax)
+) -> tuple[torch.Tensor, torch.Tensor]:  # (token [B], lp [B])
+    tok = pick_with_noise(probs, noise)
+    lp = token_logprobs(probs, tok)
+    if lsm is not None:
+        lp = torch.where(temp <= 0.0, lsm.gather(1, tok[:, None]).squeeze(1), lp)
+    return tok, lp
+
+
+def choose(logits: torch.Tensor, mode: Mode, rows: RowState, sel: slice,
+           gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager sampling of logits [B, V] for rows `sel` (prefill's first token) -> (token [B], lp [B])."""
+    if mode == GREEDY:
+        return choose_greedy(logits)
+    temp = rows.temp[sel]
+    probs, lsm = process(logits, mode, temp, rows.top_p[sel], rows.top_k[sel])
+    return choose_sampled(probs, exponential_noise(probs, gen), lsm, temp)
+
+
+@dataclass(frozen=True)
+class StepOut:
+    """What one decode step leaves behind (static tensors when replayed from a CUDA graph: read them before the
+    next replay, i.e. enqueue their consumers right away)."""
+
+    n: torch.Tensor  # [B] int64 tokens emitted (0 for finished and padding rows)
+    roots: torch.Tensor  # [B] int64 the tokens fed to the forward (their K/V entered the cache)
+    hidden: torch.Tensor  # [B, H] final-norm hidden state at the roots (for the hidden-state hook)
+
+
+class DecodeStep:
+    """The decode body over the engine's model, KV cache, row state and generator (module docstring).
+    `compile_max_batch` > 0 compiles head and tail for batches up to it (`compiler`: a torch.compile backend)."""
+
+    def __init__(self, model: Transformer, cache: KVCache, rows: RowState, gen: torch.Generator, *,
+                 compile_max_batch: int = 0, compiler: str = "inductor") -> None:
+        self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
+        self.compile_max_batch = compile_max_batch
+        self._cols = torch.arange(cache.max_len, device=rows.lens.device)
+        self._head_c: Callable[..., Any] = self.head
+        self._tail_c: Callable[..., Any] = self.tail
+        if compile_max_batch > 0:
+            # one compile per (batch bucket, mode) and per engine (the guards see this engine's tensors): raise
+            # dynamo's default of 8 so that a process with several engines never falls back to eager silently
+            dyn = torch._dynamo.config
+            dyn.recompile_limit = max(dyn.recompile_limit, 64)
+            # default mode, not "reduce-overhead": we capture the graphs ourselves (rollout/graphs.py)
+            self._head_c = torch.compile(self.head, dynamic=False, backend=compiler)
+            self._tail_c = torch.compile(self.tail, dynamic=False, backend=compiler)
+
+    def compiled(self, batch: int) -> bool:
+        return batch <= self.compile_max_batch
+
+    def forward(self, batch: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target forward of rows 0..batch-1 on their root tokens -> (logits [B, V], hidden [B, H])."""
+        ids = self.rows.last[:batch, None]  # [B, 1]
+        pos = self.rows.lens[:batch, None]  # [B, 1]
+        mask = self._cols[:tk][None, None, :] <= pos[:, :, None]  # [B, 1, tk]
+        logits, hidden, _ = self.model.forward_hidden(ids, pos, self.cache, write_idx=pos, attn_mask=mask)
+        return logits[:, 0], hidden[:, 0]
+
+    def head(self, batch: int, tk: int, mode: Mode) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Forward + processing -> (greedy: token [B] / else probs [B, V], greedy: lp [B] / else lsm or None, hidden)."""
+        logits, hidden = self.forward(batch, tk)
+        if mode == GREEDY:
+            tok, lp = choose_greedy(logits)
+            return tok, lp, hidden
+        probs, lsm = process(logits, mode, self.rows.temp[:batch], self.rows.top_p[:batch], self.rows.top_k[:batch])
+        return probs, lsm, hidden
+
+    def tail(self, batch: int, mode: Mode, a: torch.Tensor, b: torch.Tensor | None,
+             noise: torch.Tensor | None) -> torch.Tensor:
+        """Pick (sampled modes) and commit -> tokens emitted per row [B]."""
+        if mode == GREEDY:
+            tok, lp = a, b
+        else:
+            assert noise is not None
+            tok, lp = choose_sampled(a, noise, b, self.rows.temp[:batch])
+        assert lp is not None
+        return self.rows.commit_no_sync(slice(0, batch), tok[:, None], lp[:, None], torch.ones_like(tok))
+
+    def __call__(self, batch: int, tk: int, mode: Mode) -> StepOut:
+        head, tail = (self._head_c, self._tail_c) if self.compiled(batch) else (self.head, self.tail)
+        roots = self.rows.last[:batch].clone()
+        a, b, hidden = head(batch, tk, mode)
+        noise = None if mode == GREEDY else exponential_noise(a, self.gen)  # eager: the generator's own stream
+        n = tail(batch, mode, a, b, noise)
+        return StepOut(n, roots, hidden)
