@@ -1,6 +1,7 @@
 // GPU timeline of the last few RL steps: one lane per GPU with intervals of rollout / idle (the long tail) / drafter
-// training (harvested idle time) / reward / update / sync, reconstructed from the step's timing_s/* and harvest/*
-// metrics. The metrics are per step, not per GPU, so idle and harvested GPU-seconds are split evenly over the lanes.
+// training (harvested idle time) / reward / update / sync. Multi-GPU jobs report each GPU's phases
+// (`timeline/gpu{g}/{rollout,drafter,idle,reward,update,sync}_s`, in that order); other jobs only the step's
+// timing_s/* and harvest/* totals, whose idle and harvested GPU-seconds are then split evenly over the lanes.
 import { fmt, h } from "../dom";
 import { setupCanvas } from "./heatmap";
 import type { MetricStore } from "../job/store";
@@ -12,7 +13,24 @@ export const PHASES: Record<string, string> = {
 
 export interface Segment { phase: string; start: number; end: number }
 
-/** The segments of one lane for one step, times relative to the step's start (seconds). */
+const LANE_PHASES: [string, string][] = [["rollout", "rollout"], ["drafter", "drafter training"], ["idle", "idle"],
+  ["reward", "reward"], ["update", "update"], ["sync", "sync"]];
+
+/** GPU g's own segments for one step, or null when the job did not report per-GPU phases. */
+export function laneSegments(store: MetricStore, step: number, g: number): Segment[] | null {
+  if (store.at(`timeline/gpu${g}/rollout_s`, step) === null) return null;
+  const segs: Segment[] = [];
+  let t = 0;
+  for (const [key, phase] of LANE_PHASES) {
+    const d = store.at(`timeline/gpu${g}/${key}_s`, step) ?? 0;
+    if (d > 0) { segs.push({ phase, start: t, end: t + d }); t += d; }
+  }
+  const total = store.at("timing_s/step", step);
+  if (total !== null && total > t) segs.push({ phase: "other", start: t, end: total });
+  return segs;
+}
+
+/** The segments of one lane for one step from the step totals, times relative to the step's start (seconds). */
 export function stepSegments(store: MetricStore, step: number, ngpu: number): Segment[] {
   const v = (n: string) => store.at(n, step) ?? 0;
   const gen = v("timing_s/gen"), reward = v("timing_s/reward"), update = v("timing_s/update"), sync = v("timing_s/sync");
@@ -38,6 +56,7 @@ export function stepSegments(store: MetricStore, step: number, ngpu: number): Se
 export class GpuTimeline {
   readonly box: HTMLElement;
   private canvas = h("canvas");
+  private title: HTMLElement;
   private ro: ResizeObserver;
   private width = 400;
   private seen = -1;
@@ -47,7 +66,7 @@ export class GpuTimeline {
     const legend = h("div", { class: "legend" }, ...Object.entries(PHASES).map(([k, c]) =>
       h("span", {}, h("i", { style: `background:${c}` }), k)));
     this.box = h("div", { class: "chart", "data-chart": "gpu-timeline" },
-      h("div", { class: "chart-title" }, `GPU timeline — last ${steps} steps (per-GPU split estimated from step totals)`),
+      this.title = h("div", { class: "chart-title" }, `GPU timeline — last ${steps} steps`),
       this.canvas, legend);
     this.box.classList.add("wide");
     parent.append(this.box);
@@ -70,8 +89,13 @@ export class GpuTimeline {
     const s = this.store?.series.get("timing_s/step") ?? this.store?.series.get("timing_s/gen");
     if (!this.store || !s || !s.steps.length) { ctx.fillStyle = "#888"; ctx.fillText("no timing metrics yet", L, T + 12); return; }
     const steps = s.steps.slice(-this.steps);
-    const perStep = steps.map((st) => stepSegments(this.store!, st, lanes));
-    const total = perStep.reduce((a, segs) => a + (segs.length ? segs[segs.length - 1].end : 0), 0) || 1;
+    const shared = steps.map((st) => stepSegments(this.store!, st, lanes));
+    // per lane: the GPU's own phases when reported, else the even split of the step totals
+    const perLane = steps.map((st, k) => Array.from({ length: lanes }, (_, g) => laneSegments(this.store!, st, g) ?? shared[k]));
+    const estimated = steps.some((st) => laneSegments(this.store!, st, 0) === null);
+    this.title.textContent = `GPU timeline — last ${this.steps} steps${estimated && lanes > 1 ? " (per-GPU split estimated from step totals)" : ""}`;
+    const span = (k: number) => Math.max(0, ...perLane[k].map((segs) => (segs.length ? segs[segs.length - 1].end : 0)));
+    const total = steps.reduce((a, _, k) => a + span(k), 0) || 1;
     const w = this.width - L - 8;
     const X = (t: number) => L + (t / total) * w;
     for (let g = 0; g < lanes; g++) {
@@ -80,10 +104,9 @@ export class GpuTimeline {
     }
     let off = 0;
     steps.forEach((st, k) => {
-      const segs = perStep[k];
       for (let g = 0; g < lanes; g++) {
         const y = T + g * (laneH + 4);
-        for (const sg of segs) {
+        for (const sg of perLane[k][g]) {
           ctx.fillStyle = PHASES[sg.phase];
           ctx.fillRect(X(off + sg.start), y, Math.max(1, X(off + sg.end) - X(off + sg.start)), laneH);
         }
@@ -92,7 +115,7 @@ export class GpuTimeline {
       ctx.fillText(`step ${st}`, X(off) + 2, 11);
       ctx.strokeStyle = "#333";
       ctx.beginPath(); ctx.moveTo(X(off), T - 2); ctx.lineTo(X(off), height - B); ctx.stroke();
-      off += segs.length ? segs[segs.length - 1].end : 0;
+      off += span(k);
     });
     ctx.fillStyle = "#666";
     ctx.fillText(`${fmt(total)} s`, L + w - 40, height - 3);
