@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from worker.tlt.drafter.export import export_eagle1, export_eagle3, load_exported
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.spec.proposer import DraftContext
@@ -70,7 +70,7 @@ def _read(path) -> dict[str, tuple]:
         return {k: (tuple(f.get_tensor(k).shape), f.get_tensor(k).dtype) for k in f.keys()}  # noqa: SIM118
 
 
-def _trained_like(target: Transformer, kind: str) -> EagleDrafter:
+def _trained_like(target: Transformer, kind: Kind) -> EagleDrafter:
     d = EagleDrafter(target, EagleConfig(kind=kind, draft_vocab_size=300 if kind == "eagle3" else 0))
     d.reset_parameters(std=0.1, seed=5)
     if kind == "eagle3":
@@ -124,7 +124,7 @@ def _ctx(hist: list[list[int]], depth: int, nodes: int, temperature: float) -> D
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_export_reload_drafts_identically(tmp_path, tiny_target: Transformer, kind: str) -> None:
+def test_export_reload_drafts_identically(tmp_path, tiny_target: Transformer, kind: Kind) -> None:
     d = _trained_like(tiny_target, kind)
     # round the weights to the export dtype first, so "identical" is exact
     with torch.no_grad():
@@ -141,10 +141,10 @@ def test_export_reload_drafts_identically(tmp_path, tiny_target: Transformer, ki
     for topk, depth, nodes in ((1, 4, 5), (3, 4, 10)):
         props = []
         for drafter in (d, back):
-            p = EagleProposer(drafter, EagleProposerConfig(topk=topk, context=8))
+            prop = EagleProposer(drafter, EagleProposerConfig(topk=topk, context=8))
             for b, f in enumerate(feats):
-                p.observe([(b, 0)] * f.shape[0], torch.zeros(f.shape[0]), f)
-            props.append(p.propose(_ctx(hist, depth, nodes, temperature=0.0)))
+                prop.observe([(b, 0)] * f.shape[0], torch.zeros(f.shape[0]), f)
+            props.append(prop.propose(_ctx(hist, depth, nodes, temperature=0.0)))
         a, b2 = props
         assert torch.equal(a.tokens, b2.tokens) and torch.equal(a.parents, b2.parents)
         assert torch.equal(a.counts, b2.counts)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter, eagle3_layers
+from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind, eagle3_layers
 from worker.tlt.model.transformer import Transformer
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_forward_backward_only_drafter_params_get_grads(tiny_target: Transformer, kind: str) -> None:
+def test_forward_backward_only_drafter_params_get_grads(tiny_target: Transformer, kind: Kind) -> None:
     d = EagleDrafter(tiny_target, EagleConfig(kind=kind, draft_vocab_size=200 if kind == "eagle3" else 0, ttt_steps=2))
     h = tiny_target.args.dim
     # shared by identity, never registered as the drafter's own
@@ -46,7 +46,7 @@ def test_eagle3_feature_layers() -> None:
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_unroll_matches_stepwise_drafting(tiny_target: Transformer, kind: str) -> None:
+def test_unroll_matches_stepwise_drafting(tiny_target: Transformer, kind: Kind) -> None:
     """Step s of the training-time test at entry j == drafting s tokens after a context of entries 0..j."""
     torch.manual_seed(0)
     d = EagleDrafter(tiny_target, EagleConfig(kind=kind)).eval()

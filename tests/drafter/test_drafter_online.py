@@ -50,6 +50,14 @@ def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
     assert other.trainer.steps == od.trainer.steps
     for k, v in od.train_drafter.state_dict().items():
         assert torch.equal(other.train_drafter.state_dict()[k], v)
+    # the engine's copy is what was serving (published at the last rollout start), until the next rollout starts
+    for k, v in od.proposer.drafter.state_dict().items():
+        assert torch.equal(other.proposer.drafter.state_dict()[k], v)
+    assert other.proposer.version == od.proposer.version
+    od.begin_rollout(3)
+    other.begin_rollout(3)
+    assert other.proposer.version == od.proposer.version == 3
+    for k, v in od.train_drafter.state_dict().items():
         assert torch.equal(other.proposer.drafter.state_dict()[k], v)
 
 

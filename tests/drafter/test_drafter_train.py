@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from worker.tlt.drafter.buffer import HiddenStateBuffer
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind
 from worker.tlt.drafter.proposer import EagleProposer
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
 from worker.tlt.model.transformer import Transformer
 
 
-def _trainer(target: Transformer, seqs: torch.Tensor, filler, kind: str = "eagle1", **kw) -> SpotTrainer:
+def _trainer(target: Transformer, seqs: torch.Tensor, filler, kind: Kind = "eagle1", **kw) -> SpotTrainer:
     d = EagleDrafter(target, EagleConfig(kind=kind, ttt_steps=1 if kind == "eagle1" else 2))
     width = d.feature_dim + (0 if kind == "eagle1" else d.args.dim)
     buf = HiddenStateBuffer(width, budget_bytes=2**22, dtype=torch.float32)
@@ -79,7 +79,7 @@ def test_preemption_returns_at_step_boundary(tiny_target: Transformer, tiny_roll
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
 def test_save_load_trainable_only(tmp_path, tiny_target: Transformer, tiny_rollouts: torch.Tensor, filler,
-                                  kind: str) -> None:
+                                  kind: Kind) -> None:
     tr = _trainer(tiny_target, tiny_rollouts, filler, kind=kind)
     tr.train(lambda: False, max_steps=3)
     path = tmp_path / "drafter.safetensors"

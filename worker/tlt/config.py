@@ -89,6 +89,9 @@ class AlgorithmConfig(_Strict):
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty window in tokens; 0 = off
     micro_batch_tokens: int = Field(16384, ge=64)  # token budget of one update micro-batch
     gradient_checkpointing: bool = False
+    # AdamW steps fp32 copies of bf16/fp16 weights and writes them back (rl/optim.py); None = on for bf16/fp16
+    # models. Off, updates below half a bf16 ulp (lr 1e-6 on most weights) are rounded away every step.
+    fp32_master_weights: bool | None = None
     reward_funcs: list[str] = Field(default_factory=lambda: ["math_accuracy"])  # names in the reward registry
     reward_weights: list[float] | None = None  # one per reward function; None = all 1.0
 
@@ -186,6 +189,23 @@ PRESETS: dict[str, dict] = {
         "algorithm": {"num_generations": 8, "prompts_per_step": 8, "max_completion_length": 1024},
         "resources": {"gpus": 1},
     },
+}
+
+
+# The benchmark's two modes of that setting (bench/train_bench.py, bench/train_curves.py): TLT's adaptive SD with the
+# online EAGLE-1 drafter, and SD off. Spot training is capped per RL step: a drafter step costs ~90 ms on the H200
+# (bench/results/drafter_h200.json), so the spec default of 200 would add ~18 s of serial training to a ~5 s step.
+PRESETS["h200-gsm8k-tlt"] = {
+    **PRESETS["h200-gsm8k"],
+    "name": "smollm2-gsm8k-h200-tlt",
+    "rollout": {"speculative": "adaptive", "sd_on_below": 32},
+    "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 16},
+}
+PRESETS["h200-gsm8k-sd-off"] = {
+    **PRESETS["h200-gsm8k"],
+    "name": "smollm2-gsm8k-h200-sd-off",
+    "rollout": {"speculative": "off"},
+    "drafter": {"kind": "none"},
 }
 
 

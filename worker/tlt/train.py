@@ -76,11 +76,6 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
         raise ValueError(f"no training prompts fit max_prompt_length={ds.max_prompt_length}")
     reward_names = reward_names_for(spec)
     reward_fns = resolve(reward_names)
-    if model.head_weight.dtype != torch.float32:
-        # one module serves rollout and training (free weight sync), so it is trained in its own dtype: AdamW
-        # updates far below a bf16 ulp are rounded away (no fp32 master copy yet)
-        reporter.log(f"warning: training {model.head_weight.dtype} weights directly (no fp32 master weights); "
-                     "set model.dtype: float32 for small learning rates")
     rollout = make_rollout(spec, model, tokenizer, device)
     reporter.log(
         f"model {spec.model.model_dump(exclude_none=True)} on {device}; {len(train)} training prompts, "
@@ -88,6 +83,11 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
     )
     trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device, drafter=rollout.drafter,
                           reward_names=reward_names)
+    if model.head_weight.dtype != torch.float32 and not trainer.master.enabled:
+        # one module serves rollout and training (free weight sync): without fp32 copies AdamW updates far below
+        # a bf16 ulp are rounded away
+        reporter.log(f"warning: training {model.head_weight.dtype} weights without fp32 master weights "
+                     "(algorithm.fp32_master_weights: false); small updates are rounded away")
     return trainer, val
 
 
@@ -101,6 +101,8 @@ def save_checkpoint(trainer: GRPOTrainer, root: Path, keep: int) -> Path:
     extra: dict = {"drafter": trainer.drafter.state_dict()} if trainer.drafter is not None else {}
     if (ctl := _adaptive(trainer)) is not None:
         extra["adaptive"] = ctl.state_dict()
+    if trainer.master.pairs:  # the bf16 weights are these rounded: an exact resume needs the fp32 copies
+        extra["master_weights"] = trainer.master.state_dict()
     return write_checkpoint(
         root, trainer.step_count, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler,
         rng=capture_rng(trainer.generator), trainer_state=trainer.state_dict(), extra=extra, keep=keep,
@@ -115,6 +117,10 @@ def resume_from(trainer: GRPOTrainer, root: Path) -> int:
         return 0
     ck = load_checkpoint(path)
     trainer.model.load_state_dict(ck.model, strict=False)  # tied heads have no separate lm_head tensor
+    if "master_weights" in ck.extra:
+        trainer.master.load_state_dict(ck.extra["master_weights"])
+    else:  # a checkpoint written without master weights: start them from the loaded weights
+        trainer.master.sync_from_model()
     trainer.optimizer.load_state_dict(ck.optimizer)
     trainer.scheduler.load_state_dict(ck.scheduler)
     trainer.load_state_dict(ck.trainer_state)
@@ -148,8 +154,22 @@ def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True) -
     if spec.type == "drafter":
         run_drafter_warmup(spec, run_dir, reporter)
         return
-    ckpt_root = run_dir / "checkpoints"
+    if spec.resources.gpus > 1:
+        from worker.tlt.multigpu import launch  # multi-GPU jobs only: one process per GPU
+
+        launch.run(spec, run_dir, reporter, resume)
+        return
     trainer, val = build_trainer(spec, reporter)
+    try:
+        train_loop(spec, trainer, val, run_dir, reporter, resume)
+    finally:
+        trainer.close()
+
+
+def train_loop(spec: JobSpec, trainer: GRPOTrainer, val: list, run_dir: Path, reporter: Reporter,
+               resume: bool) -> None:
+    """Steps to max_steps with validation, checkpoints and the final export (see `run`)."""
+    ckpt_root = run_dir / "checkpoints"
     start = resume_from(trainer, ckpt_root) if resume else 0
     if start:
         reporter.log(f"resumed from checkpoint step-{start}")
@@ -189,11 +209,11 @@ def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True) -
     reporter.log(f"done: {step} steps; policy exported to {policy}")
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge_spec(base: dict, over: dict) -> dict:
     """`over` on top of `base`, section by section (a spec file's `algorithm:` keeps the preset's other keys)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge_spec(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -206,7 +226,7 @@ def load_spec(path: str | None, preset_name: str | None) -> JobSpec:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: a job spec is a mapping of JobSpec fields")
-        data = _merge(data, loaded)
+        data = merge_spec(data, loaded)
     return JobSpec.model_validate(data)
 
 

@@ -11,6 +11,7 @@ rows of steps older than the previous one, and when the ring is full the oldest 
 oldest step goes first). `capture` only writes by index: with the ring on the GPU no host sync, safe inside the decode loop (a host ring
 costs one blocking device -> host copy per call).
 `sample(batch, window, generator)` returns training windows: up to `window` consecutive rows of one sequence each.
+`state_dict()` / `load_state_dict()` carry the live rows and the ring position through a checkpoint (exact resume).
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_buffer.py -q`.
 """
@@ -18,8 +19,19 @@ Run the tests: `python -m pytest tests/drafter/test_drafter_buffer.py -q`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
+
+
+def to_device_no_sync(arr: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device` without waiting for the device: pinned staging and a non_blocking copy (a pageable
+    copy would synchronise the stream)."""
+    t = torch.from_numpy(arr)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -164,6 +176,30 @@ class HiddenStateBuffer:
             lengths=lengths.to(out_dev),
         )
 
+    # ------------------------------------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """The live rows with their ring slots and the write position (host tensors): a resumed run samples the
+        same windows and overwrites the same slots as the uninterrupted one. Size: live rows x (F x dtype + 24) B."""
+        live = torch.nonzero(self.step >= 0).squeeze(1)
+        return {
+            "capacity": self.capacity, "width": self.width, "written": self.written, "current_step": self.current_step,
+            "slots": live.cpu(), "hidden": self.hidden[live].cpu(), "tokens": self.tokens[live].cpu(),
+            "seq": self.seq[live].cpu(), "step": self.step[live].cpu(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state["capacity"], state["width"]) != (self.capacity, self.width):
+            raise ValueError(f"buffer checkpoint holds a ring of {state['capacity']} x {state['width']}, this buffer "
+                             f"is {self.capacity} x {self.width} (drafter.buffer_gb or the model changed)")
+        self.step.fill_(-1)
+        slots = state["slots"].to(self.device)
+        self.hidden.index_copy_(0, slots, state["hidden"].to(self.device, self.hidden.dtype))
+        self.tokens.index_copy_(0, slots, state["tokens"].to(self.device))
+        self.seq.index_copy_(0, slots, state["seq"].to(self.device))
+        self.step.index_copy_(0, slots, state["step"].to(self.device))
+        self.written, self.current_step = int(state["written"]), int(state["current_step"])
+        self._index = None
+
     def token_counts(self, vocab_size: int) -> torch.Tensor:  # [V] how often each token occurs in the buffer
         t = self.tokens[self.step >= 0]
         return torch.bincount(t, minlength=vocab_size)[:vocab_size]
@@ -181,12 +217,12 @@ class EngineCapture:
     def __init__(self, buffer: HiddenStateBuffer, max_samples: int = 4096) -> None:
         self.buffer, self.max_samples = buffer, max_samples
         self._seen: set[int] = set()
-        self._epoch = 0  # rollouts seen: keeps ids of different generate() calls apart
+        self.epoch = 0  # rollouts seen: keeps ids of different generate() calls apart
 
     def reset(self) -> None:
         """Call before each new rollout (`Engine.generate` numbers requests from 0 again)."""
         self._seen.clear()
-        self._epoch += 1
+        self.epoch += 1
 
     def __call__(
         self,
@@ -205,11 +241,12 @@ class EngineCapture:
                 if r in new and not (i + 1 == n or seq_ids[i + 1][0] != r):
                     keep[i] = False
             self._seen |= new
-        base = self._epoch << 40
-        ids = torch.tensor([base + r * self.max_samples + s for r, s in seq_ids], dtype=torch.int64)
+        base = self.epoch << 40
+        ids = np.array([base + r * self.max_samples + s for r, s in seq_ids], dtype=np.int64)
+        dev = hidden.device
         if all(keep):
-            self.buffer.capture(ids, token_ids, hidden)
+            self.buffer.capture(to_device_no_sync(ids, dev), token_ids, hidden)
         else:
-            k = torch.tensor(keep)
-            kd = k.to(hidden.device)
-            self.buffer.capture(ids[k], token_ids[kd], hidden[kd])
+            k = np.array(keep)
+            rows = to_device_no_sync(np.nonzero(k)[0], dev)
+            self.buffer.capture(to_device_no_sync(ids[k], dev), token_ids[rows], hidden[rows])

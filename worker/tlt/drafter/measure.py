@@ -39,12 +39,21 @@ ARMS: dict[str, tuple[SpecConfig, int]] = {  # name -> (engine spec, proposer to
 }
 
 
-def run_arm(target: Transformer, drafter: EagleDrafter, prompts: list[list[int]], params: SamplingParams,
-            arm: str, eos: tuple[int, ...], max_len: int, context: int = 64) -> dict[str, Any]:
+def run_arm(target: Transformer, drafter: EagleDrafter | None, prompts: list[list[int]], params: SamplingParams,
+            arm: str, eos: tuple[int, ...], max_len: int, context: int = 64,
+            proposer: EagleProposer | None = None, time_propose: bool = True) -> dict[str, Any]:
+    """One decoding arm over `prompts` (one batch). `proposer`: reuse one (and its captured chain graphs) instead
+    of building one around `drafter`. `time_propose`: synchronise around each propose to time it (propose_ms; the
+    syncs cost the step its CPU/GPU overlap, so leave it off for tokens/s)."""
     spec, topk = ARMS[arm]
-    prop = EagleProposer(drafter, EagleProposerConfig(topk=topk, context=context)) if spec.mode == "on" else None
+    prop = None
+    if spec.mode == "on":
+        if proposer is None:
+            assert drafter is not None
+            proposer = EagleProposer(drafter, EagleProposerConfig(topk=topk, context=context))
+        prop = proposer
     spent = [0.0]
-    if prop is not None:  # time the drafting part of each speculative step (synchronised)
+    if prop is not None and time_propose:  # time the drafting part of each speculative step (synchronised)
         inner = prop.propose
 
         def timed(ctx: Any) -> Any:
@@ -60,9 +69,13 @@ def run_arm(target: Transformer, drafter: EagleDrafter, prompts: list[list[int]]
         prop.propose = timed  # type: ignore[method-assign]
     eng = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)), spec=spec,
                  proposer=prop, hidden_hook=prop.observe if prop is not None else None)
-    eng.generate([Request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))])  # warm-up (graphs)
-    spent[0] = 0.0
-    out = eng.generate([Request(p, params) for p in prompts])
+    try:
+        eng.generate([Request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))])  # warm-up (graphs)
+        spent[0] = 0.0
+        out = eng.generate([Request(p, params) for p in prompts])
+    finally:
+        if prop is not None and time_propose:
+            del prop.propose  # back to the method (a reused proposer is timed once per call)
     dec = [s for s in out.steps if s.kind != "prefill"]
     emitted = sum(s.emitted for s in dec)
     secs = sum(s.seconds for s in dec)

@@ -59,10 +59,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # [..., D]: HF's half-split 
 
 @dataclass
 class DraftKV:
-    """K/V of drafter entries, each [B, Hkv, T, D]; grows by concatenation (a few entries per draft step)."""
+    """K/V of drafter entries, each [B, Hkv, T, D]. Either grown by concatenation (`extend`: training, trees) or a
+    buffer allocated once and written by column (`step(..., write_at=...)`: the graph-captured chain draft)."""
 
     k: torch.Tensor
     v: torch.Tensor
+
+    @staticmethod
+    def allocate(batch: int, args: ModelArgs, length: int, like: torch.Tensor) -> DraftKV:
+        shape = (batch, args.n_kv_heads, length, args.hd)
+        return DraftKV(like.new_zeros(shape), like.new_zeros(shape))
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> DraftKV:  # [B, Hkv, S, D] each
         return DraftKV(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
@@ -190,8 +196,10 @@ class EagleDrafter(nn.Module):
         tokens: torch.Tensor,  # [B, S] token x_{j+1} of each new entry
         hidden: torch.Tensor,  # [B, S, F] target feature (first step) or [B, S, H] the drafter's previous `out`
         positions: torch.Tensor,  # [B, S] RoPE positions
-        past: DraftKV | None,  # K/V of earlier entries, each [B, Hkv, P, D]
+        past: DraftKV | None,  # K/V of earlier entries, each [B, Hkv, P, D] (a preallocated buffer with write_at)
         mask: torch.Tensor | None,  # [B, S, P + S] bool, True = attend; None = causal over the new entries only
+        write_at: int | None = None,  # write the new K/V into `past` at columns write_at.. and attend to
+        # columns [0, write_at + S) (P = write_at): fixed shapes, no allocation of the cache
     ) -> tuple[torch.Tensor, DraftKV]:  # out [B, S, H] (pre-norm feature), K/V of past + the new entries
         b, s = tokens.shape
         a = self.args
@@ -211,12 +219,20 @@ class EagleDrafter(nn.Module):
         v = at.v_proj(attn_in).view(b, s, a.n_kv_heads, a.hd).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        kv = DraftKV(k, v) if past is None else past.extend(k, v)
+        if write_at is not None:
+            if past is None:
+                raise ValueError("write_at needs a preallocated `past` buffer")
+            past.k[:, :, write_at: write_at + s] = k
+            past.v[:, :, write_at: write_at + s] = v
+            kv = past
+            keys, vals = kv.k[:, :, : write_at + s], kv.v[:, :, : write_at + s]
+        else:
+            kv = DraftKV(k, v) if past is None else past.extend(k, v)
+            keys, vals = kv.k, kv.v
         g = a.n_heads // a.n_kv_heads
-        keys, vals = kv.k, kv.v
         if g > 1:
             keys, vals = keys.repeat_interleave(g, dim=1), vals.repeat_interleave(g, dim=1)
-        if mask is None and past is None:
+        if mask is None and past is None and write_at is None:
             o = F.scaled_dot_product_attention(q, keys, vals, is_causal=s > 1)
         else:
             if mask is None:

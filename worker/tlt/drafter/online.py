@@ -12,7 +12,13 @@ The engine's hook reports final-norm hidden states only, so online training is E
 trained by the warm-up job (warmup.py), which re-reads its three feature layers with a teacher-forced forward.
 `harvest/idle_gpu_s` counts the wall time of the last rollout's steps whose active batch was below
 `rollout.sd_on_below` (the memory-bound tail, where a whole GPU's compute is mostly idle); `harvest/used_gpu_s` the
-time spent in drafter steps. `state_dict()` holds the trainable parameters, optimizer state and counters.
+time spent in drafter steps.
+
+Exact resume: `state_dict()` holds the spot trainer's state (trainable weights, AdamW, its generators, counters), the
+buffer's live rows (the last two steps' hidden states: a resumed run trains on the same windows), the weights and
+version the engine is serving, the proposer's sampling generator and the capture's rollout counter. rl/checkpoint.py
+stores it under extra["drafter"]; after `load_state_dict` the next RL step's drafter updates are bit-identical to the
+uninterrupted run's (tests/drafter/test_drafter_resume.py).
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_online.py -q`.
 """
@@ -52,7 +58,9 @@ class OnlineDrafter:
         self.spec = spec
         dev = target.head_weight.device
         self.train_drafter = build_drafter(spec, target)
-        serve = EagleDrafter(target, self.train_drafter.cfg).to(dev)
+        # the engine's copy runs in the target's dtype (bf16 on GPU: the shared head is read as is, not cast per
+        # draft step); the trained copy stays fp32 and snapshots are cast on load
+        serve = EagleDrafter(target, self.train_drafter.cfg).to(dev, target.head_weight.dtype)
         serve.load_state_dict(self.train_drafter.state_dict())
         buf_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         self.buffer = HiddenStateBuffer(self.train_drafter.feature_dim, int(spec.drafter.buffer_gb * 2**30),
@@ -65,6 +73,7 @@ class OnlineDrafter:
         self._published_at = 0  # trainer step count of the last snapshot
         self._steps_this_rl_step = 0
         self._tail_s = 0.0  # idle time offered by the last rollout, not yet accounted
+        self._rollouts = 0  # training rollouts begun: the buffer's step numbers (checkpointed with the buffer)
 
     # ------------------------------------------------------------------------------------------------ engine side
     def hidden_hook(self, seq_ids: list[tuple[int, int]], token_ids: torch.Tensor, hidden: torch.Tensor) -> None:
@@ -73,11 +82,14 @@ class OnlineDrafter:
         self.proposer.observe(seq_ids, token_ids, hidden)
 
     def begin_rollout(self, step: int) -> None:
-        """Before `engine.generate` of RL step `step`: publish trained weights to the engine, open a buffer step."""
+        """Before `engine.generate` of a training rollout: publish trained weights to the engine, open a buffer step.
+        `step` is the caller's RL step, for its own bookkeeping: the buffer numbers rollouts itself, so its "last two
+        steps" survive a resume even when the caller's rollout counter restarts."""
         if self.trainer.steps != self._published_at:
             self.proposer.load_snapshot(self.trainer.snapshot())
             self._published_at = self.trainer.steps
-        self.buffer.begin_step(step)
+        self.buffer.begin_step(self._rollouts)
+        self._rollouts += 1
         self.capture.reset()
         self.proposer.reset()
         self._steps_this_rl_step = 0
@@ -109,16 +121,31 @@ class OnlineDrafter:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "drafter": self.train_drafter.trainable_state_dict(),
-            "optimizer": self.trainer.optimizer.state_dict(),
-            "steps": self.trainer.steps,
-            "version": self.trainer.version,
+            "trainer": self.trainer.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "serving": {k: v.cpu() for k, v in self.proposer.drafter.trainable_state_dict().items()},
+            "serving_version": self.proposer.version,
+            "proposer_gen": self.proposer.gen.get_state(),
+            "capture_epoch": self.capture.epoch,
+            "published_at": self._published_at,
+            "steps_this_rl_step": self._steps_this_rl_step,
+            "tail_s": self._tail_s,
+            "rollouts": self._rollouts,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.train_drafter.load_state_dict(state["drafter"])
-        self.trainer.optimizer.load_state_dict(state["optimizer"])
-        self.trainer.steps = int(state["steps"])
-        self.trainer.version = int(state["version"])
-        self.proposer.load_snapshot(self.trainer.snapshot())
-        self._published_at = self.trainer.steps
+        if "trainer" not in state:  # an older checkpoint: weights, optimizer and counters only; publish them
+            self.trainer.load_state_dict(state)
+            self.proposer.load_snapshot(self.trainer.snapshot())
+            self._published_at = self.trainer.steps
+            return
+        self.trainer.load_state_dict(state["trainer"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.proposer.drafter.load_state_dict(state["serving"], strict=True)
+        self.proposer.version = int(state["serving_version"])
+        self.proposer.gen.set_state(state["proposer_gen"])
+        self.capture.epoch = int(state["capture_epoch"])
+        self._published_at = int(state["published_at"])
+        self._steps_this_rl_step = int(state["steps_this_rl_step"])
+        self._tail_s = float(state["tail_s"])
+        self._rollouts = int(state["rollouts"])

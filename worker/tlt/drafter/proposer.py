@@ -8,29 +8,39 @@ the last `context` feature rows of each sequence in one preallocated device ring
 Each `propose(ctx)` recomputes the drafter over the last `context` positions of every row (drafter entries
 (x_{j+1}, h_j) at RoPE position j, the last one being (root, h_{L-1})), so nothing drafter-side has to be rolled back
 after verification; then it drafts with a drafter-side K/V of the draft entries:
-- chain (`topk == 1`): k = min(max_depth, max_nodes - 1) tokens; rows with temperature > 0 sample each token from the
-  drafter's processed distribution (same temperature / top-p / top-k as the target row) and hand those q rows to the
-  verifier; greedy rows take the argmax (one-hot q, exact either way);
+- chain (`topk == 1`): k = min(max_depth, max_nodes - 1) tokens. Every row samples each token from the drafter's
+  processed distribution q (same temperature / top-p / top-k as the target row; a greedy row's q is the one-hot at
+  the argmax, so its drafts are the argmax chain) and hands the q rows to the verifier. The draft is k + 1 drafter
+  forwards with fixed shapes and no host sync (`chain_draft_no_sync`): the host packs the last `context` history
+  tokens, ring indices and lengths of every row into one int64 array, copied to the device without waiting
+  (pinned, non_blocking); the drafter K/V is one buffer [B, Hkv, context + k - 1, D] written by column. On CUDA the
+  whole draft is captured once per (batch bucket, depth) as a CUDA graph (the proposer's generator is registered
+  with it, so each replay draws fresh randomness) and replayed; batches are padded to the next power of two.
 - tree (`topk > 1`): EAGLE-2 expansion, each level feeds the `topk` best frontier nodes (by cumulative log q), every
   node attends to the context and its own ancestors; `spec.tree.topk_tree` prunes to ctx.max_nodes (deterministic
-  drafts, draft_probs None).
-Weights come from the spot trainer as versioned snapshots, loaded at rollout start (`load_snapshot`), never mid-rollout.
+  drafts, draft_probs None). Eager.
+Weights come from the spot trainer as versioned snapshots, loaded at rollout start (`load_snapshot`, an in-place copy
+that captured graphs see), never mid-rollout. A graphed chain proposal's `draft_probs` is a view of the graph's
+output buffer: valid until the next `propose` (the engine verifies before drafting again).
 
-Run the tests: `python -m pytest tests/drafter/test_drafter_proposer.py -q`.
+Run the tests: `python -m pytest tests/drafter/test_drafter_proposer.py tests/drafter/test_drafter_chain_graph.py -q`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
+from worker.tlt.drafter.buffer import to_device_no_sync
 from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.drafter.train import DrafterSnapshot
 from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.sampling import processed_probs, sample
-from worker.tlt.spec.tree import chain_proposal, topk_tree
+from worker.tlt.spec.tree import topk_tree
 from worker.tlt.spec.types import DraftProposal
 
 SeqId = tuple[int, int]  # (group / request, sample)
@@ -42,6 +52,25 @@ class EagleProposerConfig:
     context: int = 64  # drafter positions recomputed per propose (the drafter's attention window)
     max_seqs: int = 1024  # sequences whose feature rings fit (grows on demand)
     seed: int = 0  # generator for sampled chain drafts
+    cuda_graphs: bool = True  # chain drafts replay a CUDA graph per (batch bucket, depth) on CUDA
+    graph_max_batch: int = 64  # larger batches draft eagerly
+
+
+@dataclass
+class _ChainGraph:
+    """A captured chain draft for one (batch bucket, depth): static inputs the host fills, static outputs."""
+
+    graph: Any  # torch.cuda.CUDAGraph (anything with replay())
+    packed: torch.Tensor  # [Bb, 2W + 2] int64 (layout: EagleProposer._pack)
+    feats: torch.Tensor  # [Bb, W, F]
+    temp: torch.Tensor  # [Bb] float32
+    top_p: torch.Tensor  # [Bb] float32
+    top_k: torch.Tensor  # [Bb] int64
+    out: tuple[torch.Tensor, ...]  # tokens [Bb, k+1], parents [Bb, k+1], counts [Bb], draft_probs [Bb, k+1, V]
+
+
+def _bucket(batch: int) -> int:
+    return 1 << max(batch - 1, 0).bit_length()
 
 
 class EagleProposer:
@@ -51,16 +80,18 @@ class EagleProposer:
         self.device = next(drafter.parameters()).device
         self.version = 0  # snapshot version loaded
         self.gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
-        self._ring = torch.zeros(0, self.config.context, drafter.feature_dim, device=self.device)  # [S, W, F]
+        self._ring = torch.zeros(64, self.config.context, drafter.feature_dim, device=self.device)  # [S, W, F]
         self._slot: dict[SeqId, int] = {}
         self._count: list[int] = []  # rows ever written per slot
+        self._graphs: dict[tuple[int, int], _ChainGraph] = {}  # (batch bucket, depth) -> captured chain draft
+        self._pool: object | None = None  # one memory pool shared by this proposer's graphs
 
     # ------------------------------------------------------------------------------------------------ weights
     def load_snapshot(self, snap: DrafterSnapshot) -> bool:
         """Load newer weights (call at rollout start); False when `snap` is not newer than what is loaded."""
         if snap.version <= self.version:
             return False
-        self.drafter.load_state_dict(snap.state, strict=True)
+        self.drafter.load_state_dict(snap.state, strict=True)  # in place: captured graphs read the new weights
         self.version = snap.version
         return True
 
@@ -69,117 +100,225 @@ class EagleProposer:
         self._count.clear()
 
     # ------------------------------------------------------------------------------------------------ features
+    def _to_device_no_sync(self, arr: np.ndarray) -> torch.Tensor:
+        return to_device_no_sync(arr, self.device)
+
     def observe(
         self,
         seq_ids: Sequence[SeqId],  # [N] sequence of each row
         token_ids: torch.Tensor,  # [N] (unused: the context tokens come from the histories)
-        hidden: torch.Tensor,  # [N, F] target feature of each row, rows of a sequence in position order
+        hidden: torch.Tensor,  # [N, >= F] target feature of each row (the first F columns), in position order
     ) -> None:
-        """The engine hook: remember the last `context` features of each sequence."""
+        """The engine hook: remember the last `context` features of each sequence (no host sync)."""
         n = len(seq_ids)
         if n == 0:
             return
         w = self.config.context
-        flat: list[int] = []
-        for sid in seq_ids:
+        flat = np.empty(n, dtype=np.int64)
+        for i, sid in enumerate(seq_ids):
             slot = self._slot.get(sid)
             if slot is None:
                 slot = self._slot[sid] = len(self._count)
                 self._count.append(0)
-            flat.append(slot * w + self._count[slot] % w)
+            flat[i] = slot * w + self._count[slot] % w
             self._count[slot] += 1
         need = len(self._count)
         if need > self._ring.shape[0]:
             grown = torch.zeros(max(need, 2 * self._ring.shape[0], 64), w, self._ring.shape[2], device=self.device)
             grown[: self._ring.shape[0]] = self._ring
             self._ring = grown
-        idx = torch.tensor(flat, device=self.device)
+        f = self._ring.shape[2]
         # later rows win on duplicate ring cells (a sequence writing more than `context` rows in one call)
-        self._ring.view(-1, self._ring.shape[2]).index_copy_(0, idx, hidden.detach().to(self.device, torch.float32))
+        self._ring.view(-1, f).index_copy_(0, self._to_device_no_sync(flat),
+                                           hidden[:, :f].detach().to(self.device, torch.float32))
 
-    def _context(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> tokens [B, W] (x_{j+1}), features [B, W, F] (h_j), valid entries per row [B]; right-aligned."""
+    def _pack(self, ctx: DraftContext, rows: int) -> np.ndarray:
+        """Host-side inputs of `rows` >= B rows (padding rows zero), one int64 array [rows, 2W + 2]:
+        [0, W) the last W history tokens (right-aligned; the last is the root), [W, 2W) feature-ring index of each
+        entry, 2W valid entries m (features known), 2W + 1 history length."""
         w = self.config.context
         bsz = ctx.batch_size
-        toks = torch.zeros(bsz, w, dtype=torch.int64)
+        arr = np.zeros((rows, 2 * w + 2), dtype=np.int64)
+        slots = np.zeros(bsz, dtype=np.int64)
+        cnts = np.zeros(bsz, dtype=np.int64)
+        for b in range(bsz):
+            h = ctx.histories[b]
+            tail = h[-w:]
+            arr[b, w - len(tail): w] = tail
+            slot = self._slot.get((ctx.group_ids[b], ctx.sample_ids[b]))
+            cnt = self._count[slot] if slot is not None else 0
+            slots[b], cnts[b] = slot or 0, cnt
+            arr[b, 2 * w] = min(cnt, w, len(h) - 1)
+            arr[b, 2 * w + 1] = len(h)
+        col = np.arange(w)
+        idx = slots[:, None] * w + (cnts[:, None] - w + col[None, :]) % w
+        arr[:bsz, w: 2 * w] = np.where(col[None, :] >= w - arr[:bsz, 2 * w, None], idx, 0)
+        return arr
+
+    def _inputs(self, ctx: DraftContext, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> tokens [B, W] (x_{j+1}), features [B, W, F] (h_j), valid entries per row m [B]; right-aligned."""
+        w = self.config.context
+        toks = packed[:, :w]
         if ctx.hidden is not None and ctx.hidden_lens is not None:
             t = ctx.hidden.shape[1]
             feats = ctx.hidden[:, -w:].to(self.device, torch.float32)
             if t < w:
                 feats = torch.nn.functional.pad(feats, (0, 0, w - t, 0))
-            m = ctx.hidden_lens.to(self.device).clamp_max(w)
-            m_host = m.tolist()
+            m = torch.minimum(ctx.hidden_lens.to(self.device), packed[:, 2 * w + 1] - 1).clamp(0, w)
         else:
-            m_host, gather = [], []
-            for b in range(bsz):
-                slot = self._slot.get((ctx.group_ids[b], ctx.sample_ids[b]))
-                cnt = self._count[slot] if slot is not None else 0
-                mb = min(cnt, w, len(ctx.histories[b]) - 1)
-                m_host.append(mb)
-                base = (slot or 0) * w
-                gather.append([base + (cnt - w + i) % w if i >= w - mb else 0 for i in range(w)])
-            feats = self._ring.view(-1, self._ring.shape[2])[torch.tensor(gather, device=self.device)]
-            m = torch.tensor(m_host, device=self.device)
-        for b in range(bsz):
-            mb = m_host[b]
-            if mb:
-                toks[b, w - mb:] = torch.tensor(list(ctx.histories[b][-mb:]), dtype=torch.int64)
-        return toks.to(self.device), feats, m
+            feats = self._ring.view(-1, self._ring.shape[2])[packed[:, w: 2 * w]]
+            m = packed[:, 2 * w]
+        return toks, feats, m
 
     # ------------------------------------------------------------------------------------------------ drafting
-    @torch.no_grad()
-    def propose(self, ctx: DraftContext) -> DraftProposal:
-        d = self.drafter
-        w = self.config.context
-        root = ctx.roots().to(self.device)
-        toks, feats, m = self._context(ctx)
-        hist_len = torch.tensor([len(h) for h in ctx.histories], device=self.device)
-        col = torch.arange(w, device=self.device)
+    def _context_forward(self, toks: torch.Tensor, feats: torch.Tensor, m: torch.Tensor, hist_len: torch.Tensor,
+                         kv: DraftKV | None) -> tuple[torch.Tensor, DraftKV, torch.Tensor, torch.Tensor]:
+        """The drafter over the W context entries -> (root output [B, 1, H], K/V, valid [B, W], last position [B])."""
+        w = toks.shape[1]
+        dev = toks.device
+        col = torch.arange(w, device=dev)
         valid = col[None, :] >= (w - m)[:, None]  # [B, W]
         last_pos = hist_len - 2  # position j of the last entry (root, h_{L-1}), L = len(history) - 1
         pos = (last_pos[:, None] - (w - 1) + col[None, :]).clamp_min(0)  # [B, W]
-        mask = torch.tril(torch.ones(w, w, dtype=torch.bool, device=self.device))[None] & valid[:, None, :]
-        mask = mask | torch.eye(w, dtype=torch.bool, device=self.device)[None]  # padded entries attend to themselves
-        out, kv = d.step(toks, feats, pos, None, mask)
-        o_root = out[:, -1:]  # [B, 1, H]
-        has_ctx = m > 0
-        if self.config.topk <= 1:
-            prop = self._chain(ctx, root, o_root, kv, valid, last_pos)
-        else:
-            prop = self._tree(ctx, root, o_root, kv, valid, last_pos)
-        if bool((~has_ctx).any()):  # rows without features yet: root only (plain decoding for that row)
-            keep = has_ctx[:, None] | (torch.arange(prop.num_nodes, device=self.device)[None, :] == 0)
-            prop = DraftProposal(
-                tokens=prop.tokens, parents=torch.where(keep, prop.parents, -1),
-                counts=torch.where(has_ctx, prop.counts, 1), draft_probs=prop.draft_probs,
-            )
-        return prop
+        mask = torch.tril(torch.ones(w, w, dtype=torch.bool, device=dev))[None] & valid[:, None, :]
+        mask = mask | torch.eye(w, dtype=torch.bool, device=dev)[None]  # padded entries attend to themselves
+        out, kv = self.drafter.step(toks, feats, pos, kv, mask, write_at=0 if kv is not None else None)
+        return out[:, -1:], kv, valid, last_pos
 
-    def _chain(self, ctx: DraftContext, root: torch.Tensor, o: torch.Tensor, kv: DraftKV, valid: torch.Tensor,
-               last_pos: torch.Tensor) -> DraftProposal:
+    @torch.no_grad()
+    def chain_draft_no_sync(
+        self,
+        toks: torch.Tensor,  # [B, W] int64 context tokens x_{j+1}; toks[:, -1] is the root
+        feats: torch.Tensor,  # [B, W, F] context features h_j
+        m: torch.Tensor,  # [B] int64 valid (right-aligned) entries; 0 = no features yet: root only
+        hist_len: torch.Tensor,  # [B] int64 history length
+        temp: torch.Tensor,  # [B] float32 (0 = greedy)
+        top_p: torch.Tensor,  # [B] float32
+        top_k: torch.Tensor,  # [B] int64
+        k: int,  # tokens to draft (>= 1)
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """k + 1 drafter forwards with fixed shapes, no host sync (graph-capturable).
+        -> tokens [B, k+1], parents [B, k+1], counts [B], draft_probs [B, k+1, V] (DraftProposal fields)."""
         d = self.drafter
-        k = max(0, min(ctx.max_depth, ctx.max_nodes - 1))
-        sp = ctx.sampling
-        use_q = sp is not None and bool((sp.temperature > 0).any())
+        bsz, w = toks.shape
+        dev = toks.device
+        kv = DraftKV.allocate(bsz, d.args, w + k - 1, like=d.fc.weight)
+        o, kv, valid, last_pos = self._context_forward(toks, feats, m, hist_len, kv)
+        attend = torch.cat([valid, torch.ones(bsz, k - 1, dtype=torch.bool, device=dev)], dim=1)  # [B, W + k - 1]
         drafts, qs = [], []
-        past_mask = valid  # [B, P] entries every draft attends to
         for step in range(k):
-            logits = d.logits(o[:, 0]).float()  # [B, V]
-            if use_q:
-                assert sp is not None
-                q = processed_probs(logits, sp.temperature, sp.top_p, sp.top_k)
-                tok = sample(q, self.gen)
-                qs.append(q)
-            else:
-                tok = logits.argmax(-1)
+            q = processed_probs(d.logits(o[:, 0]).float(), temp, top_p, top_k)  # [B, V]
+            tok = sample(q, self.gen)
             drafts.append(tok)
+            qs.append(q)
             if step + 1 == k:
                 break
-            past_mask = torch.cat([past_mask, torch.ones_like(past_mask[:, :1])], dim=1)
             pos = (last_pos + 1 + step)[:, None]
-            o, kv = d.step(tok[:, None], o, pos, kv, past_mask[:, None, :])
-        dr = torch.stack(drafts, 1) if drafts else root.new_zeros(root.shape[0], 0)
-        return chain_proposal(root, dr, torch.stack(qs, 1) if qs else None)
+            o, kv = d.step(tok[:, None], o, pos, kv, attend[:, None, : w + step + 1], write_at=w + step)
+        tokens = torch.cat([toks[:, -1:], torch.stack(drafts, 1)], dim=1)
+        counts = torch.where(m > 0, k + 1, 1)
+        idx = torch.arange(k + 1, device=dev).expand(bsz, k + 1)
+        parents = torch.where(idx < counts[:, None], idx - 1, -1)
+        # row i of draft_probs is the q that sampled node i's child; the last node has none
+        probs = torch.cat([torch.stack(qs, 1), qs[0].new_zeros(bsz, 1, qs[0].shape[-1])], dim=1)
+        return tokens, parents, counts, probs
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> DraftProposal:
+        bsz = ctx.batch_size
+        if self.config.topk <= 1:
+            k = max(0, min(ctx.max_depth, ctx.max_nodes - 1))
+            if k == 0:
+                root = self._to_device_no_sync(self._pack(ctx, bsz))[:, self.config.context - 1]
+                return DraftProposal(root[:, None], torch.full_like(root[:, None], -1), torch.ones_like(root))
+            if self._graphable(bsz, ctx):
+                return self._chain_graphed(ctx, k)
+            packed = self._to_device_no_sync(self._pack(ctx, bsz))
+            toks, feats, m = self._inputs(ctx, packed)
+            temp, top_p, top_k = self._sampling(ctx)
+            t, p, c, q = self.chain_draft_no_sync(toks, feats, m, packed[:, -1], temp, top_p, top_k, k)
+            return DraftProposal(t, p, c, q)
+        packed = self._to_device_no_sync(self._pack(ctx, bsz))
+        toks, feats, m = self._inputs(ctx, packed)
+        o, kv, valid, last_pos = self._context_forward(toks, feats, m, packed[:, -1], None)
+        prop = self._tree(ctx, toks[:, -1], o, kv, valid, last_pos)
+        has_ctx = m > 0  # rows without features yet: root only (plain decoding for that row)
+        keep = has_ctx[:, None] | (torch.arange(prop.num_nodes, device=self.device)[None, :] == 0)
+        return DraftProposal(tokens=prop.tokens, parents=torch.where(keep, prop.parents, -1),
+                             counts=torch.where(has_ctx, prop.counts, 1), draft_probs=prop.draft_probs)
+
+    def _sampling(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sp = ctx.sampling
+        if sp is None:  # no settings: greedy drafts
+            z = torch.zeros(ctx.batch_size, device=self.device)
+            return z, torch.ones_like(z), torch.zeros(ctx.batch_size, dtype=torch.int64, device=self.device)
+        return sp.temperature.to(self.device), sp.top_p.to(self.device), sp.top_k.to(self.device)
+
+    # ------------------------------------------------------------------------------------------------ graphs
+    def _graphable(self, bsz: int, ctx: DraftContext) -> bool:
+        return (self.device.type == "cuda" and self.config.cuda_graphs and ctx.hidden is None
+                and _bucket(bsz) <= self.config.graph_max_batch)
+
+    def _chain_graphed(self, ctx: DraftContext, k: int) -> DraftProposal:
+        bsz, w = ctx.batch_size, self.config.context
+        bb = _bucket(bsz)
+        g = self._graphs.get((bb, k))
+        if g is None:
+            g = self._graphs[(bb, k)] = self._capture(bb, k)
+        host = torch.from_numpy(self._pack(ctx, bb))
+        g.packed.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
+        g.feats[:bsz] = self._ring.view(-1, self._ring.shape[2])[g.packed[:bsz, w: 2 * w]]
+        temp, top_p, top_k = self._sampling(ctx)
+        g.temp[:bsz], g.top_p[:bsz], g.top_k[:bsz] = temp, top_p, top_k
+        g.graph.replay()
+        t, p, c, q = g.out
+        return DraftProposal(t[:bsz].clone(), p[:bsz].clone(), c[:bsz].clone(), q[:bsz])
+
+    @torch.no_grad()
+    def capture_chain(self, batches: Sequence[int], depth: int) -> int:
+        """Capture the chain graphs of these batch sizes' buckets at `depth` ahead of time (so that no capture lands
+        inside a timed rollout); returns how many were captured. No-op off CUDA."""
+        if self.device.type != "cuda" or not self.config.cuda_graphs:
+            return 0
+        todo = {_bucket(b) for b in batches if _bucket(b) <= self.config.graph_max_batch} - {
+            bb for bb, k in self._graphs if k == depth}
+        for bb in sorted(todo):
+            self._graphs[(bb, depth)] = self._capture(bb, depth)
+        return len(todo)
+
+    def _capture(self, bb: int, k: int) -> _ChainGraph:
+        """Capture the chain draft of `k` tokens for a batch bucket `bb` (static buffers allocated here)."""
+        w, dev = self.config.context, self.device
+        packed = torch.zeros(bb, 2 * w + 2, dtype=torch.int64, device=dev)
+        packed[:, -1] = 2
+        feats = torch.zeros(bb, w, self._ring.shape[2], device=dev)
+        temp, top_p = torch.zeros(bb, device=dev), torch.ones(bb, device=dev)
+        top_k = torch.zeros(bb, dtype=torch.int64, device=dev)
+
+        def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+            return self.chain_draft_no_sync(packed[:, :w], feats, packed[:, 2 * w], packed[:, -1], temp, top_p,
+                                            top_k, k)
+
+        graph, out = self._record(run)
+        return _ChainGraph(graph, packed, feats, temp, top_p, top_k, out)
+
+    def _record(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
+        """Warm up `run` on a side stream, then capture it into a CUDA graph -> (graph, its static outputs)."""
+        dev = self.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # warm-up: lazy kernels and the allocator settle before capture
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.gen)  # each replay advances the proposer's generator
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):  # type: ignore[arg-type]
+            out = run()
+        torch.cuda.synchronize(dev)
+        return graph, out
 
     def _tree(self, ctx: DraftContext, root: torch.Tensor, o: torch.Tensor, kv: DraftKV, valid: torch.Tensor,
               last_pos: torch.Tensor) -> DraftProposal:

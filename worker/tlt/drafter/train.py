@@ -9,7 +9,9 @@ where the target logits come from the frozen head applied to h_{j+1}. EAGLE-3: s
 Preemptible: `train(until, max_steps)` runs small optimizer steps and checks `until()` between them, so it returns
 at the next step boundary; every step is all-or-nothing (optimizer state and the step counter move together).
 The engine never sees a half-trained drafter: `snapshot()` publishes a versioned copy of the trainable weights, and
-the proposer loads it at the next rollout start. `save`/`load` move the trainable parameters only (safetensors).
+the proposer loads it at the next rollout start. `save`/`load` move the trainable parameters only (safetensors);
+`state_dict`/`load_state_dict` hold everything an exact resume needs (weights, AdamW state, the window-sampling and
+feature-noise generators, counters), so a resumed run's next steps are bit-identical to the uninterrupted run's.
 
 Metrics (`metrics()`): drafter/loss, drafter/acc, drafter/steps (cumulative), harvest/idle_gpu_s (idle GPU time
 offered to the trainer), harvest/used_gpu_s (time its steps took), harvest/ratio.
@@ -24,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +56,17 @@ class DrafterSnapshot:
     state: dict[str, torch.Tensor]  # trainable parameters and buffers (detached copies)
 
 
+def _host_copy(obj: Any) -> Any:
+    """Nested state with every tensor copied to the host (a snapshot that later steps cannot change)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_host_copy(v) for v in obj)
+    return obj
+
+
 class SpotTrainer:
     def __init__(
         self,
@@ -66,7 +80,8 @@ class SpotTrainer:
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.learning_rate, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
-        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # window starts (CPU)
+        self.noise_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)  # feature noise (device)
         self.steps = 0
         self.version = 0
         self.idle_gpu_s = 0.0
@@ -86,7 +101,7 @@ class SpotTrainer:
         k = d.cfg.ttt_steps
         s = w - 1  # entries j = 0..W-2: (x_{j+1}, h_j)
         if d.cfg.feature_noise > 0 and d.training:
-            noise = (torch.rand(feats.shape, generator=None, device=feats.device) * 2 - 1) * d.cfg.feature_noise
+            noise = (torch.rand(feats.shape, generator=self.noise_gen, device=feats.device) * 2 - 1) * d.cfg.feature_noise
             feats = feats + noise
         toks = F.pad(tokens[:, 1:], (0, k - 1))  # [B, S + K - 1]
         outs = d.unroll(toks, feats[:, :s], k)
@@ -182,6 +197,28 @@ class SpotTrainer:
         """A versioned copy of the trainable weights for the engine (loaded at the next rollout start)."""
         self.version += 1
         return DrafterSnapshot(self.version, self.drafter.trainable_state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Exact-resume state (host tensors; the optimizer's are moved back to the parameters' device on load)."""
+        return {
+            "drafter": {k: v.cpu() for k, v in self.drafter.trainable_state_dict().items()},
+            "optimizer": _host_copy(self.optimizer.state_dict()),  # a snapshot, not the live moment tensors
+            "generator": self.generator.get_state(),
+            "noise_gen": self.noise_gen.get_state(),
+            "steps": self.steps, "version": self.version,
+            "idle_gpu_s": self.idle_gpu_s, "used_gpu_s": self.used_gpu_s,
+            "metric_sums": (self._loss_sum, self._acc_sum, self._n_since),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.drafter.load_state_dict(state["drafter"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps, self.version = int(state["steps"]), int(state["version"])
+        if "generator" in state:  # older checkpoints held weights, optimizer and counters only
+            self.generator.set_state(state["generator"])
+            self.noise_gen.set_state(state["noise_gen"])
+            self.idle_gpu_s, self.used_gpu_s = float(state["idle_gpu_s"]), float(state["used_gpu_s"])
+            self._loss_sum, self._acc_sum, self._n_since = state["metric_sums"]
 
     def save(self, path: Path | str) -> None:
         """Trainable parameters only (plus the step counter), as safetensors."""

@@ -6,7 +6,11 @@
 
 A checkpoint directory holds model.safetensors (policy weights), optimizer.pt + scheduler.pt, rng.pt (torch CPU and
 CUDA generators, the rollout's torch.Generator, Python `random`, NumPy), trainer_state.json (step, data position,
-anything else the trainer keeps) and extra.pt (e.g. the drafter's trainable parameters). It is written into a
+anything else the trainer keeps) and extra.pt: extra["drafter"] is the online drafter's exact-resume state
+(drafter/online.py `OnlineDrafter.state_dict`: trainable weights, AdamW state, the spot trainer's and proposer's
+generators, the hidden-state buffer's live rows, the weights the engine serves), extra["adaptive"] the SD bandit's.
+extra.pt is loaded onto the CPU (each owner moves its tensors back to its device), so a checkpoint written on a GPU
+resumes anywhere. It is written into a
 `.tmp-*` sibling and renamed into place, so a `step-N` directory is always complete; only then are the oldest
 checkpoints beyond `keep` deleted, so the previous one survives until its successor exists.
 """
@@ -135,5 +139,5 @@ def load_checkpoint(path: Path) -> Checkpoint:
         scheduler=torch.load(path / "scheduler.pt", weights_only=False),
         rng=torch.load(path / "rng.pt", weights_only=False),
         trainer_state=state,
-        extra=torch.load(path / "extra.pt", weights_only=False),
+        extra=torch.load(path / "extra.pt", weights_only=False, map_location="cpu"),
     )

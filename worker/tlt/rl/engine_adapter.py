@@ -23,14 +23,18 @@ Speculative decoding (`rollout.speculative`, `drafter.kind`):
   perf/tokens_per_s_{full,tail,bucket/<b>}).
 - `on` with `eagle3` / `none` is not wired: it runs SD off and says so in the log. sd/on_fraction always reports
   what actually ran.
+Finished responses reach the caller's `on_finish` through the engine's own `on_finish` callback when
+`Engine.generate` has that parameter (so rewards are scored while the tail still decodes), else after generate()
+returns; `streams_finished` says which.
 Validation rollouts (greedy) run plain decoding with the hook detached, so they never feed the drafter's buffer.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,11 +44,18 @@ from worker.tlt.config import JobSpec
 from worker.tlt.data.prompts import RenderedPrompt
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rl.rollout_io import Trajectory
+from worker.tlt.rl.rollout_io import FinishCallback, Trajectory
 from worker.tlt.rollout.adaptive_loop import TailHook
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.kv_cache import slots_for_budget
-from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import (
+    EngineConfig,
+    GenerationOutput,
+    Request,
+    SamplingParams,
+    SequenceResult,
+    SpecConfig,
+)
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
 from worker.tlt.spec.proposer import Proposer
 
@@ -84,7 +95,7 @@ class EngineRollout:
         return self.engine.gen
 
     def __call__(
-        self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool
+        self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool, on_finish: FinishCallback | None = None
     ) -> tuple[list[Trajectory], dict[str, float]]:
         a = self.algo
         params = SamplingParams(
@@ -92,25 +103,46 @@ class EngineRollout:
             max_new_tokens=a.max_completion_length, n=n,
         )
         requests = [Request(list(p.ids), params) for p in prompts]
+
+        def trajectory(s: SequenceResult) -> Trajectory:
+            return Trajectory(prompts[s.request], tuple(s.tokens), tuple(s.logprobs), s.finish_reason)
+
+        def engine_on_finish(s: SequenceResult) -> None:
+            assert on_finish is not None
+            on_finish(s.request * n + s.sample, trajectory(s))
+
+        stream = on_finish is not None and self.streams_finished
         if greedy:  # validation: plain decoding, nothing captured, the bandit untouched
             proposer, hook, ctl = self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive
             self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = None, None, None
             try:
-                out = self.engine.generate(requests)
+                out = self._generate(requests, engine_on_finish if stream else None)
             finally:
                 self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = proposer, hook, ctl
         else:
             self.rollouts += 1
             if self.drafter is not None:
                 self.drafter.begin_rollout(self.rollouts)
-            out = self.engine.generate(requests)
+            out = self._generate(requests, engine_on_finish if stream else None)
             if self.drafter is not None:
                 self.drafter.observe_rollout(out)
-        trajs = [
-            Trajectory(prompts[s.request], tuple(s.tokens), tuple(s.logprobs), s.finish_reason)
-            for s in out.sequences  # ordered by (request, sample)
-        ]
+        trajs = [trajectory(s) for s in out.sequences]  # ordered by (request, sample)
+        if on_finish is not None and not stream:  # an engine without the callback: hand them over now
+            for i, t in enumerate(trajs):
+                on_finish(i, t)
         return trajs, sd_metrics(out)
+
+    @property
+    def streams_finished(self) -> bool:
+        """True when the engine reports each sequence as it finishes (`Engine.generate(..., on_finish=)`)."""
+        return "on_finish" in inspect.signature(self.engine.generate).parameters
+
+    def _generate(self, requests: list[Request], on_finish: Callable[[SequenceResult], None] | None
+                  ) -> GenerationOutput:
+        if on_finish is None:
+            return self.engine.generate(requests)
+        generate: Callable[..., GenerationOutput] = self.engine.generate  # typed loosely: before and after the
+        return generate(requests, on_finish=on_finish)  # engine gained the parameter
 
     def on_weights_updated(self) -> None:
         """Colocated: the engine runs the trained module itself, so there is nothing to copy."""

@@ -1,13 +1,17 @@
 """What the trainer needs from a rollout: `Trajectory` per generated response, and the `Rollout` protocol that
 rl/engine_adapter.py implements around the rollout engine.
 
-    trajs, sd_metrics = rollout(prompts, n, greedy)
+    trajs, sd_metrics = rollout(prompts, n, greedy, on_finish=lambda i, t: ...)
     # len(trajs) == len(prompts) * n, grouped by prompt: trajs[i*n:(i+1)*n] answer prompts[i]
+
+`on_finish(i, trajectory)` is called once per response, i its index in `trajs`: as the response finishes when the
+engine can tell (the rest of the batch still decoding), else after generation for every response; either way
+before the call returns, from the calling thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +28,9 @@ class Trajectory:
     finish_reason: str  # "stop" (EOS) | "length" (max_completion_length reached)
 
 
+FinishCallback = Callable[[int, Trajectory], None]
+
+
 class Rollout(Protocol):
     @property
     def generator(self) -> torch.Generator:
@@ -31,7 +38,7 @@ class Rollout(Protocol):
         ...
 
     def __call__(
-        self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool
+        self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool, on_finish: FinishCallback | None = None
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """n responses per prompt (greedy: temperature 0) -> (trajectories grouped by prompt, sd/* metrics)."""
         ...

@@ -11,8 +11,12 @@ How this departs from the GRPO paper (Shao et al. 2024), beyond the loss choices
 - Dynamic sampling (DAPO) drops zero-variance groups from the update without drawing replacement prompts, so an
   update may use fewer than prompts_per_step groups (`actor/num_groups_used`); a step whose groups all drop skips
   the optimizer step (the LR schedule still advances).
-- Rewards are scored after the rollout returns (the engine gives finished sequences in one batch); the overlong
-  penalty (DAPO) is added to the weighted reward sum when overlong_buffer > 0.
+- Rewards are scored as sequences finish (rewards/streaming.py: a worker thread decodes and scores each response
+  the engine reports finished while the rest still decode); `timing_s/reward` is only what is left after the
+  rollout returns, `timing_s/reward_work` the whole scoring time, mostly overlapped. The overlong penalty (DAPO) is
+  added to the weighted reward sum when overlong_buffer > 0.
+- bf16/fp16 models train through fp32 master weights by default (rl/optim.py `MasterWeights`), so the update the
+  engine sees is the fp32 optimizer's, rounded once.
 - Weight sync is free: the rollout engine runs the very module being trained (colocated), so the update is visible
   to the next rollout with no copy; `timing_s/sync` measures only the engine's notification hook.
 """
@@ -34,11 +38,18 @@ from worker.tlt.data.prompts import RenderedPrompt
 from worker.tlt.data.sampler import PromptSampler
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rewards.registry import RewardFn, score_all
+from worker.tlt.rewards.registry import RewardFn
 from worker.tlt.rewards.shaping import overlong_penalty
+from worker.tlt.rewards.streaming import StreamingScorer
 from worker.tlt.rl.batch import UpdateSeq, micro_batches
 from worker.tlt.rl.grpo import LossConfig, LossNorm, group_advantages, policy_loss, token_entropy, token_logprobs
-from worker.tlt.rl.optim import build_optimizer, build_scheduler
+from worker.tlt.rl.optim import (
+    MasterWeights,
+    build_optimizer,
+    build_scheduler,
+    trainable_params,
+    use_master_weights,
+)
 from worker.tlt.rl.rollout_io import Rollout, Trajectory
 
 log = logging.getLogger(__name__)
@@ -95,7 +106,8 @@ class GRPOTrainer:
         self.num_samples = num_samples  # sample rows reported per step
         self.sampler: PromptSampler[RenderedPrompt] = PromptSampler(train_prompts, seed=spec.seed)
         self.generator = rollout.generator  # the rollout's sampling stream (checkpointed)
-        self.optimizer = build_optimizer(model, self.algo)
+        self.master = MasterWeights(trainable_params(model), enabled=use_master_weights(model, self.algo))
+        self.optimizer = build_optimizer(self.master.train_params, self.algo)
         self.scheduler = build_scheduler(self.optimizer, self.algo, total_steps=spec.max_steps)
         self.loss_cfg = LossConfig(
             loss_type=self.algo.loss_type,
@@ -108,22 +120,29 @@ class GRPOTrainer:
         if self.algo.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         model.gradient_checkpointing = self.algo.gradient_checkpointing
+        self.scorer = StreamingScorer(tokenizer, reward_fns, self.algo.reward_weights)
         self.step_count = 0  # RL steps completed
 
     # ------------------------------------------------------------------------------------------------ phases
+    def on_finish(self, index: int, traj: Trajectory) -> None:
+        """The rollout's callback: queue the finished response for scoring (runs while the rest decode)."""
+        self.scorer.submit(index, traj.response, traj.prompt.example.answer)
+
     def score(self, trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, dict[str, float]]:
-        """Rewards [N] (weighted sum + overlong penalty) and per-function means."""
-        texts = [self.tokenizer.decode(list(t.response)) for t in trajs]
-        answers = [t.prompt.example.answer for t in trajs]
-        scored = score_all(self.reward_fns, self.algo.reward_weights, texts, answers)
+        """Rewards [N] (weighted sum + overlong penalty) and per-function means, from the scores queued during the
+        rollout (any response the rollout did not report is scored here)."""
+        for i, t in enumerate(trajs):
+            if not self.scorer.submitted(i):
+                self.on_finish(i, t)
+        texts, scored, busy_s = self.scorer.collect(len(trajs))
         totals = []
         for (total, _), t in zip(scored, trajs, strict=True):
             pen = overlong_penalty(len(t.response), self.algo.max_completion_length, self.algo.overlong_buffer)
             totals.append(total + pen)
-        metrics = {}
+        metrics = {"timing_s/reward_work": busy_s}
         for k, name in enumerate(self.reward_names):
             metrics[f"reward/{name}/mean"] = float(np.mean([parts[k] for _, parts in scored]))
-        self._last_texts = texts
+        self._last_texts, self._last_parts = texts, [parts for _, parts in scored]
         return torch.tensor(totals, dtype=torch.float32), metrics
 
     def response_logprobs(
@@ -159,6 +178,7 @@ class GRPOTrainer:
                         ref_logp, _ = self.response_logprobs(self.ref_model, mb.input_ids, mb.targets, mb.mask)
                 loss, st = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, self.loss_cfg, norm, ref_logp)
                 loss.backward()
+                self.master.accumulate_grads()  # fp32 copies' grads (no-op without master weights)
                 with torch.no_grad():
                     m = mb.mask
                     stats["loss"] += float(loss)
@@ -174,9 +194,9 @@ class GRPOTrainer:
                         stats["lp_sum_roll"] += float((mb.rollout_logp * m).sum())
                         stats["lp_tokens"] += float(m.sum())
                 del logits, logp
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.algo.max_grad_norm))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.master.train_params, self.algo.max_grad_norm))
             self.optimizer.step()
+            self.master.write_back()  # the engine's weights := the fp32 step, rounded (no-op without masters)
             self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():  # a skipped update still advances the schedule (one LR per RL step)
             warnings.filterwarnings("ignore", message="Detected call of")
@@ -206,8 +226,9 @@ class GRPOTrainer:
         t_step = time.perf_counter()
         prompts = self.sampler.next_batch(algo.prompts_per_step)
 
-        t0 = time.perf_counter()  # 1. rollout
-        trajs, sd_metrics = self.rollout(prompts, g, False)
+        t0 = time.perf_counter()  # 1. rollout (each response queued for scoring as it finishes)
+        self.scorer.clear()
+        trajs, sd_metrics = self.rollout(prompts, g, False, on_finish=self.on_finish)
         t_gen = time.perf_counter() - t0
 
         t0 = time.perf_counter()  # 2. rewards
@@ -276,11 +297,11 @@ class GRPOTrainer:
         if not val_prompts:
             return {}
         t0 = time.perf_counter()
-        trajs, _ = self.rollout(val_prompts, 1, True)
-        rewards, per_fn = self.score(trajs)
-        first = score_all(self.reward_fns[:1], None, self._last_texts, [t.prompt.example.answer for t in trajs])
+        self.scorer.clear()
+        trajs, _ = self.rollout(val_prompts, 1, True, on_finish=self.on_finish)
+        rewards, _ = self.score(trajs)
         return {
-            "val/pass@1": float(np.mean([s >= 1.0 for s, _ in first])),
+            "val/pass@1": float(np.mean([parts[0] >= 1.0 for parts in self._last_parts])),
             "val/reward_mean": float(rewards.mean()),
             "val/response_length_mean": float(np.mean([len(t.response) for t in trajs])),
             "timing_s/val": time.perf_counter() - t0,
@@ -290,6 +311,10 @@ class GRPOTrainer:
     def state_dict(self) -> dict[str, Any]:
         """Trainer state beyond the weights, optimizer, scheduler and RNG (those go to checkpoint.py directly)."""
         return {"step_count": self.step_count, "sampler": self.sampler.state_dict()}
+
+    def close(self) -> None:
+        """Stop the scoring thread."""
+        self.scorer.close()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step_count"])

@@ -1,0 +1,228 @@
+"""The chain draft is graph-ready: k drafter forwards, no host sync, a preallocated drafter K/V that drafts exactly what
+the concatenating K/V drafts; on CUDA (gpu marker) the captured graph drafts exactly what eager drafting drafts and
+a propose never synchronises with the device.
+
+GPU: python -m pytest tests/drafter/test_drafter_chain_graph.py -q -m gpu
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from worker.tlt.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.model import preset, random_model
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.spec.proposer import DraftContext
+from worker.tlt.spec.sampling import SamplingParams, processed_probs
+
+SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+def _drafter(target: Transformer) -> EagleDrafter:
+    d = EagleDrafter(target, EagleConfig())
+    d.reset_parameters(std=0.1, seed=5)  # random weights: varied drafts (the identity init repeats itself)
+    return d
+
+
+def _filled(d: EagleDrafter, cfg: EagleProposerConfig, hist: list[list[int]], seed: int = 0) -> EagleProposer:
+    p = EagleProposer(d, cfg)
+    g = torch.Generator().manual_seed(seed)
+    for b, h in enumerate(hist[:-1]):  # the last row has no features yet: root only
+        n = len(h) - 1
+        p.observe([(b, 0)] * n, torch.tensor(h[:-1]), torch.randn(n, d.feature_dim, generator=g).to(p.device))
+    return p
+
+
+def _ctx(hist: list[list[int]], depth: int, temperature: float, device: torch.device) -> DraftContext:
+    b = len(hist)
+    return DraftContext(histories=hist, prompt_lens=[2] * b, group_ids=list(range(b)), sample_ids=[0] * b,
+                        max_nodes=depth + 1, max_depth=depth, device=device,
+                        sampling=SamplingParams.uniform(b, temperature=temperature, device=device))
+
+
+def _hist(lengths: tuple[int, ...] = (9, 40, 3, 70, 5)) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in lengths]
+
+
+class SyncCounter:
+    """Counts calls of the Tensor methods that read a value back to the host (each one waits for the device)."""
+
+    def __init__(self, mp: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for name in SYNCS:
+            orig = getattr(torch.Tensor, name)
+            mp.setattr(torch.Tensor, name, self._wrap(name, orig))
+
+    def _wrap(self, name, orig):  # type: ignore[no-untyped-def]
+        def f(t, *a, **k):  # type: ignore[no-untyped-def]
+            self.calls.append(name)
+            return orig(t, *a, **k)
+
+        return f
+
+
+@pytest.fixture
+def sync_counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[SyncCounter]:
+    yield SyncCounter(monkeypatch)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_chain_propose_has_no_host_sync_and_k_forwards(tiny_target: Transformer, temperature: float,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _drafter(tiny_target)
+    hist = _hist()
+    p = _filled(d, EagleProposerConfig(topk=1, context=16), hist)
+    ctx = _ctx(hist, 6, temperature, p.device)
+    forwards: list[int] = []
+    inner = d.step
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        forwards.append(1)
+        return inner(*a, **k)
+
+    monkeypatch.setattr(d, "step", counted)
+    counter = SyncCounter(monkeypatch)
+    prop = p.propose(ctx)
+    assert counter.calls == [] and len(forwards) == 6  # context forward + 5 chain steps draft 6 tokens
+    assert bool(prop.counts[0] == 7) and counter.calls == ["__bool__"]  # the counter does see a read-back
+    monkeypatch.undo()
+    assert prop.tokens.shape == (5, 7) and prop.counts.tolist() == [7, 7, 7, 7, 1]
+    assert prop.draft_probs is not None and prop.draft_probs.shape == (5, 7, tiny_target.args.vocab_size)
+    drawn = prop.draft_probs[:4, :6].gather(-1, prop.tokens[:4, 1:, None])
+    assert bool((drawn > 0).all())  # every drafted token came from its q row (greedy: the one-hot's index)
+    # the tree path still reads histories through the same inputs (and may sync: it is not graph-captured)
+    assert EagleProposer(d, EagleProposerConfig(topk=3, context=16)).propose(ctx).num_nodes <= 7
+
+
+def test_preallocated_kv_drafts_what_the_concatenating_kv_drafts(tiny_target: Transformer) -> None:
+    """chain_draft_no_sync (K/V written by column into one buffer) == a reference chain over a K/V grown by
+    concatenation (the training path's DraftKV.extend)."""
+    d = _drafter(tiny_target)
+    hist = _hist()
+    w, k = 16, 5
+    p = _filled(d, EagleProposerConfig(topk=1, context=w), hist)
+    ctx = _ctx(hist, k, 0.0, p.device)
+    prop = p.propose(ctx)
+    packed = torch.from_numpy(p._pack(ctx, len(hist)))
+    toks, feats, m = p._inputs(ctx, packed)
+    with torch.no_grad():
+        o, kv, valid, last_pos = p._context_forward(toks, feats, m, packed[:, -1], None)
+        ref = []
+        mask = valid
+        for s in range(k):
+            tok = processed_probs(d.logits(o[:, 0]).float(), 0.0).argmax(-1)
+            ref.append(tok)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            o, kv = d.step(tok[:, None], o, (last_pos + 1 + s)[:, None], kv, mask[:, None, :])
+    assert torch.equal(prop.tokens[:, 1:], torch.stack(ref, 1))
+    assert torch.equal(prop.tokens[:, 0], torch.tensor([h[-1] for h in hist]))
+
+
+class ReplayEagerly:
+    """Stands in for a CUDA graph on the CPU: replay() re-runs the recorded function into its static outputs."""
+
+    def __init__(self, run, out) -> None:  # type: ignore[no-untyped-def]
+        self.run, self.out = run, out
+
+    def replay(self) -> None:
+        for o, n in zip(self.out, self.run(), strict=True):
+            o.copy_(n)
+
+
+def test_graph_plumbing_pads_to_the_bucket_and_matches_eager(tiny_target: Transformer,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graphed path (static buffers per batch bucket, padding rows, output slicing, reuse across calls) drafts
+    what the eager path drafts; the graph is replaced by eager replay so this runs on the CPU (greedy drafts: the
+    padded batch draws different random numbers, which T=0 ignores)."""
+    d = _drafter(tiny_target)
+    w, k = 16, 6
+
+    def record(self, run):  # type: ignore[no-untyped-def]
+        out = run()
+        return ReplayEagerly(run, out), out
+
+    monkeypatch.setattr(EagleProposer, "_record", record)
+    monkeypatch.setattr(EagleProposer, "_graphable", lambda self, bsz, ctx: True)
+    for lengths in ((9, 40, 3, 70, 5), (12, 6, 30)):  # buckets 8 and 4; the second call reuses nothing stale
+        hist = _hist(lengths)
+        graphed = _filled(d, EagleProposerConfig(topk=1, context=w), hist)
+        eager = _filled(d, EagleProposerConfig(topk=1, context=w, cuda_graphs=False), hist)
+        monkeypatch.setattr(eager, "_graphable", lambda bsz, ctx: False)
+        ctx = _ctx(hist, k, 0.0, eager.device)
+        for _ in range(2):
+            a, b = eager.propose(ctx), graphed.propose(ctx)
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+            assert torch.equal(a.counts, b.counts) and a.draft_probs is not None and b.draft_probs is not None
+            torch.testing.assert_close(a.draft_probs, b.draft_probs)
+        assert list(graphed._graphs) == [(8 if len(lengths) == 5 else 4, k)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_graphed_chain_equals_eager_and_never_syncs(tiny_target: Transformer, temperature: float) -> None:
+    dev = torch.device("cuda")
+    target = copy.deepcopy(tiny_target).to(dev)
+    d = _drafter(target).to(dev)
+    # T=1: 4 rows fill bucket 4 exactly, so eager and graph draw random numbers of the same shape (the same
+    # stream then gives the same draws); T=0 uses 5 rows (bucket 8: padding rows) and is deterministic anyway
+    hist = _hist() if temperature == 0.0 else _hist((9, 40, 3, 70))
+    eager = _filled(d, EagleProposerConfig(topk=1, context=16, cuda_graphs=False), hist)
+    graphed = _filled(d, EagleProposerConfig(topk=1, context=16), hist)
+    ctx = _ctx(hist, 6, temperature, dev)
+    graphed.propose(ctx)  # captures (batch bucket, depth 6)
+    assert list(graphed._graphs) == [(8 if len(hist) == 5 else 4, 6)]
+    for _ in range(3):
+        state = graphed.gen.get_state()
+        eager.gen.set_state(state)  # the same random stream: the graph replays the eager kernels' draws
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            a = eager.propose(ctx)
+            b = graphed.propose(ctx)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+        assert torch.equal(a.counts, b.counts)
+        assert a.draft_probs is not None and b.draft_probs is not None
+        torch.testing.assert_close(a.draft_probs, b.draft_probs)
+        assert graphed.gen.get_state().tolist() != state.tolist()  # each replay draws fresh numbers
+    assert len(graphed._graphs) == 1  # replays, no new capture
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_chain_in_the_engine_is_lossless() -> None:
+    """Chain drafts from captured graphs inside the engine's speculative steps: greedy output == plain decoding
+    (fp32, so both paths round alike); then bf16 target + bf16 drafter (how OnlineDrafter serves on GPU) sampled at
+    T=1 finish with a sane acceptance."""
+    from worker.tlt.rollout.engine import Engine
+    from worker.tlt.rollout.types import EngineConfig, Request, SpecConfig
+    from worker.tlt.rollout.types import SamplingParams as ReqParams
+
+    dev = torch.device("cuda")
+    prompts = [[(7 * i + j * 13) % 250 for j in range(6 + i % 3)] for i in range(6)]
+    cfg = EngineConfig(max_len=64, max_slots=8)
+    spec = SpecConfig(mode="on", method="chain", depth=5)
+    for dtype in (torch.float32, torch.bfloat16):
+        # the fixture's model, built in `dtype` on the GPU (RoPE tables stay fp32)
+        target = random_model(preset("tiny-llama", n_layers=4), seed=1, std=0.15, device=dev, dtype=dtype)
+        d = _drafter(target).to(dev, dtype)
+        prop = EagleProposer(d, EagleProposerConfig(topk=1, context=16))
+        eng = Engine(target, eos_ids=(257,), config=cfg, spec=spec, proposer=prop, hidden_hook=prop.observe)
+        if dtype == torch.float32:
+            greedy = ReqParams(temperature=0.0, max_new_tokens=40)
+            ref = Engine(target, eos_ids=(257,), config=cfg).generate([Request(p, greedy) for p in prompts])
+            out = eng.generate([Request(p, greedy) for p in prompts])
+            assert [s.tokens for s in out.sequences] == [s.tokens for s in ref.sequences]
+        sampled = eng.generate([Request(p, ReqParams(temperature=1.0, max_new_tokens=40)) for p in prompts])
+        assert len(prop._graphs) >= 1 and all(k == 5 for _, k in prop._graphs)
+        steps = [s for s in sampled.steps if s.kind == "spec"]
+        per_verify = sum(s.emitted for s in steps) / sum(s.active for s in steps)
+        assert 1.0 <= per_verify <= 6.0 and all(len(s.tokens) > 0 for s in sampled.sequences)

@@ -1,0 +1,18 @@
+"""Multi-GPU jobs (issue 9): data-parallel rollout, idle ranks train the drafter, data-parallel policy update.
+
+    launch.py         start N ranks from the job process; relay rank 0's reports to the job's Reporter
+    context.py        process group (NCCL / gloo), rendezvous store, the collectives used here
+    rollout_shard.py  prompts sharded by rank, per-rank sampling streams, trajectory summaries gathered
+    harvest.py        a rank whose shard is done trains the drafter until all are done; drafter broadcast
+    update.py         gradient all-reduce (DDP-style) with the global loss normaliser and global clip
+    metrics.py        merge the ranks' step metrics; per-GPU timeline intervals
+    loop.py           apply all of it to a single-GPU GRPOTrainer and step the ranks in lock-step
+
+Limits: `algorithm.dynamic_sampling` is refused (a rank whose groups all drop would skip the optimizer step the
+others all-reduce in); lifting it needs GRPOTrainer.update to take its LossNorm from an overridable method and to
+step even with no local sequences. The KV cache stays allocated during the update (135M: room enough). No tail
+rebalancing between ranks. (Named multigpu, not dist: the repository's .gitignore ignores every `dist/`.)
+
+Wired from train.py: `if spec.resources.gpus > 1: return launch.run(spec, run_dir, reporter, resume)`.
+Tests (gloo, 2 CPU processes): `python -m pytest tests/multigpu -q`. Benchmark (2 x H200): `python bench/multi_gpu.py`.
+"""

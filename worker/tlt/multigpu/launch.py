@@ -1,0 +1,142 @@
+"""Start a multi-GPU job: N rank processes (torch.multiprocessing spawn) from the job's own process, which keeps the
+job's `Reporter` and relays to it what rank 0 reports.
+
+    from worker.tlt.multigpu import launch
+    launch.run(spec, run_dir, reporter)                      # spec.resources.gpus ranks, NCCL, rank r on cuda:r
+    launch.run(spec, run_dir, reporter, world=2)             # CPU ranks over gloo (tests; spec.resources.gpus == 0)
+
+Why spawn from the job process rather than torchrun: the Celery worker already runs each job in a child process
+that owns the job's reporter (a database writer); spawning the ranks from there keeps that one object, its
+connection and the cancel flag in one place, needs no second CLI entry point, and a rank that dies takes the job
+down with a traceback (ProcessContext.join re-raises it). Rendezvous is a TCP store on a free local port.
+Reporting: ranks put `(method, args)` on a queue; the job process calls the reporter; `should_stop()` is polled
+here and handed to the ranks as an Event, which they turn into a collective decision (loop.py).
+NCCL_NVLS_ENABLE defaults to 0: NVLink SHARP multicast is unavailable on the shared H200 hosts and its set-up fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from worker.tlt.config import JobSpec
+from worker.tlt.reporting import ArtifactKind, Reporter
+
+log = logging.getLogger(__name__)
+
+RELAYED = ("metrics", "histogram", "log", "artifact", "samples")
+
+
+class QueueReporter:
+    """A rank's `Reporter`: rank 0 forwards everything to the job process; other ranks only read the cancel flag."""
+
+    def __init__(self, channel: Any, stop: Event, forward: bool) -> None:
+        self.channel, self.stop, self.forward = channel, stop, forward
+
+    def _put(self, method: str, *args: Any) -> None:
+        if self.forward:
+            self.channel.put((method, args))
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self._put("metrics", step, values)
+
+    def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None:
+        self._put("histogram", step, name, edges, counts)
+
+    def log(self, line: str) -> None:
+        self._put("log", line)
+
+    def artifact(self, kind: ArtifactKind, path: Path, step: int | None = None) -> None:
+        self._put("artifact", kind, path, step)
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        self._put("samples", step, rows)
+
+    def should_stop(self) -> bool:
+        return self.stop.is_set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_main(rank: int, world: int, init_method: str, device_type: str, spec_data: dict, run_dir: str,
+              resume: bool, channel: Any, stop: Event) -> None:
+    """Entry point of one rank (module-level: spawn imports it by name)."""
+    from worker.tlt.multigpu.context import DistContext
+    from worker.tlt.multigpu.loop import apply_data_parallel, dist_train_loop
+    from worker.tlt.train import build_trainer
+
+    if device_type == "cpu":  # ranks share the host's cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    ctx = DistContext.init(rank, world, init_method, device_type)
+    reporter = QueueReporter(channel, stop, forward=ctx.is_main)
+    spec = JobSpec.model_validate(spec_data)
+    trainer = None
+    try:
+        trainer, val = build_trainer(spec, reporter)
+        dp = apply_data_parallel(trainer, ctx)
+        dist_train_loop(spec, trainer, dp, val, Path(run_dir), reporter, resume)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        ctx.close()
+
+
+def relay(procs: mp.ProcessContext, channel: Any, stop: Event, reporter: Reporter) -> None:
+    """Hand the ranks' reports to `reporter` until every rank has exited (re-raises a rank's failure)."""
+
+    def drain(timeout: float) -> None:
+        try:
+            method, args = channel.get(timeout=timeout)
+        except queue.Empty:
+            return
+        if method in RELAYED:
+            getattr(reporter, method)(*args)
+
+    try:
+        while not procs.join(timeout=0):
+            drain(0.2)
+            if not stop.is_set() and reporter.should_stop():
+                stop.set()
+    finally:
+        while True:  # whatever rank 0 put before it exited
+            try:
+                method, args = channel.get_nowait()
+            except queue.Empty:
+                break
+            if method in RELAYED:
+                getattr(reporter, method)(*args)
+
+
+def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True, world: int | None = None) -> None:
+    """Train `spec` on `world` ranks (default spec.resources.gpus; GPUs when the spec asks for GPUs, else CPU)."""
+    world = world or spec.resources.gpus
+    device_type = "cuda" if spec.resources.gpus > 0 else "cpu"
+    if world < 2:
+        raise ValueError(f"a data-parallel job needs at least 2 ranks, got {world}")
+    if device_type == "cuda" and torch.cuda.device_count() < world:
+        raise RuntimeError(f"the spec asks for {world} GPUs, {torch.cuda.device_count()} visible")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # inherited by the spawned ranks
+    ctx = mp.get_context("spawn")
+    channel, stop = ctx.Queue(), ctx.Event()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    reporter.log(f"starting {world} ranks ({'NCCL' if device_type == 'cuda' else 'gloo'}) at {init_method}")
+    procs = mp.start_processes(
+        rank_main, args=(world, init_method, device_type, spec.model_dump(mode="json"), str(run_dir), resume,
+                         channel, stop),
+        nprocs=world, join=False, start_method="spawn",
+    )
+    relay(procs, channel, stop, reporter)
