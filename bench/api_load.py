@@ -1,9 +1,12 @@
-"""Bounded load test of the REST API: latency (p50/p90/p99/max) and errors at a fixed request rate of mixed reads and
+"""Bounded load test of the REST API: latency (p50/p90/p99/max) and errors at fixed request rates of mixed reads and
 writes (open loop: requests start on schedule whether or not earlier ones finished), then N concurrent SSE clients
-(time to the first event, errors). Prints one markdown table.
+(time to the first event, errors, and whether every stream stayed open for the hold time). Prints markdown tables:
+one row per rate and per SSE client count, then the per-route breakdown at the highest rate that had zero errors.
 
     python bench/api_load.py                                    # starts a local API (SQLite, temp dir): 200 req/s, 20 s
-    python bench/api_load.py --rate 200 --duration 30 --sse 1000 --out bench/results/api_load.md
+    python bench/api_load.py --rate 50,100,200 --duration 20 --sse 100,500,1000 --out bench/results/api_load.md
+    python bench/api_load.py --database-url postgresql+psycopg://postgres@127.0.0.1/tlt_load \
+        --broker-url redis://127.0.0.1:6379/14                  # the local API on Postgres + Redis (production config)
     python bench/api_load.py --url http://127.0.0.1:8000 --token $TLT_TOKEN   # against a running API
 
 Mix (weights): GET /jobs 30, GET /jobs/{id} 25, GET /jobs/{id}/metrics 20, GET /jobs/{id}/events 10,
@@ -40,6 +43,8 @@ class Stats:
     latencies_ms: dict[str, list[float]] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)  # kind -> non-2xx or exceptions
     late_ms: float = 0.0  # how far behind schedule the generator fell at worst (client-side saturation)
+    load_avg: float = 0.0  # the machine's 1-minute load average at the end (other work on the box skews latency)
+    server_cpu_s: float | None = None  # CPU seconds the local API process used in the phase (None: remote API)
 
     def add(self, kind: str, ms: float, ok: bool) -> None:
         self.latencies_ms.setdefault(kind, []).append(ms)
@@ -60,16 +65,32 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def process_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of a local process so far (Linux /proc), None when unknown. Unlike latency, CPU per
+    request does not grow when other work shares the machine: it says what a dedicated core would sustain."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+SERVER_PID: int | None = None  # the local API's pid, set by local_api
+
+
 @contextlib.contextmanager
-def local_api(home: Path) -> Iterator[tuple[str, str]]:
-    """Migrate a SQLite database under `home`, make an admin token, run uvicorn; yields (url, token)."""
+def local_api(home: Path, database_url: str = "", broker_url: str = "") -> Iterator[tuple[str, str]]:
+    """Migrate the database (default: SQLite under `home`), make an admin token, run uvicorn; yields (url, token)."""
     from backend import crud
     from backend.core import migrate
     from backend.core.config import Settings
     from backend.core.db import make_engine, make_session_factory
 
-    env = {**os.environ, "TLT_HOME": str(home), "TLT_SUBMIT_RATE_PER_MIN": "0", "TLT_FRONTEND_DIR": str(home / "none")}
-    settings = Settings(home=home)
+    env = {**os.environ, "TLT_HOME": str(home), "TLT_SUBMIT_RATE_PER_MIN": "0", "TLT_FRONTEND_DIR": str(home / "none"),
+           "TLT_DATABASE_URL": database_url, "TLT_BROKER_URL": broker_url}
+    settings = Settings(home=home, database_url=database_url, broker_url=broker_url)
     settings.ensure_dirs()
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
@@ -81,6 +102,8 @@ def local_api(home: Path) -> Iterator[tuple[str, str]]:
         [sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning", "--no-access-log"], env=env)
     url = f"http://127.0.0.1:{port}"
+    global SERVER_PID
+    SERVER_PID = proc.pid
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -137,6 +160,7 @@ async def rate_phase(url: str, token: str, rate: float, duration: float, seed: i
             r.raise_for_status()
             job_ids.append(r.json()["id"])
         tasks: list[asyncio.Task[None]] = []
+        cpu0 = process_cpu_s(SERVER_PID)
         start, n = time.perf_counter(), int(rate * duration)
         for i in range(n):
             due = start + i / rate
@@ -148,10 +172,15 @@ async def rate_phase(url: str, token: str, rate: float, duration: float, seed: i
             kind = rng.choices(kinds, weights)[0]
             tasks.append(asyncio.create_task(_one(client, kind, job_ids, stats, rng)))
         await asyncio.gather(*tasks)
+    stats.load_avg = os.getloadavg()[0]
+    cpu1 = process_cpu_s(SERVER_PID)
+    stats.server_cpu_s = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     return stats
 
 
 async def _sse_client(url: str, token: str, job_id: int, hold_s: float, out: list[float], errors: list[str]) -> None:
+    """Open the stream, time its first event, keep reading until `hold_s` after it (the keep-alive and `retry:` lines
+    keep coming); a stream the server closes earlier counts as an error."""
     t0 = time.perf_counter()
     try:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client, client.stream(
@@ -169,12 +198,14 @@ async def _sse_client(url: str, token: str, job_id: int, hold_s: float, out: lis
                     break
             if first is None:
                 errors.append("stream ended before any event")
+            elif time.perf_counter() - first < hold_s:
+                errors.append("stream closed before the hold time")
     except httpx.HTTPError as e:
         errors.append(type(e).__name__)
 
 
 async def sse_phase(url: str, token: str, clients: int, hold_s: float) -> tuple[list[float], list[str]]:
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as c:
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as c:
         job_id = (await c.post("/api/v1/jobs", json={"spec": SPEC})).json()["id"]  # queued: its stream stays open
     firsts: list[float] = []
     errors: list[str] = []
@@ -182,49 +213,94 @@ async def sse_phase(url: str, token: str, clients: int, hold_s: float) -> tuple[
     return firsts, errors
 
 
-def table(stats: Stats, rate: float, duration: float, sse: tuple[list[float], list[str]] | None, n_sse: int) -> str:
-    rows = ["| what | n | p50 ms | p90 ms | p99 ms | max ms | errors |", "|---|---|---|---|---|---|---|"]
-    everything = [v for vs in stats.latencies_ms.values() for v in vs]
-    for kind, _w in MIX + [("ALL", 0)]:
-        vs = everything if kind == "ALL" else stats.latencies_ms.get(kind, [])
-        errs = sum(stats.errors.values()) if kind == "ALL" else stats.errors.get(kind, 0)
+def rate_rows(results: list[tuple[float, Stats]]) -> list[str]:
+    rows = ["| rate req/s | n | p50 ms | p90 ms | p99 ms | max ms | errors | generator late ms | load avg "
+            "| API CPU ms/req |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for rate, stats in results:
+        vs = [v for kind in stats.latencies_ms.values() for v in kind]
+        rows.append(f"| {rate:g} | {len(vs)} | {pct(vs, 50):.1f} | {pct(vs, 90):.1f} | {pct(vs, 99):.1f} | "
+                    f"{max(vs, default=float('nan')):.1f} | {sum(stats.errors.values())} | {stats.late_ms:.0f} | "
+                    f"{stats.load_avg:.1f} | {_per_req_ms(stats, len(vs))} |")
+    return rows
+
+
+def _per_req_ms(stats: Stats, n: int) -> str:
+    return "-" if stats.server_cpu_s is None or not n else f"{1000 * stats.server_cpu_s / n:.1f}"
+
+
+def kind_rows(stats: Stats) -> list[str]:
+    rows = ["| route | n | p50 ms | p90 ms | p99 ms | max ms | errors |", "|---|---|---|---|---|---|---|"]
+    for kind, _w in MIX:
+        vs = stats.latencies_ms.get(kind, [])
         rows.append(f"| {kind} | {len(vs)} | {pct(vs, 50):.1f} | {pct(vs, 90):.1f} | {pct(vs, 99):.1f} | "
-                    f"{max(vs, default=float('nan')):.1f} | {errs} |")
-    if sse is not None:
-        firsts, errors = sse
-        rows.append(f"| SSE first event ({n_sse} clients) | {len(firsts)} | {pct(firsts, 50):.1f} | "
-                    f"{pct(firsts, 90):.1f} | {pct(firsts, 99):.1f} | {max(firsts, default=float('nan')):.1f} | "
-                    f"{len(errors)} |")
-    head = (f"API load: {rate:g} req/s for {duration:g} s (open loop; generator fell behind by at most "
-            f"{stats.late_ms:.0f} ms)")
-    return head + "\n\n" + "\n".join(rows) + "\n"
+                    f"{max(vs, default=float('nan')):.1f} | {stats.errors.get(kind, 0)} |")
+    return rows
+
+
+def sse_rows(results: list[tuple[int, list[float], list[str]]], hold_s: float) -> list[str]:
+    rows = [f"| SSE clients | connected | first event p50 ms | p99 ms | max ms | errors (held {hold_s:g} s) |",
+            "|---|---|---|---|---|---|"]
+    for n, firsts, errors in results:
+        kinds = ", ".join(f"{k}: {errors.count(k)}" for k in sorted(set(errors)))
+        rows.append(f"| {n} | {len(firsts)} | {pct(firsts, 50):.1f} | {pct(firsts, 99):.1f} | "
+                    f"{max(firsts, default=float('nan')):.1f} | {len(errors)}{f' ({kinds})' if kinds else ''} |")
+    return rows
+
+
+def report(rates: list[tuple[float, Stats]], sse: list[tuple[int, list[float], list[str]]], duration: float,
+           hold_s: float) -> str:
+    ok = [(r, st) for r, st in rates if not st.errors]
+    parts = [f"Mixed reads and writes, open loop, {duration:g} s per rate:", "", *rate_rows(rates), ""]
+    if ok:
+        rate, stats = max(ok, key=lambda x: x[0])
+        parts += [f"Per route at {rate:g} req/s (the highest rate with zero errors):", "", *kind_rows(stats), ""]
+    if sse:
+        parts += ["Concurrent SSE clients on one running job:", "", *sse_rows(sse, hold_s), ""]
+    return "\n".join(parts)
+
+
+def _numbers(text: str, kind: type) -> list:  # type: ignore[type-arg]
+    return [kind(x) for x in text.split(",") if x.strip()]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--url", help="a running API (default: start a local one on SQLite in a temp dir)")
+    ap.add_argument("--url", help="a running API (default: start a local one in a temp dir)")
     ap.add_argument("--token", default=os.environ.get("TLT_TOKEN"), help="with --url: a token (admin or user)")
-    ap.add_argument("--rate", type=float, default=200.0, help="requests per second")
-    ap.add_argument("--duration", type=float, default=20.0, help="seconds of the rate phase")
-    ap.add_argument("--sse", type=int, default=100, help="concurrent SSE clients (0: skip)")
+    ap.add_argument("--database-url", default="", help="the local API's database (default: SQLite in the temp dir)")
+    ap.add_argument("--broker-url", default="", help="the local API's broker (default: SQLite in the temp dir)")
+    ap.add_argument("--rate", default="200", help="requests per second; a comma list runs each in turn")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds per rate")
+    ap.add_argument("--sse", default="100", help="concurrent SSE clients; a comma list runs each in turn (0: skip)")
     ap.add_argument("--sse-hold", type=float, default=3.0, help="seconds each SSE client stays after its first event")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, help="also write the table here")
+    ap.add_argument("--out", type=Path, help="also write the tables here")
     args = ap.parse_args()
+    rates, sse_counts = _numbers(args.rate, float), [n for n in _numbers(args.sse, int) if n > 0]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # many SSE sockets (the local server inherits it)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     async def run(url: str, token: str) -> str:
-        stats = await rate_phase(url, token, args.rate, args.duration, args.seed)
-        sse = await sse_phase(url, token, args.sse, args.sse_hold) if args.sse else None
-        return table(stats, args.rate, args.duration, sse, args.sse)
+        rate_results: list[tuple[float, Stats]] = []
+        for rate in rates:  # rising; a rate with errors ends the sweep (higher ones only fail harder)
+            rate_results.append((rate, await rate_phase(url, token, rate, args.duration, args.seed)))
+            print("\n".join(rate_rows(rate_results)[-1:]), flush=True)
+            await asyncio.sleep(args.duration / 2)  # let the server drain before the next phase
+            if rate_results[-1][1].errors:
+                break
+        sse_results = []
+        for n in sse_counts:
+            sse_results.append((n, *await sse_phase(url, token, n, args.sse_hold)))
+            print("\n".join(sse_rows(sse_results, args.sse_hold)[-1:]), flush=True)
+        return report(rate_results, sse_results, args.duration, args.sse_hold)
 
     if args.url:
         if not args.token:
             ap.error("--url needs --token (or TLT_TOKEN)")
         text = asyncio.run(run(args.url, args.token))
     else:
-        with tempfile.TemporaryDirectory(prefix="tlt-load-") as d, local_api(Path(d)) as (url, token):
+        with (tempfile.TemporaryDirectory(prefix="tlt-load-") as d,
+              local_api(Path(d), args.database_url, args.broker_url) as (url, token)):
             text = asyncio.run(run(url, token))
     print(text)
     if args.out:

@@ -116,6 +116,32 @@ class TltClient:
                 self._json(resp)
             yield from parse_sse(resp.iter_lines())
 
+    def follow(self, job_id: int, last_event_id: str | None = None, reconnect_for_s: float = 60.0,
+               retry_s: float = 1.0) -> Iterator[SseEvent]:
+        """The job's stream until its `end` event, surviving API restarts: a dropped connection (or a stream the
+        server closed early) is reopened with Last-Event-ID = the id of the last event received, so every event
+        arrives exactly once. Gives up (the last error) when no connection succeeds for `reconnect_for_s`."""
+        down_since: float | None = None
+        while True:
+            try:
+                for ev in self.stream(job_id, last_event_id):
+                    down_since = None
+                    if ev.id is not None:
+                        last_event_id = ev.id
+                    yield ev
+                    if ev.event == "end":
+                        return
+            except httpx.TransportError:  # refused while the API restarts, or cut mid-stream
+                now = time.monotonic()
+                down_since = now if down_since is None else down_since
+                if now - down_since > reconnect_for_s:
+                    raise
+            except ApiError as e:
+                if e.status_code < 500 or down_since is not None and time.monotonic() - down_since > reconnect_for_s:
+                    raise
+                down_since = down_since or time.monotonic()  # the API is up but its database is not (yet)
+            time.sleep(retry_s)  # the stream's own `retry:` hint is 1 s
+
     # ------------------------------------------------------------ artifacts
 
     def artifacts(self, job_id: int, kind: str | None = None) -> list[dict[str, Any]]:

@@ -7,6 +7,9 @@ between the two would otherwise resume past steps whose metrics were lost: a gap
 background thread flushes them every `flush_s` (or at once past `max_rows`), so the SSE stream sees them within a
 second. Metrics and histograms are upserts on (job, step, name): a step replayed after a resume overwrites its rows,
 never duplicates them.
+A database restart or failover pauses the job instead of failing it: every write is retried for up to `write_retry_s`
+while the error is a transient one (connection refused or cut), the pending rows kept in order, and `should_stop()`
+answers from its last reading meanwhile (backend.core.db.retry_transient).
 Artifacts are registered with the size and sha256 of the bytes a download serves (backend.artifact_store.digest).
 
     rep = DbReporter(session_factory, job_id=1, attempt=1, artifact_root=settings.artifacts)
@@ -25,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend import crud
 from backend.artifact_store import digest
+from backend.core.db import TRANSIENT_ERRORS, retry_transient
 from backend.lifecycle import JobStatus
 from worker.tlt.reporting import ArtifactKind
 
@@ -42,10 +46,12 @@ class DbReporter:
         flush_s: float = 0.5,  # background flush period of log lines (the SSE stream polls at 0.5 s)
         max_rows: int = 1000,  # flush at once when this many log lines are pending
         stop_check_s: float = 1.0,  # should_stop() reads the job's status at most this often
+        write_retry_s: float = 300.0,  # a write failing with a transient DB error is retried this long (a restart)
     ) -> None:
         self.sessions, self.job_id, self.attempt = sessions, job_id, attempt
         self.artifact_root = artifact_root.resolve()
         self.flush_s, self.max_rows, self.stop_check_s = flush_s, max_rows, stop_check_s
+        self.write_retry_s = write_retry_s
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._metrics: list[tuple[int, str, float]] = []
@@ -93,16 +99,20 @@ class DbReporter:
         path = Path(path).resolve()
         if not path.is_relative_to(self.artifact_root):
             raise ValueError(f"artifact {path} is outside the artifact store {self.artifact_root}")
-        self.flush()  # the metrics of the step come before its artifact
+        self._flush_durably()  # the metrics of the step come before its artifact
         size, sha256, is_dir = digest(path)
-        with self.sessions() as s:
-            crud.register_artifact(s, self.job_id, kind=kind, path=str(path), is_dir=is_dir, size=size, sha256=sha256,
-                                   step=step)
-            # Retention (the training loop's) deletes old checkpoints after their successor is written: mark their rows.
-            gone = [a.id for a in crud.list_artifacts(s, self.job_id, kind="checkpoint")
-                    if a.deleted_at is None and not Path(a.path).exists()]
-            crud.mark_artifacts_deleted(s, gone)
-            s.commit()
+
+        def register() -> None:
+            with self.sessions() as s:
+                crud.register_artifact(s, self.job_id, kind=kind, path=str(path), is_dir=is_dir, size=size,
+                                       sha256=sha256, step=step)
+                # Retention (the training loop's) deletes old checkpoints after their successor is written.
+                gone = [a.id for a in crud.list_artifacts(s, self.job_id, kind="checkpoint")
+                        if a.deleted_at is None and not Path(a.path).exists()]
+                crud.mark_artifacts_deleted(s, gone)
+                s.commit()
+
+        retry_transient(register, for_s=self.write_retry_s, what=f"job {self.job_id}: artifact registration", log=log)
         log.info("job %s: registered %s artifact %s (%d bytes, sha256 %s)", self.job_id, kind, path, size, sha256)
 
     def should_stop(self) -> bool:
@@ -111,8 +121,12 @@ class DbReporter:
         now = time.monotonic()
         if now - self._last_stop_check >= self.stop_check_s:
             self._last_stop_check = now
-            with self.sessions() as s:
-                self._stopped = crud.job_status(s, self.job_id) in STOP_STATUSES
+            try:
+                with self.sessions() as s:
+                    self._stopped = crud.job_status(s, self.job_id) in STOP_STATUSES
+            except TRANSIENT_ERRORS:  # the database is away: keep training (and buffering); ask again later
+                log.warning("job %s: cannot read the job's status; asking again in %.0f s", self.job_id,
+                            self.stop_check_s)
         return self._stopped
 
     # ------------------------------------------------------------ plumbing
@@ -148,17 +162,10 @@ class DbReporter:
                     self._logs[:0], self._samples[:0] = logs, samples
                 raise
 
-    def _flush_durably(self, attempts: int = 4) -> None:
-        """flush(), retried with backoff over a database hiccup; raises if it keeps failing (the attempt fails)."""
-        for i in range(attempts):
-            try:
-                self.flush()
-                return
-            except Exception:
-                if i == attempts - 1:
-                    raise
-                log.warning("job %s: write failed; retrying", self.job_id, exc_info=True)
-                time.sleep(0.5 * 2**i)
+    def _flush_durably(self) -> None:
+        """flush(), retried over a transient database error for up to `write_retry_s` (the training loop waits: what
+        it checkpoints next is never ahead of the database); raises when that is not enough (the attempt fails)."""
+        retry_transient(self.flush, for_s=self.write_retry_s, what=f"job {self.job_id}: write", log=log)
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.flush_s):
@@ -171,4 +178,4 @@ class DbReporter:
         """Stop the background thread and write what is pending (raises if that last write fails)."""
         self._closed.set()
         self._thread.join(timeout=30)
-        self.flush()
+        self._flush_durably()

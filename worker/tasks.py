@@ -8,6 +8,9 @@ Contract (Celery "Tasks" guide: take ids, re-read the row, check its state, be i
   crash or OOM fails the attempt with the exit status and the last output lines, never the worker.
 - A heartbeat thread updates jobs.heartbeat_at and watches for `cancelling`: the child stops cooperatively
   (reporter.should_stop) and is hard-killed after `cancel_grace_s`.
+- A database restart does not fail a job: the claim, the outcome and the final transition are retried over transient
+  errors for `DB_RETRY_S`; heartbeats and output lines wait for the database to come back (output kept in order, up
+  to `MAX_PENDING_OUTPUT` lines); the child's DbReporter pauses the training the same way.
 
 Run by a worker: `celery -A worker.celery_app worker -Q cpu,gpu --pool threads --concurrency 1`.
 """
@@ -30,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend import crud
 from backend.core.config import Settings
-from backend.core.db import make_engine, make_session_factory
+from backend.core.db import make_engine, make_session_factory, retry_transient
 from backend.lifecycle import FINAL, IllegalTransition, JobStatus
 from worker.celery_app import RUN_JOB_TASK
 
@@ -38,6 +41,8 @@ log = logging.getLogger(__name__)
 S = JobStatus
 _factories: dict[str, sessionmaker[Session]] = {}
 _factories_lock = threading.Lock()
+DB_RETRY_S = 300.0  # how long the supervisor retries a claim / outcome / final transition over a database outage
+MAX_PENDING_OUTPUT = 20_000  # child output lines kept while the database is away (then the oldest are dropped)
 
 
 def session_factory(url: str) -> sessionmaker[Session]:
@@ -70,7 +75,7 @@ class JobSupervisor:
     # ------------------------------------------------------------ claim
 
     def run(self) -> str:
-        claim = self.claim()
+        claim = retry_transient(self.claim, for_s=DB_RETRY_S, what=f"job {self.job_id}: claim", log=log)
         if claim is None:
             return "skipped"
         attempt, resume = claim
@@ -79,7 +84,8 @@ class JobSupervisor:
         except Exception as e:  # noqa: BLE001 - the supervisor itself failed (DB, fork): fail the attempt visibly
             log.exception("job %s: supervisor error", self.job_id)
             outcome, reason = S.failed, f"worker error: {type(e).__name__}: {e}"
-        self.finish(outcome, reason)
+        retry_transient(lambda: self.finish(outcome, reason), for_s=DB_RETRY_S, what=f"job {self.job_id}: finish",
+                        log=log)
         return outcome.value
 
     def claim(self) -> tuple[int, bool] | None:
@@ -182,7 +188,11 @@ class JobSupervisor:
         self._stop.set()
         threads[0].join(timeout=10)
         self._flush_output(attempt)
-        return self.outcome(proc.returncode, killed)
+        rc = proc.returncode
+        result = retry_transient(lambda: self.outcome(rc, killed), for_s=DB_RETRY_S, what=f"job {self.job_id}: outcome",
+                                 log=log)
+        self._flush_output(attempt)  # lines still pending from an outage
+        return result
 
     def outcome(self, rc: int, killed_for_cancel: bool) -> tuple[JobStatus, str]:
         with self.sessions() as s:
@@ -243,8 +253,11 @@ class JobSupervisor:
                 with self.sessions() as s:
                     crud.add_logs(s, self.job_id, attempt, lines, stream="output")
                     s.commit()
-            except Exception:  # noqa: BLE001 - losing output lines must not kill the job
-                log.exception("job %s: could not store %d output lines", self.job_id, len(lines))
+            except Exception:  # noqa: BLE001 - the database is away: keep the lines (in order) for the next flush
+                log.warning("job %s: could not store %d output lines yet", self.job_id, len(lines), exc_info=True)
+                with self._out_lock:
+                    self._out_batch[:0] = lines
+                    del self._out_batch[:-MAX_PENDING_OUTPUT]
 
 
 @worker_ready.connect

@@ -2,14 +2,22 @@
 
 SQLite gets WAL mode, a busy timeout and foreign keys so the API, the worker and job child processes can write to the
 same file at once. Only Alembic changes the schema (`tlt db upgrade`, see backend/core/migrate.py).
+`retry_transient` retries a write over a database restart (the worker's metric writes and job transitions).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -30,3 +38,23 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)  # connection refused or cut, server shutting down, SQLite locked
+
+
+def retry_transient(fn: Callable[[], T], *, for_s: float, what: str, log: logging.Logger | None = None) -> T:
+    """`fn()`, called again (backoff 0.25 s doubling to 2 s) while it fails with a transient database error (a
+    Postgres restart or failover, a locked SQLite file), for up to `for_s` seconds; then the last error is raised.
+    Any other error is raised at once: retrying a constraint violation or a bug would only hide it."""
+    deadline = time.monotonic() + for_s
+    delay = 0.25
+    while True:
+        try:
+            return fn()
+        except TRANSIENT_ERRORS as e:
+            if time.monotonic() + delay > deadline:
+                raise
+            (log or _log).warning("%s failed (%s); retrying in %.2f s", what, type(e.orig or e).__name__, delay)
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)

@@ -48,6 +48,7 @@ class Stack:
     token: str
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    api: subprocess.Popen[bytes] | None = None
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         n = len(self.workers)
@@ -61,6 +62,30 @@ class Stack:
         self.procs.append(p)
         return p
 
+    def start_api(self, timeout_s: float = 60) -> subprocess.Popen[bytes]:
+        """uvicorn on the stack's port (again, after `kill_api`); returns once /healthz answers."""
+        port = self.url.rsplit(":", 1)[1]
+        with open(self.home / "api.log", "ab") as logf:
+            self.api = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory", "--port", port,
+                 "--log-level", "warning"], env=self.env, stdout=logf, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        self.procs.append(self.api)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.api.poll() is None:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self.api
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("API did not start:\n" + (self.home / "api.log").read_text())
+
+    def kill_api(self) -> None:
+        assert self.api is not None
+        os.killpg(self.api.pid, signal.SIGKILL)
+        self.api.wait(timeout=30)
+
     def kill_worker(self, p: subprocess.Popen[bytes]) -> None:
         os.killpg(p.pid, signal.SIGKILL)  # the worker's own process group (started with start_new_session)
         p.wait(timeout=30)
@@ -71,12 +96,20 @@ class Stack:
                             headers={"Authorization": f"Bearer {tok}"} if tok else {})
 
     def wait_job(self, job_id: int, until: set[str] = FINAL, timeout_s: float = 180) -> dict:
+        """Poll until the job's status is in `until`. A failed poll (the API or its database being restarted by a
+        fault-injection test) is retried until the deadline."""
         deadline = time.monotonic() + timeout_s
+        job: dict = {}
         with self.http() as c:
             while time.monotonic() < deadline:
-                job = c.get(f"/jobs/{job_id}").json()
-                if job["status"] in until:
-                    return job
+                try:
+                    r = c.get(f"/jobs/{job_id}")
+                    if r.status_code == 200:
+                        job = r.json()
+                        if job["status"] in until:
+                            return job
+                except httpx.TransportError:
+                    pass
                 time.sleep(0.3)
         raise AssertionError(f"job {job_id} not in {until} after {timeout_s} s: {job}\n{self.worker_logs()}")
 
@@ -95,21 +128,10 @@ def _start_stack(kind: str, home: Path, database_url: str, broker_url: str) -> S
     with make_session_factory(engine)() as s:
         token = crud.create_token(s, "ci", admin=False)[1]
     engine.dispose()
-    port = _free_port()
-    stack = Stack(kind, home, env, f"http://127.0.0.1:{port}", token)
-    api_log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the process
-    stack.procs.append(subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory", "--port", str(port),
-         "--log-level", "warning"], env=env, stdout=api_log, stderr=subprocess.STDOUT, start_new_session=True))
+    stack = Stack(kind, home, env, f"http://127.0.0.1:{_free_port()}", token)
+    stack.start_api()
     stack.start_worker()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(stack.url + "/healthz", timeout=1).status_code == 200:
-                return stack
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError("API did not start:\n" + (home / "api.log").read_text())
+    return stack
 
 
 def _stop_stack(stack: Stack) -> None:

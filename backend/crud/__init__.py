@@ -1,0 +1,65 @@
+"""All queries and commits of the control plane (routes, the worker and the CLI call these; none commits elsewhere),
+one module per concern, re-exported here so callers write `from backend import crud; crud.get_job(...)`:
+
+- jobs.py: create (idempotent), get/list with ownership, `transition()` (every state change), heartbeats, recovery
+- telemetry.py: metrics, histograms, events, logs, samples, history queries and the SSE cursors
+- artifacts.py: artifacts and datasets
+- tokens.py: users and API tokens
+- common.py: the errors (NotFound, Conflict) and the dialect-aware INSERT for upserts
+"""
+
+from backend.crud.artifacts import (
+    create_dataset,
+    get_artifact,
+    get_dataset,
+    list_artifacts,
+    list_datasets,
+    mark_artifacts_deleted,
+    register_artifact,
+)
+from backend.crud.common import Conflict, NotFound
+from backend.crud.jobs import (
+    add_event,
+    count_jobs_by_status,
+    create_job,
+    decode_cursor,
+    encode_cursor,
+    get_job,
+    heartbeat,
+    job_status,
+    list_jobs,
+    request_cancel,
+    retry_job,
+    stale_jobs,
+    transition,
+)
+from backend.crud.telemetry import (
+    STEP_TIME_METRIC,
+    JobProgress,
+    add_logs,
+    add_samples,
+    downsample,
+    finite_or_none,
+    job_progress,
+    list_events,
+    list_histograms,
+    list_logs,
+    list_samples,
+    metric_history,
+    metric_names,
+    metrics_cursor,
+    new_metrics,
+    upsert_histogram,
+    upsert_metrics,
+)
+from backend.crud.tokens import create_token, get_or_create_user, list_tokens, revoke_token, user_for_token
+
+__all__ = [
+    "STEP_TIME_METRIC", "Conflict", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",
+    "count_jobs_by_status", "create_dataset", "create_job", "create_token", "decode_cursor", "downsample",
+    "encode_cursor", "finite_or_none", "get_artifact", "get_dataset", "get_job", "get_or_create_user", "heartbeat",
+    "job_progress", "job_status", "list_artifacts", "list_datasets", "list_events", "list_histograms", "list_jobs",
+    "list_logs", "list_samples", "list_tokens", "mark_artifacts_deleted", "metric_history", "metric_names",
+    "metrics_cursor", "new_metrics", "register_artifact", "request_cancel", "retry_job", "revoke_token",
+    "stale_jobs", "transition", "upsert_histogram", "upsert_metrics", "user_for_token",
+]

@@ -1,0 +1,71 @@
+"""Artifacts (registered by the worker, soft-deleted by retention, downloaded with ownership checked) and datasets."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from backend.crud.common import NotFound, _insert
+from backend.crud.jobs import get_job
+from backend.models import Artifact, Dataset, User, utcnow
+
+
+def register_artifact(
+    session: Session, job_id: int, *, kind: str, path: str, is_dir: bool, size: int, sha256: str, step: int | None
+) -> None:
+    """Upsert on (job, path): registering the same export twice updates it (and clears deleted_at)."""
+    stmt = _insert(session, Artifact).values(
+        job_id=job_id, kind=kind, path=path, is_dir=is_dir, size=size, sha256=sha256, step=step, created_at=utcnow()
+    )
+    session.execute(stmt.on_conflict_do_update(
+        index_elements=["job_id", "path"],
+        set_={"size": stmt.excluded.size, "sha256": stmt.excluded.sha256, "step": stmt.excluded.step,
+              "is_dir": stmt.excluded.is_dir, "kind": stmt.excluded.kind, "deleted_at": None},
+    ))
+
+
+def mark_artifacts_deleted(session: Session, artifact_ids: Sequence[int]) -> None:
+    """Retention removed these files: the rows stay (history) with deleted_at set; downloads answer 410."""
+    if artifact_ids:
+        stmt = update(Artifact).where(Artifact.id.in_(list(artifact_ids)), Artifact.deleted_at.is_(None))
+        session.execute(stmt.values(deleted_at=utcnow()))
+
+
+def list_artifacts(session: Session, job_id: int, kind: str | None = None) -> Sequence[Artifact]:
+    stmt = select(Artifact).where(Artifact.job_id == job_id)
+    if kind:
+        stmt = stmt.where(Artifact.kind == kind)
+    return session.scalars(stmt.order_by(Artifact.id)).all()
+
+
+def get_artifact(session: Session, user: User, artifact_id: int) -> Artifact:
+    art = session.get(Artifact, artifact_id)
+    if art is None:
+        raise NotFound(f"artifact {artifact_id} not found")
+    get_job(session, user, art.job_id)  # ownership
+    return art
+
+
+def create_dataset(session: Session, owner: User, **fields: Any) -> Dataset:
+    ds = Dataset(id="ds_" + uuid.uuid4().hex[:16], owner_id=owner.id, **fields)
+    session.add(ds)
+    session.commit()
+    return ds
+
+
+def list_datasets(session: Session, user: User) -> Sequence[Dataset]:
+    stmt = select(Dataset)
+    if not user.is_admin:
+        stmt = stmt.where(Dataset.owner_id == user.id)
+    return session.scalars(stmt.order_by(Dataset.id.desc())).all()
+
+
+def get_dataset(session: Session, user: User | None, dataset_id: str) -> Dataset:
+    ds = session.get(Dataset, dataset_id)
+    if ds is None or (user is not None and not user.is_admin and ds.owner_id != user.id):
+        raise NotFound(f"dataset {dataset_id} not found")
+    return ds

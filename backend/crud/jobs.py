@@ -1,0 +1,202 @@
+"""Jobs: create (idempotent), read with ownership, list with a cursor, and every state change.
+
+Every state change of a job goes through `transition()`: a compare-and-set UPDATE on the status (so a cancel from the
+API and a finish from the worker cannot both win) plus a job_events row, in one transaction.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Select, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from backend import lifecycle
+from backend.crud.common import Conflict, NotFound
+from backend.lifecycle import FINAL, JobStatus
+from backend.models import Job, JobEvent, User, utcnow
+from worker.tlt.config import JobSpec
+
+
+def _visible(stmt: Select, user: User) -> Select:
+    return stmt if user.is_admin else stmt.where(Job.owner_id == user.id)
+
+
+def create_job(session: Session, owner: User, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, bool]:
+    """Insert a queued job and its first event. With an idempotency key already used by this owner, return that job
+    (created=False); the same key with a different spec is a Conflict."""
+    spec_json = spec.model_dump(mode="json")
+    if idempotency_key:
+        existing = _by_idempotency_key(session, owner, idempotency_key)
+        if existing is not None:
+            return _same_spec(existing, spec_json), False
+    job = Job(
+        owner_id=owner.id, name=spec.name, spec=spec_json, queue=spec.queue,
+        status=JobStatus.queued, idempotency_key=idempotency_key or None,
+    )
+    session.add(job)
+    try:
+        session.flush()
+    except IntegrityError:  # the same key raced in from another request
+        session.rollback()
+        existing = _by_idempotency_key(session, owner, idempotency_key or "")
+        if existing is None:
+            raise
+        return _same_spec(existing, spec_json), False
+    session.add(JobEvent(job_id=job.id, to_status=JobStatus.queued, reason="submitted", attempt=0))
+    session.commit()
+    return job, True
+
+
+def _by_idempotency_key(session: Session, owner: User, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.owner_id == owner.id, Job.idempotency_key == key))
+
+
+def _same_spec(job: Job, spec_json: dict[str, Any]) -> Job:
+    if job.spec != spec_json:
+        raise Conflict(f"Idempotency-Key already used for job {job.id} with a different spec")
+    return job
+
+
+def get_job(session: Session, user: User | None, job_id: int) -> Job:
+    """The job, if `user` may see it (its owner or an admin; user None = internal caller). Else NotFound."""
+    stmt = select(Job).where(Job.id == job_id)
+    job = session.scalar(_visible(stmt, user) if user is not None else stmt)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def list_jobs(
+    session: Session, user: User, *, status: str | None = None, owner: str | None = None,
+    cursor: str | None = None, limit: int = 50,
+) -> tuple[Sequence[Job], str | None]:
+    """Newest first. `cursor` is opaque (the previous page's next_cursor)."""
+    stmt = _visible(select(Job), user)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    if owner:
+        stmt = stmt.join(User, Job.owner_id == User.id).where(User.name == owner)
+    if cursor:
+        stmt = stmt.where(Job.id < decode_cursor(cursor))
+    jobs = session.scalars(stmt.order_by(Job.id.desc()).limit(limit + 1)).unique().all()
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return jobs, (encode_cursor(jobs[-1].id) if more else None)
+
+
+def encode_cursor(job_id: int) -> str:
+    return base64.urlsafe_b64encode(f"j{job_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        value = int(raw[1:]) if raw.startswith("j") else -1
+        if not 0 < value < 2**63:
+            raise ValueError(raw)
+        return value
+    except ValueError as e:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"invalid cursor {cursor!r}") from e
+
+
+def transition(
+    session: Session, job_id: int, to: JobStatus, *, reason: str | None = None, worker: str | None = None,
+    expect: Iterable[JobStatus] | None = None, new_attempt: bool = False,
+) -> Job:
+    """Move a job to `to` if that is legal from its current status (and the status is in `expect`, when given).
+    Compare-and-set: raises lifecycle.IllegalTransition when the status changed under us. `new_attempt` increments
+    the attempt counter (a worker starting it). Commits the status change and its event together."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    current = JobStatus(job.status)
+    if expect is not None and current not in set(expect):
+        raise lifecycle.IllegalTransition(job_id, current, to)
+    lifecycle.check(job_id, current, to)
+    now = utcnow()
+    values: dict[str, Any] = {"status": to, "updated_at": now, "reason": reason}
+    if worker is not None:
+        values["worker"] = worker
+    if new_attempt:
+        values["attempt"] = Job.attempt + 1
+    if to == JobStatus.running:
+        values["started_at"] = now
+    if to in FINAL:
+        values["finished_at"] = now
+    if to == JobStatus.queued:
+        values["finished_at"] = None
+    res = session.execute(update(Job).where(Job.id == job_id, Job.status == current).values(**values))
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        raise lifecycle.IllegalTransition(job_id, f"{current} (changed concurrently)", to)
+    session.flush()
+    session.refresh(job)
+    session.add(JobEvent(
+        job_id=job_id, from_status=current, to_status=to, reason=reason, worker=job.worker, attempt=job.attempt,
+    ))
+    session.commit()
+    return job
+
+
+def request_cancel(session: Session, job: Job, reason: str = "cancelled by user", attempts: int = 3) -> Job:
+    """queued/recovering -> cancelled, else -> cancelling. When the status moves under us (a worker took the job:
+    queued -> starting -> running) re-read and try again, up to `attempts` times; a job already cancelling is
+    returned as is; a final one raises IllegalTransition."""
+    for attempt in range(attempts):
+        status = JobStatus(job.status)
+        if status == JobStatus.cancelling:
+            return job
+        to = JobStatus.cancelled if status in (JobStatus.queued, JobStatus.recovering) else JobStatus.cancelling
+        try:
+            return transition(session, job.id, to, reason=reason, expect=[status])
+        except lifecycle.IllegalTransition:
+            fresh = session.get(Job, job.id, populate_existing=True)
+            if fresh is None:
+                raise NotFound(f"job {job.id} not found") from None
+            if fresh.status == status or attempt == attempts - 1:
+                raise  # not a race: the transition is illegal from here (e.g. the job is final)
+            job = fresh
+    raise ValueError(f"attempts must be >= 1, got {attempts}")
+
+
+def retry_job(session: Session, job: Job) -> Job:
+    return transition(session, job.id, JobStatus.queued, reason="retry requested", expect=[JobStatus(job.status)])
+
+
+def add_event(session: Session, job_id: int, reason: str, *, worker: str | None = None, attempt: int = 0) -> None:
+    """An informational event (not a transition), e.g. a duplicate delivery the worker ignored."""
+    status = job_status(session, job_id)
+    if status is None:
+        raise NotFound(f"job {job_id} not found")
+    session.add(JobEvent(job_id=job_id, kind="info", from_status=status, to_status=status, reason=reason,
+                         worker=worker, attempt=attempt))
+    session.commit()
+
+
+def heartbeat(session: Session, job_id: int) -> str | None:
+    """Touch heartbeat_at; returns the job's status (the worker watches it for cancelling)."""
+    session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow()))
+    session.commit()
+    return session.scalar(select(Job.status).where(Job.id == job_id))
+
+
+def job_status(session: Session, job_id: int) -> str | None:
+    return session.scalar(select(Job.status).where(Job.id == job_id))
+
+
+def stale_jobs(session: Session, older_than_s: float, queues: Iterable[str]) -> Sequence[Job]:
+    """Jobs held by a worker whose heartbeat stopped (the worker died): candidates for recovery."""
+    cutoff = utcnow() - timedelta(seconds=older_than_s)
+    active = [JobStatus.starting, JobStatus.running, JobStatus.recovering, JobStatus.cancelling]
+    stmt = select(Job).where(Job.status.in_(active), Job.queue.in_(list(queues)))
+    return [j for j in session.scalars(stmt).unique().all() if j.heartbeat_at is None or j.heartbeat_at < cutoff]
+
+
+def count_jobs_by_status(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
+    return {status: int(n) for status, n in rows}

@@ -1,0 +1,68 @@
+"""Users and API tokens: create (the secret is returned once, only its hash stored), look up, list, revoke."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from backend.core.security import hash_token, new_token
+from backend.crud.common import NotFound
+from backend.models import ApiToken, User, utcnow
+
+
+def get_or_create_user(session: Session, name: str, *, admin: bool = False) -> User:
+    user = session.scalar(select(User).where(User.name == name))
+    if user is None:
+        user = User(name=name, is_admin=admin)
+        session.add(user)
+        try:
+            session.flush()
+        except IntegrityError:  # created concurrently
+            session.rollback()
+            user = session.scalars(select(User).where(User.name == name)).one()
+    return user
+
+
+def create_token(session: Session, user_name: str, *, admin: bool = False, name: str = "") -> tuple[ApiToken, str]:
+    """A new token for `user_name` (the user is created if new, as admin when `admin`). Returns (row, secret)."""
+    user = get_or_create_user(session, user_name, admin=admin)
+    secret = new_token()
+    token = ApiToken(user_id=user.id, name=name, token_hash=hash_token(secret), prefix=secret[:12])
+    session.add(token)
+    session.commit()
+    session.refresh(token)
+    return token, secret
+
+
+def user_for_token(session: Session, secret: str) -> User | None:
+    token = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(secret)))
+    if token is None or token.revoked_at is not None:
+        return None
+    now = utcnow()
+    if token.last_used_at is None or token.last_used_at < now - timedelta(minutes=1):
+        token.last_used_at = now  # throttled: not one write per request
+        session.commit()
+    return token.user
+
+
+def list_tokens(session: Session, owner: User | None = None) -> Sequence[ApiToken]:
+    """All tokens, or only `owner`'s."""
+    stmt = select(ApiToken)
+    if owner is not None:
+        stmt = stmt.where(ApiToken.user_id == owner.id)
+    return session.scalars(stmt.order_by(ApiToken.id)).all()
+
+
+def revoke_token(session: Session, token_id: int, owner: User | None = None) -> ApiToken:
+    """Revoke (idempotent). With `owner`, only that user's token: another's is NotFound (ids don't leak)."""
+    token = session.get(ApiToken, token_id)
+    if token is None or (owner is not None and token.user_id != owner.id):
+        raise NotFound(f"token {token_id} not found")
+    if token.revoked_at is None:
+        token.revoked_at = utcnow()
+        session.commit()
+    return token
