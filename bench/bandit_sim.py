@@ -11,6 +11,11 @@ keeps its state from one rollout to the next, as across RL steps; in the changin
 at the middle rollout) with the SD switch (on below 32, patience 3): rollout time, tail tokens/s and per-bucket
 tokens/s relative to SD off, for each bandit and for the per-step oracle.
 
+A third table checks issue 4's rule "never slower than SD off" where the H200 broke it: one GPU's buckets
+(arms.ONE_GPU_BUCKETS), SD on below 160, an SD step paying 30 ms extra (eager verify) or nothing (graphed verify),
+n-gram drafts from useless to good; Thompson sampling with the conservative loss budget (BanditConfig.loss_budget,
+3%) and without it: rollout time and the worst bucket's time relative to SD off.
+
 Run: `python -m bench.bandit_sim [--rounds 3000] [--seeds 5] [--rollouts 8] [--jobs 2]
 [--out bench/results/bandit_sim.md]` (CPU; a few minutes on 2 cores).
 """
@@ -24,10 +29,11 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from worker.tlt.adaptive.arms import NO_SD, TLT_BUCKETS, arms_table
+from worker.tlt.adaptive.arms import NO_SD, ONE_GPU_BUCKETS, TLT_BUCKETS, arms_table
 from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, BanditKind, WindowBandit, make_bandit
 from worker.tlt.adaptive.metrics import RolloutSdMetrics
-from worker.tlt.adaptive.sim import SimEnv, SimTrace, response_lengths, run_bucket, simulate_rollout
+from worker.tlt.adaptive.sim import SimCostModel, SimEnv, SimTrace, response_lengths, run_bucket, simulate_rollout
+from worker.tlt.adaptive.switch import SwitchConfig
 
 # Batch range per bucket while SD is on (the switch turns SD off at >= 48 active with on_below 32).
 BATCH_RANGES = {0: (1, 1), 1: (2, 4), 2: (5, 20), 3: (21, 47)}
@@ -138,6 +144,48 @@ def rollout_table(args: argparse.Namespace, config: BanditConfig, pool: multipro
     return lines
 
 
+def _never_slower_cell(job: tuple[float, float, str, int, int]) -> dict[str, float]:
+    """Seconds and tokens, in total and per bucket, of `rollouts` rollouts: policy "off", "budget" or "free"."""
+    alpha, overhead, policy, rollouts, seed = job
+    table = arms_table(["ngram"], ONE_GPU_BUCKETS)
+    pol: WindowBandit | str = "off" if policy == "off" else make_bandit(
+        table, BanditConfig(loss_budget=0.03 if policy == "budget" else None), seed=seed)
+    switch = SwitchConfig(mode="off") if policy == "off" else SwitchConfig(on_below=160, patience=3)
+    env = SimEnv({"ngram": alpha}, model=SimCostModel(sd_overhead_s=overhead), seed=seed)
+    out: dict[str, float] = {}
+    for r in range(rollouts):
+        m = simulate_rollout(env, response_lengths(512, seed=seed * 100 + r), table, pol, switch, ONE_GPU_BUCKETS)
+        out["total"] = out.get("total", 0.0) + m.full.seconds + m.tail.seconds
+        for row in m.per_bucket():
+            out[f"sec/{row['bucket']}"] = out.get(f"sec/{row['bucket']}", 0.0) + row["seconds"]
+            out[f"tok/{row['bucket']}"] = out.get(f"tok/{row['bucket']}", 0.0) + row["tokens"]
+    return out
+
+
+def never_slower_table(args: argparse.Namespace, pool: multiprocessing.pool.Pool) -> list[str]:
+    cases = [(a, o) for o in (30e-3, 0.0) for a in (0.0, 0.3, 0.6)]
+    policies = ("off", "budget", "free")
+    jobs = [(a, o, p, args.rollouts, seed) for a, o in cases for p in policies for seed in range(args.seeds)]
+    results = iter(pool.map(_never_slower_cell, jobs, chunksize=1))
+    lines = ["", f"Never slower than SD off: {args.rollouts} rollouts x 512 sequences, {args.seeds} seeds, one GPU's "
+             "buckets, SD on below 160 (patience 3), Thompson; rollout time relative to SD off, and the worst "
+             "bucket's slowdown (SD-off tokens/s / adaptive tokens/s in that bucket; > 1 = slower)", "",
+             "| n-gram acceptance | SD step extra cost | loss budget 3%: time | worst bucket | no budget: time "
+             "| worst bucket |", "|---|---|---|---|---|---|"]
+    for a, o in cases:
+        rows = {p: [next(results) for _ in range(args.seeds)] for p in policies}
+        cells = []
+        for p in ("budget", "free"):
+            total = statistics.fmean(r["total"] / f["total"] for r, f in zip(rows[p], rows["off"], strict=True))
+            buckets = [k[4:] for k in rows["off"][0] if k.startswith("sec/")]
+            worst = max((sum(f[f"tok/{b}"] for f in rows["off"]) / sum(f[f"sec/{b}"] for f in rows["off"]))
+                        / (sum(r.get(f"tok/{b}", 0.0) for r in rows[p]) / sum(r.get(f"sec/{b}", 1e-12) for r in rows[p]))
+                        for b in buckets)
+            cells += [f"{total:.3f}x", f"{worst:.3f}x"]
+        lines.append(f"| {a:.1f} | {o * 1e3:.0f} ms | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _cell(job: tuple[Scenario, BanditKind, bool, int, int, BanditConfig]) -> dict[str, float]:
     sc, kind, per_seq, rounds, seed, config = job
     return run(sc, kind, rounds, seed, replace(config, per_sequence=per_seq))
@@ -164,7 +212,7 @@ def main() -> None:
             for seed in range(args.seeds)]
     with multiprocessing.Pool(args.jobs) as pool:
         results = iter(pool.map(_cell, jobs, chunksize=1))
-        extra = rollout_table(args, config, pool) if args.rollouts else []
+        extra = rollout_table(args, config, pool) + never_slower_table(args, pool) if args.rollouts else []
     lines = [
         f"Bandit comparison on the simulated cost model: {args.rounds} rounds per bucket x 4 buckets "
         f"({', '.join(TLT_BUCKETS.label(b) for b in range(4))}), {args.seeds} seeds; window={config.window} "

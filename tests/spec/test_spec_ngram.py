@@ -5,8 +5,12 @@ Run: python -m pytest tests/spec/test_spec_ngram.py -q
 
 from __future__ import annotations
 
+import random
+
+import pytest
 import torch
 
+from worker.tlt.spec import ngram
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
 from worker.tlt.spec.proposer import DraftContext, empty_proposal
 from worker.tlt.spec.tree import node_depths, validate_proposal
@@ -100,12 +104,14 @@ def test_index_is_incremental_as_histories_grow() -> None:
     s0.extend([3, 4, 5, 6])  # the engine appends to the same lists
     me.extend([1, 2])
     assert drafted(drafter.propose(ctx_for(groups, [(0, 1)], 6, 4)), 0) == [3, 4, 5, 6]
-    index = drafter._groups[(0, -1)]
-    assert index.indexed == {0: len(s0) - 2, 1: len(me) - 2}
-    prompt_keys = sum(len(v) for k, v in index.table.items() if k == (101, 102))
-    assert prompt_keys == 1  # the shared prompt is indexed once, not once per sibling
+    corpus = drafter._corpus
+    assert corpus.lens[:2].tolist() == [len(s0), len(me)]  # only the new tokens were copied in
+    assert corpus.tok[0, : len(s0)].tolist() == s0 and corpus.tok[1, : len(me)].tolist() == me
+    # occurrences = key ends with a continuation; the shared prompt counts once (the sibling's start at its response)
+    assert corpus.hit_from[:2].tolist() == [1, len(PROMPT) - 1]
+    assert sum(len(level) for level in corpus.levels) == (len(s0) - 2) + (len(me) - len(PROMPT))
     drafter.reset()
-    assert drafter._groups == {}
+    assert corpus is not drafter._corpus and drafter._corpus.levels == []
 
 
 def test_batch_padding_and_empty_rows() -> None:
@@ -150,3 +156,90 @@ def test_greedy_sd_with_ngram_drafter_equals_plain_greedy() -> None:
         emitted_per_step.append(n)
     assert me[: len(plain)] == plain
     assert max(emitted_per_step) == 5
+
+
+# ---- the vectorised drafter against a plain-Python statement of its rule ----------------------------------------
+def reference_drafts(groups: dict[int, list[list[int]]], rows: list[tuple[int, int]], cfg: NGramConfig,
+                     plen: int, max_nodes: int, max_depth: int) -> list[tuple[list[int], list[int]]]:
+    """(tokens, parents) per row from the final histories: every occurrence of the row's last min_n tokens that has
+    a continuation (a sibling's shared prompt not counted twice), the max_scan latest by (key end, member), the
+    longest backward matches (at most max_matches, latest first), then a trie of their continuations."""
+    out = []
+    for g, s in rows:
+        members = groups[g]
+        me = members[s]
+        n0 = cfg.min_n
+        key = me[len(me) - n0:]
+        occ = []
+        for m, h in enumerate(members):
+            first = n0 - 1 if m == 0 or h[:plen] != members[0][:plen] else max(n0 - 1, plen - 1)
+            occ += [(q, m) for q in range(first, len(h) - 1) if h[q - n0 + 1 : q + 1] == key]
+        occ = sorted(occ)[-cfg.max_scan :][::-1]
+        tail = me[max(0, len(me) - cfg.max_n):]
+        scored = []
+        for q, m in occ:
+            h, n = members[m], n0
+            while n < len(tail) and q - n >= 0 and h[q - n] == tail[-n - 1]:
+                n += 1
+            scored.append((n, q, m))
+        best = max((n for n, _, _ in scored), default=0)
+        trie = ngram._Trie()
+        depth = max_depth if cfg.topk > 1 else min(max_depth, max_nodes - 1)
+        if len(me) >= n0 and depth >= 1 and max_nodes >= 2:
+            for q, m in [(q, m) for n, q, m in scored if n == best][: cfg.max_matches]:
+                trie.add(members[m][q + 1 : q + 1 + depth])
+        idx, toks, pars = {0: 0}, [me[-1]], [-1]
+        for i in trie.select(cfg.topk, max_nodes):
+            idx[i] = len(toks)
+            toks.append(trie.tokens[i])
+            pars.append(idx[trie.parents[i]])
+        out.append((toks, pars))
+    return out
+
+
+def random_group(rng: random.Random, members: int, vocab: int, length: int) -> list[list[int]]:
+    """Sibling responses stitched from a shared phrase book, so that long matches and ties both occur."""
+    phrases = [[rng.randrange(vocab) for _ in range(rng.randint(2, 6))] for _ in range(8)]
+    out = []
+    for _ in range(members):
+        h = list(PROMPT)
+        while len(h) < length:
+            h += rng.choice(phrases) if rng.random() < 0.7 else [rng.randrange(vocab)]
+        out.append(h[: rng.randint(len(PROMPT) + 1, length)])
+    return out
+
+
+def as_lists(prop) -> list[tuple[list[int], list[int]]]:
+    n = prop.counts.tolist()
+    return [(prop.tokens[b, : n[b]].tolist(), prop.parents[b, : n[b]].tolist()) for b in range(len(n))]
+
+
+@pytest.mark.parametrize("cfg", [NGramConfig(), NGramConfig(min_n=2, max_n=4, max_scan=8, max_matches=3),
+                                 NGramConfig(topk=2), NGramConfig(min_n=3, topk=3, max_matches=4)])
+def test_vectorised_drafts_equal_the_reference_rule(cfg: NGramConfig) -> None:
+    rng = random.Random(7)
+    for trial in range(12):
+        groups = {g: random_group(rng, rng.randint(1, 5), vocab=6 + trial, length=60) for g in range(3)}
+        rows = [(g, s) for g in groups for s in range(len(groups[g])) if rng.random() < 0.7] or [(0, 0)]
+        nodes, depth = rng.choice([(2, 1), (5, 4), (8, 3), (16, 6)])
+        prop = NGramProposer(cfg).propose(ctx_for(groups, rows, nodes, depth))
+        validate_proposal(prop, max_nodes=nodes, max_depth=depth)
+        assert as_lists(prop) == reference_drafts(groups, rows, cfg, len(PROMPT), nodes, depth)
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_incremental_index_drafts_what_a_fresh_one_drafts(topk: int) -> None:
+    """Histories grow between calls (tokens of several steps at once, siblings finishing); at every call the
+    long-lived drafter equals a drafter built from scratch on the same histories."""
+    rng = random.Random(3)
+    finals = {g: random_group(rng, 4, vocab=9, length=120) for g in range(3)}
+    groups = {g: [h[: len(PROMPT) + 1] for h in hs] for g, hs in finals.items()}
+    live = NGramProposer(NGramConfig(topk=topk))
+    for _ in range(40):
+        for g, hs in groups.items():
+            for s, h in enumerate(hs):
+                h.extend(finals[g][s][len(h) : len(h) + rng.randint(0, 7)])  # same list objects, as the engine
+        rows = [(g, s) for g in groups for s in range(4) if len(groups[g][s]) < len(finals[g][s])] or [(0, 0)]
+        got = as_lists(live.propose(ctx_for(groups, rows, 8, 6)))
+        fresh = as_lists(NGramProposer(NGramConfig(topk=topk)).propose(ctx_for(groups, rows, 8, 6)))
+        assert got == fresh

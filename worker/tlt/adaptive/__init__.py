@@ -13,6 +13,7 @@ Per decode step the engine does `arm = ctl.plan(active)`, runs the step with it,
 
 from worker.tlt.adaptive.arms import (
     NO_SD,
+    ONE_GPU_BUCKETS,
     TLT_BUCKETS,
     Arm,
     BucketScheme,
@@ -26,7 +27,7 @@ from worker.tlt.adaptive.metrics import RolloutSdMetrics, per_position_counts
 from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
 
 __all__ = [
-    "NO_SD", "TLT_BUCKETS", "Arm", "BucketScheme", "arms_table", "default_arms", "verify_lengths", "AdaptiveSd",
+    "NO_SD", "ONE_GPU_BUCKETS", "TLT_BUCKETS", "Arm", "BucketScheme", "arms_table", "default_arms", "verify_lengths", "AdaptiveSd",
     "BanditConfig", "WindowBandit", "bandit_from_dict", "make_bandit",
     "RolloutSdMetrics", "per_position_counts", "SdSwitch", "SwitchConfig",
 ]

@@ -21,6 +21,15 @@ bucket does not spend its few steps exploring); non-stationarity handled by a pe
 again, because the learned drafter improves online and the policy moves under it); every random draw comes from
 one `random.Random(seed)`. State is a small dict (`to_dict` / `bandit_from_dict`) for checkpoints.
 
+Conservative exploration (as conservative bandits, Wu et al. 2016: never fall far behind the baseline arm): each
+bucket keeps the plain-decoding time its steps would have taken (`base_s`: a NO_SD step's own seconds; an SD step's
+tokens at the bucket's measured NO_SD rate) and the time SD steps lost against that (`loss_s`, negative when SD
+won). An SD arm is played only while `loss_s + expected loss of one SD step <= loss_budget * base_s` (the expected
+step loss: a running mean of this bucket's SD steps, else of every bucket's, else 0); otherwise the step runs NO_SD.
+So a bucket whose drafts are useless runs at most `loss_budget` (3%) slower than SD off, plus at most one step's
+misprediction, however expensive an SD step is (eager verify, an n-gram index catching up), while a drafter that
+wins (negative loss) earns its own exploration.
+
 Run the tests: `python -m pytest tests/adaptive/test_adaptive_bandit.py -q`; compare the policies on the
 simulated cost model: `python -m bench.bandit_sim`.
 """
@@ -61,6 +70,9 @@ class BanditConfig:
     # (batch 1 shows up for a few steps per rollout) would otherwise spend its steps exploring; after share_rounds
     # its unmeasured arms are measured locally, so a neighbour's misleading estimate cannot lock an arm out. 0 = off.
     share_rounds: int = 100
+    # Conservative exploration (module docstring): SD steps may lose at most this fraction of the bucket's
+    # plain-decoding time against NO_SD; None = no limit (the policy alone decides).
+    loss_budget: float | None = 0.03
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.min_pulls < 1 or self.min_pulls > self.window or self.max_age < 0:
@@ -77,6 +89,11 @@ def _median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _running(mean: float | None, x: float, weight: float = 0.25) -> float:
+    """Exponential running mean (the first value starts it)."""
+    return x if mean is None else mean + weight * (x - mean)
 
 
 def _std(xs: Sequence[float]) -> float:
@@ -99,6 +116,9 @@ class _BucketState:
         self.arms: list[Arm] = list(arms)
         self.round = 0
         self.obs: dict[str, deque[tuple[int, float]]] = {a.name: deque(maxlen=window) for a in arms}
+        self.base_s = 0.0  # plain-decoding seconds of the steps seen (conservative exploration)
+        self.loss_s = 0.0  # seconds SD steps cost beyond plain decoding of the same tokens (negative: SD won)
+        self.step_loss: float | None = None  # running mean of one SD step's loss in this bucket
 
     def fresh(self, name: str, max_age: int) -> list[float]:
         window = self.obs[name]
@@ -118,6 +138,7 @@ class WindowBandit:
         self.config = replace(config or BanditConfig(), kind=self.kind)
         self.rng = random.Random(seed)
         self._buckets: dict[int, _BucketState] = {b: _BucketState(a, self.config.window) for b, a in arms.items()}
+        self.step_loss: float | None = None  # running mean of one SD step's loss over all buckets
 
     # ---- public interface -------------------------------------------------------------------------------------
     def arms(self, bucket: int) -> list[Arm]:
@@ -131,10 +152,10 @@ class WindowBandit:
             if len(windows[arm.name]) < self.config.min_pulls:
                 windows[arm.name] = windows[arm.name] + self._borrow(bucket, arm)
             if len(windows[arm.name]) < self.config.min_pulls:
-                return arm
+                return self._affordable(st, arm)
         if len(st.arms) == 1:
             return st.arms[0]
-        return self._choose(st.arms, windows)
+        return self._affordable(st, self._choose(st.arms, windows))
 
     def observe(self, bucket: int, arm: Arm, tokens: int, seconds: float, active: int | None = None) -> None:
         """Record one step: `tokens` emitted across the batch of `active` sequences in `seconds` of wall time.
@@ -149,10 +170,37 @@ class WindowBandit:
                         bucket)
             return
         st.round += 1
-        reward = tokens / seconds
-        if self.config.per_sequence and active is not None:
-            reward /= active
-        st.obs[arm.name].append((st.round, reward))
+        per = active if self.config.per_sequence and active is not None else 1
+        if arm.is_sd:
+            rate = self._plain_rate(bucket)  # tokens/s of NO_SD per sequence (or per step)
+            if rate is not None:
+                plain_s = tokens / (rate * per)
+                st.base_s += plain_s
+                st.loss_s += seconds - plain_s
+                st.step_loss = _running(st.step_loss, seconds - plain_s)
+                self.step_loss = _running(self.step_loss, seconds - plain_s)
+        else:
+            st.base_s += seconds
+        st.obs[arm.name].append((st.round, tokens / seconds / per))
+
+    def _plain_rate(self, bucket: int) -> float | None:
+        """Median reward of the bucket's NO_SD arm (borrowed from a neighbour when unmeasured here)."""
+        st = self._state(bucket)
+        plain = next((a for a in st.arms if not a.is_sd), None)
+        if plain is None:
+            return None
+        w = st.fresh(plain.name, self.config.max_age) or self._borrow(bucket, plain)
+        return _median(w) if w else None
+
+    def _affordable(self, st: _BucketState, arm: Arm) -> Arm:
+        """`arm`, or NO_SD when an SD step would overdraw the bucket's loss budget (module docstring)."""
+        budget = self.config.loss_budget
+        if not arm.is_sd or budget is None:
+            return arm
+        expected = st.step_loss if st.step_loss is not None else (self.step_loss or 0.0)
+        if st.loss_s + expected <= budget * st.base_s:
+            return arm
+        return next((a for a in st.arms if not a.is_sd), arm)
 
     def greedy(self, bucket: int) -> Arm:
         """The arm the policy currently rates best, without exploration (for reports)."""
@@ -169,7 +217,7 @@ class WindowBandit:
         old = self._buckets.get(bucket)
         st = _BucketState(arms, self.config.window)
         if old is not None:
-            st.round = old.round
+            st.round, st.base_s, st.loss_s, st.step_loss = old.round, old.base_s, old.loss_s, old.step_loss
             for name in st.obs.keys() & old.obs.keys():
                 st.obs[name].extend(old.obs[name])
         self._buckets[bucket] = st
@@ -189,8 +237,10 @@ class WindowBandit:
         return {
             "config": asdict(self.config),
             "rng": [version, list(internal), gauss],
+            "step_loss": self.step_loss,
             "buckets": {
-                str(b): {"round": st.round, "arms": [a.to_dict() for a in st.arms],
+                str(b): {"round": st.round, "base_s": st.base_s, "loss_s": st.loss_s, "step_loss": st.step_loss,
+                         "arms": [a.to_dict() for a in st.arms],
                          "obs": {n: [list(o) for o in w] for n, w in st.obs.items()}}
                 for b, st in self._buckets.items()
             },
@@ -298,9 +348,12 @@ def bandit_from_dict(d: dict) -> WindowBandit:
     bandit = make_bandit(arms, config)
     version, internal, gauss = d["rng"]
     bandit.rng.setstate((version, tuple(internal), gauss))
+    bandit.step_loss = d.get("step_loss")
     for b, st in d["buckets"].items():
         state = bandit._buckets[int(b)]
         state.round = int(st["round"])
+        state.base_s, state.loss_s = float(st.get("base_s", 0.0)), float(st.get("loss_s", 0.0))
+        state.step_loss = st.get("step_loss")
         for name, obs in st["obs"].items():
             state.obs[name].extend((int(t), float(r)) for t, r in obs)
     return bandit

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from worker.tlt.adaptive.arms import (
     NO_SD,
+    ONE_GPU_BUCKETS,
     TLT_BUCKETS,
     Arm,
     BucketScheme,
@@ -51,8 +52,9 @@ class AdaptiveSd:
 
     @classmethod
     def from_spec(cls, rollout: RolloutConfig, drafters: Sequence[DrafterKind],
-                  scheme: BucketScheme = TLT_BUCKETS) -> AdaptiveSd:
-        """From the job spec's rollout section; `drafters` are the drafter kinds the engine has now."""
+                  scheme: BucketScheme = ONE_GPU_BUCKETS) -> AdaptiveSd:
+        """From the job spec's rollout section; `drafters` are the drafter kinds the engine has now; buckets: one
+        GPU's (arms.ONE_GPU_BUCKETS), finer than TLT's."""
         switch = SwitchConfig.from_rollout(rollout)
         kind = next((d for d in drafters if d != "none"), None)
         fixed = NO_SD

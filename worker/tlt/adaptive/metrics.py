@@ -71,6 +71,7 @@ class RolloutSdMetrics:
     tail: _Totals = field(default_factory=_Totals)
     buckets: dict[int, _Totals] = field(default_factory=dict)
     bucket_sd_steps: Counter[int] = field(default_factory=Counter)
+    bucket_arms: dict[int, Counter[str]] = field(default_factory=dict)  # per bucket: switch-on steps per arm
 
     def observe_step(self, *, active: int, sd_on: bool, arm: str | None, verify_tokens: int, emitted: int,
                      seconds: float, accepted_per_pos: Sequence[int] = (),
@@ -102,6 +103,7 @@ class RolloutSdMetrics:
             self.sd_on_steps += 1
             self.bucket_sd_steps[bucket] += 1
             self.arms[arm or "none"] += 1
+            self.bucket_arms.setdefault(bucket, Counter())[arm or "none"] += 1
         if sd_on and verify_tokens > 1:
             self.draft_seq_steps += active
             self.verify_tokens_total += verify_tokens * active
@@ -135,7 +137,9 @@ class RolloutSdMetrics:
         return out
 
     def per_bucket(self) -> list[dict]:
-        """Rows for a benchmark table: bucket label, steps, SD-on steps, tokens, seconds, tokens/s."""
+        """Rows for a benchmark table ("adaptive vs SD off per bucket"): bucket label, steps, SD-on steps, tokens,
+        seconds, tokens/s, and the switch-on steps of each arm ({"none": ..., "ngram-c3": ...})."""
         return [{"bucket": self.scheme.label(b), "steps": t.steps, "sd_on_steps": self.bucket_sd_steps[b],
-                 "tokens": t.tokens, "seconds": t.seconds, "tokens_per_s": t.tokens_per_s}
+                 "tokens": t.tokens, "seconds": t.seconds, "tokens_per_s": t.tokens_per_s,
+                 "arms": dict(sorted(self.bucket_arms.get(b, Counter()).items()))}
                 for b, t in sorted(self.buckets.items())]

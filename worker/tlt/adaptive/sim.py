@@ -41,6 +41,9 @@ class SimCostModel:
     draft_sat_tokens: int = 512  # drafter forward tokens beyond which it is compute-bound
     ngram_fixed_s: float = 0.3e-3  # host-side suffix lookup per step
     ngram_per_seq_s: float = 0.02e-3  # ... plus this per sequence
+    # fixed extra cost of any SD step: an eager (not graph-captured) verify paid 31-46 ms on the H200 where a graphed
+    # plain step took 3.8 ms; 0 = the verify is graphed like the plain step
+    sd_overhead_s: float = 0.0
     noise: float = 0.05  # log-normal sigma of the step time
 
     def target_s(self, tokens: int) -> float:
@@ -55,7 +58,8 @@ class SimCostModel:
 
     def step_s(self, arm: Arm, batch: int) -> float:
         """Mean step time (noise-free)."""
-        return self.target_s(batch * arm.verify_tokens) + self.draft_s(arm, batch)
+        extra = self.sd_overhead_s if arm.is_sd else 0.0
+        return self.target_s(batch * arm.verify_tokens) + self.draft_s(arm, batch) + extra
 
 
 def effective_alpha(arm: Arm, alpha: float) -> float:

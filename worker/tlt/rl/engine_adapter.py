@@ -205,4 +205,7 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
                     "running SD off", ro.speculative, kind)
     engine = Engine(model, eos_ids=tokenizer.eos_ids, config=config, spec=spec_cfg, proposer=proposer,
                     hidden_hook=hook, adaptive=adaptive, proposers=proposers, tail_hook=tail_hook)
+    if device.type == "cuda":  # capture every CUDA graph now, not inside the first step's timed rollout
+        engine.warmup(engine.slots, max_len, params=SamplingParams(
+            temperature=algo.temperature, top_p=algo.top_p, top_k=algo.top_k, max_new_tokens=1))
     return EngineRollout(engine, tokenizer, spec, drafter)

@@ -37,6 +37,7 @@ Run the tests: `python -m pytest tests/engine -q`.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +68,7 @@ from worker.tlt.rollout.types import (
     SpecConfig,
     StepStats,
 )
+from worker.tlt.rollout.verify_graphs import VerifyGraphs
 from worker.tlt.spec.ngram import NGramProposer
 from worker.tlt.spec.proposer import Proposer
 from worker.tlt.spec.stats import AcceptanceStats
@@ -137,6 +139,7 @@ class Engine:
         self.graphs: DecodeGraphs | None = None
         if self.graph_pool is not None:
             self.graphs = DecodeGraphs(self.step, self.graph_pool)
+        self.verify_graphs = VerifyGraphs.for_engine(self) if self.graphs is not None else None
         # host mirrors of the rows 0..n_active-1
         self.n_active = 0
         self.row_seq: list[tuple[int, int]] = []  # (request, sample) per active row
@@ -200,8 +203,25 @@ class Engine:
             for b in buckets:
                 for tk in sorted({self._decode_tk(b, hi) for hi in his}):
                     self.graphs.capture(b, tk, mode)
+            if self.verify_graphs is not None:
+                self._warmup_verify(max_batch)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+    def _warmup_verify(self, max_batch: int) -> None:
+        """Capture the verify graphs of every SD shape this engine can run: the controller's arms up to the batch at
+        which its switch turns SD off again, or the fixed SpecConfig at every batch."""
+        assert self.verify_graphs is not None
+        if self.adaptive is not None:
+            widths = sorted({a.verify_tokens for a in self.adaptive.all_arms() if a.is_sd})
+            sw = self.adaptive.switch.config
+            max_batch = min(max_batch, sw.off_at or math.ceil(1.5 * sw.on_below))
+        elif self.proposer is not None and self.spec.mode == "on":
+            widths = [self.spec.num_nodes]
+        else:
+            return
+        if widths:
+            self.verify_graphs.warmup(self, max_batch, widths)
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _decode_tk(self, batch: int, hi: int) -> int:

@@ -10,6 +10,9 @@ histories directly (the drafters read those), so consecutive speculative steps n
 `Engine.sync()` needs no read of its own. Prompt lengths come from a host mirror. What remains per step: the
 drafter's own work, and the hidden-state hook's boolean indexing when a hook is attached.
 
+Verify forward: replayed from a CUDA graph per (batch bucket, arm verify width) when the engine
+holds `verify_graphs` (rollout/verify_graphs.py; a proposal narrower than the arm's width is padded), else eager.
+
 `Engine.speculative_step(batch, arm)` calls `speculative_step(engine, batch, arm)`; see rollout/engine.py.
 Run the tests: `python -m pytest tests/engine/test_engine_spec_greedy.py tests/adaptive -q`.
 """
@@ -68,12 +71,20 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
     node_depth = node_depths(prop.parents)  # [B, N]
     anc = ancestor_mask(prop.parents)  # [B, N, N]
     node_i = engine._cols[:n_nodes]
-    pos = lens[:, None] + node_depth
-    widx = lens[:, None] + node_i[None, :]
-    tk = engine._tk(engine.n_active, n_nodes)
-    mask = (engine._cols[:tk][None, None, :] < lens[:, None, None]).expand(batch, n_nodes, tk).clone()
-    mask.scatter_(2, widx[:, None, :].expand(batch, n_nodes, n_nodes), anc)
-    logits, hidden, _ = engine.model.forward_hidden(prop.tokens, pos, engine.cache, write_idx=widx, attn_mask=mask)
+    graphs = getattr(engine, "verify_graphs", None)  # rollout/verify_graphs.py (CUDA), else the eager forward
+    width = max(nodes, n_nodes)  # the arm's verify width: one graph per arm shape, whatever the drafts' length
+    if graphs is not None:
+        hi = int(engine.row_hi[: engine.n_active].max()) if engine.n_active else 0
+        logits, hidden = graphs.run(prop.tokens, node_depth, anc, lens, bucket=engine.bucket(batch), width=width,
+                                    hi=hi)
+    else:
+        pos = lens[:, None] + node_depth
+        widx = lens[:, None] + node_i[None, :]
+        tk = engine._tk(engine.n_active, n_nodes)
+        mask = (engine._cols[:tk][None, None, :] < lens[:, None, None]).expand(batch, n_nodes, tk).clone()
+        mask.scatter_(2, widx[:, None, :].expand(batch, n_nodes, n_nodes), anc)
+        logits, hidden, _ = engine.model.forward_hidden(prop.tokens, pos, engine.cache, write_idx=widx,
+                                                        attn_mask=mask)
     # a drafter whose config fixes topk bounds the branching and depth: no host sync in the verifier
     max_depth = min(depth, n_nodes - 1) if topk is not None else None
     max_children = topk
