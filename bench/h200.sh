@@ -21,7 +21,7 @@ T=${PART_TIMEOUT:-580}  # seconds per part, so that one slow part leaves the oth
 for part in "$@"; do
   echo "=== $part $(date +%T)"
   case $part in
-    gputests) timeout $T python3 -m pytest -m gpu tests -q --ignore=tests/backend --ignore=tests/integration --ignore=tests/ui -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    gputests) timeout $T python3 -m pytest -m gpu tests -q --ignore=tests/backend --ignore=tests/integration --ignore=tests/ui --ignore=tests/hardening -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
     rollout) R=${ROLLOUT_NAME:-rollout_h200}; timeout $T python3 bench/rollout_bench.py --out "$OUT/$R.md" --json-out "$OUT/$R.json" \
                ${ROLLOUT_ARGS:-} 2>&1 | tee "$OUT/$R.log" ;;
     peers) timeout $T python3 .device/hf_trl_peers.py --gguf "$GGUF" --data worker/tlt/data/gsm8k/train.jsonl \

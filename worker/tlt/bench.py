@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.switch import SwitchConfig
 from worker.tlt.config import ModelSource, RolloutConfig
@@ -88,7 +89,7 @@ def make_controller(sd: str, on_below: int = 32, seed: int = 0) -> AdaptiveSd | 
     if sd == "adaptive":
         return AdaptiveSd.from_spec(RolloutConfig(speculative="adaptive", sd_on_below=on_below, seed=seed), ["ngram"])
     if sd == "off":
-        return AdaptiveSd(SwitchConfig(mode="off", on_below=on_below), None)
+        return AdaptiveSd(SwitchConfig(mode="off", on_below=on_below), None, scheme=ONE_GPU_BUCKETS)  # as adaptive
     return None
 
 

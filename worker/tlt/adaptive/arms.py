@@ -6,7 +6,7 @@ decoding; `default_arms()` always includes it, so a bandit can always fall back 
 slower than SD off by more than its exploration cost.
 
 `BucketScheme` maps the active batch size to a bucket (TLT's default: 1 / 2-4 / 5-20 / >=21; `ONE_GPU_BUCKETS`, the
-job spec's default, splits at the engine's graph batch buckets 1 / 2 / 3-4 / ... / 33-64 / >=65) with a verify budget
+job spec's default, splits at the engine's graph batch buckets 1 / 2 / 3-4 / ... / 129-256 / >=257) with a verify budget
 per bucket (TLT: 48 / 32 / 16 / 8): a small batch leaves the GPU memory-bound, so it can verify many tokens per sequence
 for the price of one; a large batch is near compute-bound and can afford few.
 
@@ -142,7 +142,8 @@ TLT_BUCKETS = BucketScheme()
 # One GPU (the default of `AdaptiveSd.from_spec`): bounds on the engine's CUDA-graph batch buckets (1, 2, 4, ... 64),
 # so a (bucket, verify width) pair is one verify graph, and TLT's single ">= 21" bucket is split where the cost of
 # a verify changes: 17-32, 33-64 and >= 65 no longer share one bandit whose rewards mix 4x different batches.
-ONE_GPU_BUCKETS = BucketScheme(upper=(1, 2, 4, 8, 16, 32, 64), verify_budgets=(48, 32, 24, 16, 12, 8, 8, 4))
+ONE_GPU_BUCKETS = BucketScheme(upper=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                               verify_budgets=(48, 32, 24, 16, 12, 8, 8, 4, 4, 4))
 
 # Arm shapes default_arms() draws from; each is kept only if it fits the bucket's verify budget.
 CHAIN_DEPTHS: tuple[int, ...] = (3, 6)  # short chain for weak drafts, longer for strong ones

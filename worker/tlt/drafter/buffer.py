@@ -10,7 +10,9 @@ Storage is one ring allocated once (GPU or pinned host memory) sized from a byte
 rows of steps older than the previous one, and when the ring is full the oldest rows are overwritten first (so the
 oldest step goes first). `capture` only writes by index: with the ring on the GPU no host sync, safe inside the decode loop (a host ring
 costs one blocking device -> host copy per call).
-`sample(batch, window, generator)` returns training windows: up to `window` consecutive rows of one sequence each.
+`sample(batch, window, generator)` returns training windows: up to `window` consecutive rows of one sequence each,
+as fixed-shape [B, W] tensors drawn on the buffer's device with a generator of that device: no host sync once the
+window index is built (it is rebuilt after captures: one host read per rebuild, of the number of window starts).
 `state_dict()` / `load_state_dict()` carry the live rows and the ring position through a checkpoint (exact resume).
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_buffer.py -q`.
@@ -43,6 +45,14 @@ class Batch:
     lengths: torch.Tensor  # [B] int64 valid rows per window (>= 2)
 
 
+@dataclass(frozen=True)
+class _WindowIndex:
+    rows: torch.Tensor  # [M] ring slots of the live rows sorted by (step, sequence, write order)
+    ends: torch.Tensor  # [M] sorted position of the last row of each row's sequence
+    starts_cum: torch.Tensor  # [M] int64 inclusive count of window starts (rows with a successor) up to each row
+    n_starts: int  # window starts in all (host int: read once per rebuild)
+
+
 class HiddenStateBuffer:
     def __init__(
         self,
@@ -72,7 +82,7 @@ class HiddenStateBuffer:
         self.device = dev
         self.current_step = 0
         self.written = 0  # rows ever written (the ring position is written % capacity)
-        self._index: tuple[torch.Tensor, torch.Tensor] | None = None  # cached (sorted rows, segment end)
+        self._index: _WindowIndex | None = None  # rebuilt after captures and step changes
 
     @property
     def nbytes(self) -> int:
@@ -116,15 +126,16 @@ class HiddenStateBuffer:
     def steps_held(self) -> list[int]:
         return sorted(int(s) for s in torch.unique(self.step[self.step >= 0]).tolist())
 
-    def _build_index(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Valid rows sorted by (step, sequence, write order), and for each sorted row the end of its segment."""
+    def _build_index(self) -> _WindowIndex:
+        """Live rows sorted by (step, sequence, write order), each row's segment end, and the running count of window
+        starts (a row with a successor in its sequence)."""
         c = self.capacity
         # write order of each ring slot: slots at/after the ring position were written one lap earlier
         pos = self.written % c
         slot = torch.arange(c, device=self.device)
         order = torch.where(slot < pos, slot + c, slot)
         valid = self.step >= 0
-        rows = slot[valid]
+        rows = slot[valid]  # data-dependent size: one host sync per rebuild, never per sample
         key_order, key_seq, key_step = order[valid], self.seq[valid], self.step[valid]
         perm = torch.argsort(key_order, stable=True)
         perm = perm[torch.argsort(key_seq[perm], stable=True)]
@@ -132,7 +143,7 @@ class HiddenStateBuffer:
         rows = rows[perm]
         m = rows.numel()
         if m == 0:
-            return rows, rows
+            return _WindowIndex(rows, rows, rows, 0)
         seg_key_step, seg_key_seq = self.step[rows], self.seq[rows]
         boundary = torch.ones(m, dtype=torch.bool, device=self.device)  # True where row i is last of its segment
         boundary[:-1] = (seg_key_step[1:] != seg_key_step[:-1]) | (seg_key_seq[1:] != seg_key_seq[:-1])
@@ -140,40 +151,40 @@ class HiddenStateBuffer:
         # segment end = first boundary at or after i: reverse cumulative min of boundary positions
         ends = torch.where(boundary, idx, torch.full_like(idx, m))
         ends = torch.flip(torch.cummin(torch.flip(ends, [0]), 0).values, [0])
-        return rows, ends
+        starts_cum = torch.cumsum(ends > idx, 0)
+        return _WindowIndex(rows, ends, starts_cum, int(starts_cum[-1]))
 
     def sample(
         self,
         batch: int,  # windows
         window: int,  # max rows per window (>= 2: a training pair needs two consecutive rows)
-        generator: torch.Generator | None = None,  # CPU generator for the window starts
+        generator: torch.Generator | None = None,  # window starts; a generator of the buffer's device
         device: torch.device | str | None = None,  # where the batch goes (default: the buffer's device)
         dtype: torch.dtype | None = None,  # hidden dtype of the batch (default: storage dtype)
     ) -> Batch | None:
-        """Random windows of consecutive rows of one sequence; None when no sequence has two rows yet."""
+        """Random windows of consecutive rows of one sequence, starts uniform over the rows that have a successor;
+        None when no sequence has two rows yet. Fixed shapes, no host sync while the index is cached."""
         if self._index is None:
             self._index = self._build_index()
-        rows, ends = self._index
-        m = rows.numel()
-        if m < 2:
+        ix = self._index
+        if ix.n_starts == 0:
             return None
-        # starts whose window holds at least two rows
-        ok = torch.nonzero(ends.cpu() > torch.arange(m)).squeeze(1)
-        if ok.numel() == 0:
-            return None
-        pick = ok[torch.randint(ok.numel(), (batch,), generator=generator)].to(self.device)
+        m = ix.rows.numel()
+        # the k-th window start (k uniform) is the first sorted row whose running start count exceeds k
+        u = torch.rand(batch, generator=generator, device=self.device, dtype=torch.float64)
+        k = (u * ix.n_starts).long()  # [B] in [0, n_starts)
+        pick = torch.searchsorted(ix.starts_cum, k, right=True)  # [B] sorted positions
         offs = torch.arange(window, device=self.device)
-        sorted_pos = pick[:, None] + offs[None, :]  # [B, W]
-        lengths = torch.minimum(ends[pick] - pick + 1, torch.full_like(pick, window))
-        valid = offs[None, :] < lengths[:, None]
-        src = rows[sorted_pos.clamp_max(m - 1)]
-        src = torch.where(valid, src, src[:, :1])
+        lengths = (ix.ends[pick] - pick + 1).clamp_max(window)  # [B] >= 2
+        valid = offs[None, :] < lengths[:, None]  # [B, W]
+        src = ix.rows[(pick[:, None] + offs[None, :]).clamp_max(m - 1)]
+        src = torch.where(valid, src, src[:, :1])  # padding repeats the window's first row (masked in the loss)
         out_dev = torch.device(device) if device is not None else self.device
         hid = self.hidden[src.reshape(-1)].view(batch, window, self.width)
         return Batch(
             tokens=self.tokens[src].to(out_dev, non_blocking=True),
             hidden=hid.to(out_dev, dtype or self.hidden.dtype, non_blocking=True),
-            lengths=lengths.to(out_dev),
+            lengths=lengths.to(out_dev, non_blocking=True),
         )
 
     # ------------------------------------------------------------------------------------------------ checkpoint

@@ -1,0 +1,80 @@
+"""Where batch-1 decode time goes: GPU time of one captured decode step vs the host loop around it, and the number
+of kernels one step launches (eager), for our engine on SmolLM2 (plain and torch.compile'd step).
+
+    python bench/decode_profile.py --out decode_profile.md
+
+If the graph replay alone (GPU time, back-to-back replays timed with CUDA events) is close to the decode loop's
+time per token, decode is bound by the kernels inside the graph (their count and size), not by Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from worker.tlt.model.load import load_gguf, smollm2_gguf_path
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+
+
+def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], compiled: bool, steps: int) -> dict:
+    engine = Engine(model, eos_ids=eos, config=EngineConfig(max_len=len(prompt) + steps + 64, max_slots=1,
+                                                            compile=compiled))
+    params = SamplingParams(temperature=1.0, top_k=50, max_new_tokens=steps + 32)
+    engine.prefill([(0, 0)], [Request(prompt, params)])
+    for _ in range(3):  # capture (and compile) outside the timings
+        engine.decode_step(1).sum()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.decode_step(1).sum()
+    torch.cuda.synchronize()
+    loop_ms = (time.perf_counter() - t0) * 1e3 / steps
+    tk = engine._decode_tk(1, engine._active_hi() + 1)
+    graphs = engine.graphs
+    assert graphs is not None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        graphs.run(1, tk, engine._mode)
+    end.record()
+    torch.cuda.synchronize()
+    replay_ms = start.elapsed_time(end) / steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # one eager step: what the graph holds
+        engine.step(1, tk, engine._mode)
+        torch.cuda.synchronize()
+    kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return {"compiled": compiled, "loop_ms_per_token": loop_ms, "replay_ms": replay_ms,
+            "tokens_per_s": 1e3 / loop_ms, "kernels_per_step": kernels}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--out", default="bench/results/decode_profile_h200.md")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_profile needs CUDA")
+    model, tok = load_gguf(smollm2_gguf_path(), torch.device("cuda"), torch.bfloat16)
+    prompt = tok.encode("Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.")
+    rows = [measure(model, prompt, tuple(tok.eos_ids), c, args.steps) for c in (False, True)]
+    lines = [f"Batch-1 decode, SmolLM2-135M bf16, {torch.cuda.get_device_name(0)}, torch {torch.__version__}", "",
+             "| step | decode loop ms/token | graph replay ms (GPU) | tok/s | kernels per step (eager) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {'compiled' if r['compiled'] else 'plain'} | {r['loop_ms_per_token']:.3f} | {r['replay_ms']:.3f} | "
+              f"{r['tokens_per_s']:.0f} | {r['kernels_per_step']} |" for r in rows]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    Path(args.out).write_text(text)
+    Path(args.json_out or str(Path(args.out).with_suffix(".json"))).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
