@@ -108,20 +108,6 @@ def test_compiled_graphs_greedy_identical_fp32_tiny() -> None:
     assert [t for t, _ in compiled] == [t for t, _ in eager]
 
 
-def test_compiled_graphs_smollm2_identical_fraction(smollm2) -> None:
-    model, tok = smollm2
-    prompts = chat_prompts(tok, gsm8k_questions("gsm8k", 8))
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=128)) for p in prompts]
-    eager, _ = _tokens(model, tok, reqs, graphs=False)
-    compiled, engine = _tokens(model, tok, reqs, graphs=True, compile=True)
-    frac = _common_prefix_fraction([t for t, _ in compiled], [t for t, _ in eager])
-    assert engine.graphs is not None
-    print(f"compiled graphs vs eager, greedy bf16: identical-token fraction {frac:.4f}; "
-          f"{len(engine.graphs)} graphs, capture {engine.graphs.capture_seconds:.1f} s, "
-          f"{engine.graphs.pool_bytes / 2**20:.1f} MiB")
-    assert frac >= 0.9
-
-
 def test_capture_cost_is_reported(smollm2) -> None:
     model, tok = smollm2
     engine = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=512, max_slots=16))

@@ -4,8 +4,9 @@
 The same body runs eagerly (CPU, `cuda_graphs=False`: the reference), captured whole in a CUDA graph
 (rollout/graphs.py) and, for small batches, torch.compile'd before capture. So that all three draw the same random
 numbers, the exponential noise of the sampler is always drawn eagerly from the engine's generator (dynamo cannot
-trace a Generator argument, and inductor's own RNG would differ); the compiled parts are the two deterministic
-halves around it: `head` (forward + logits processing) and `tail` (pick + log-prob + commit).
+trace a Generator argument, and inductor's own RNG would differ) -- by a graph, into a static buffer right before
+each replay, never inside the graph; the compiled parts are the two deterministic halves around it: `head`
+(forward + logits processing) and `tail` (pick + log-prob + commit).
 
 Sampling mode (what the processing depends on; fixed per captured graph, part of its key):
 - `GREEDY`: every active row has temperature 0: argmax, log-prob = log_softmax;
@@ -149,10 +150,13 @@ class DecodeStep:
         assert lp is not None
         return self.rows.commit_no_sync(slice(0, batch), tok[:, None], lp[:, None], torch.ones_like(tok))
 
-    def __call__(self, batch: int, tk: int, mode: Mode) -> StepOut:
+    def __call__(self, batch: int, tk: int, mode: Mode, noise: torch.Tensor | None = None) -> StepOut:
+        """noise: the sampler's Exp(1) draws [B, V] for sampled modes; None draws them from the generator here
+        (a CUDA graph passes a static buffer that is refilled from the generator before each replay)."""
         head, tail = (self._head_c, self._tail_c) if self.compiled(batch) else (self.head, self.tail)
         roots = self.rows.last[:batch].clone()
         a, b, hidden = head(batch, tk, mode)
-        noise = None if mode == GREEDY else exponential_noise(a, self.gen)  # eager: the generator's own stream
+        if mode != GREEDY and noise is None:
+            noise = exponential_noise(a, self.gen)  # eager: the generator's own stream
         n = tail(batch, mode, a, b, noise)
         return StepOut(n, roots, hidden)

@@ -3,13 +3,15 @@ the engine's generator, log-probs, commit), captured lazily per (batch bucket, a
 mode) into the engine's one memory pool (`Engine.graph_pool`, shared with the verify graphs) and kept on the engine.
 
 A captured step reads the engine's persistent row state and KV cache (fixed addresses) and leaves a `StepOut` of
-static tensors. Randomness: the engine's generator is registered with every graph
-(`CUDAGraph.register_generator_state`), so each replay draws fresh numbers and advances the generator exactly as
-the eager step would: with the same seed, graph and eager decoding emit the same tokens.
+static tensors. Randomness stays outside the graph: a sampled graph reads its Exp(1) draws from a static [B, V]
+buffer that `run` refills from the engine's generator right before each replay, with the very call the eager step
+makes, so with the same seed graph and eager decoding emit the same tokens. (Registering the generator with the
+graph instead gave different streams from eager on an H200: graph-safe RNG advances its offsets its own way.)
 
 Capture warms the body up twice on a side stream first (allocator, lazy kernels, torch.compile); those runs really
-commit tokens and draw numbers, so the row state and the generator state are snapshotted before and restored after
-(the K/V they write sit at columns the next real step overwrites). Only the capture itself is not executed.
+commit tokens, so the row state is snapshotted before and restored after (the K/V they write sit at columns the
+next real step overwrites); they read the noise buffer, so the generator is not touched. The capture itself is not
+executed.
 `capture_seconds` and `pool_bytes` (reserved-memory growth over all captures) say what the graphs cost.
 """
 
@@ -20,7 +22,7 @@ import time
 
 import torch
 
-from worker.tlt.rollout.decode_step import DecodeStep, Mode, StepOut
+from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ class DecodeGraphs:
         self.step = step
         self.pool = pool  # torch.cuda.graph_pool_handle() shared by all of the engine's graphs
         self._graphs: dict[tuple[int, int, Mode], tuple[torch.cuda.CUDAGraph, StepOut]] = {}
+        self._noise: dict[int, torch.Tensor] = {}  # batch -> static [B, V] Exp(1) draws read by sampled graphs
         self.capture_seconds = 0.0  # wall time of all captures (warm-up and compile included)
         self.pool_bytes = 0  # growth of reserved CUDA memory over all captures (static outputs and the pool)
 
@@ -43,8 +46,18 @@ class DecodeGraphs:
     def run(self, batch: int, tk: int, mode: Mode) -> StepOut:
         """One decode step for rows 0..batch-1 by replay (captured on first use)."""
         graph, out = self.capture(batch, tk, mode)
+        if mode != GREEDY:  # same draws, same order as the eager step: exponential_ of a fresh [B, V] tensor
+            self._noise[batch].exponential_(generator=self.step.gen)
         graph.replay()
         return out
+
+    def _noise_buffer(self, batch: int, mode: Mode) -> torch.Tensor | None:
+        if mode == GREEDY:
+            return None
+        if batch not in self._noise:
+            w = self.step.model.head_weight
+            self._noise[batch] = torch.ones(batch, w.shape[0], dtype=torch.float32, device=w.device)
+        return self._noise[batch]
 
     def capture(self, batch: int, tk: int, mode: Mode) -> tuple[torch.cuda.CUDAGraph, StepOut]:
         """The graph of (batch, tk, mode), captured now if needed (without running it)."""
@@ -56,23 +69,22 @@ class DecodeGraphs:
 
     def _capture(self, batch: int, tk: int, mode: Mode) -> tuple[torch.cuda.CUDAGraph, StepOut]:
         t0 = time.perf_counter()
-        rows, gen = self.step.rows, self.step.gen
-        saved_rows, saved_gen = rows.snapshot(), gen.get_state()
+        rows = self.step.rows
+        noise = self._noise_buffer(batch, mode)
+        saved_rows = rows.snapshot()  # the warm-up steps commit tokens: undone below
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.step(batch, tk, mode)
+                self.step(batch, tk, mode, noise)
         torch.cuda.current_stream().wait_stream(side)
         rows.restore(saved_rows)
-        gen.set_state(saved_gen)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         reserved0 = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(gen)  # replays draw from (and advance) the engine's generator
         with torch.cuda.graph(graph, pool=self.pool):  # type: ignore[arg-type]
-            out = self.step(batch, tk, mode)
+            out = self.step(batch, tk, mode, noise)  # reads the noise buffer: no RNG inside the graph
         torch.cuda.synchronize()
         self.pool_bytes += max(torch.cuda.memory_reserved() - reserved0, 0)
         self.capture_seconds += time.perf_counter() - t0
