@@ -28,7 +28,9 @@ Randomness comes from one explicit torch.Generator (EngineConfig.seed). Sampling
 distribution of spec/sampling.py; log-probs are of emitted tokens under it (greedy rows: log_softmax of the logits).
 Hidden-state capture: `hidden_hook(seq_ids, token_ids, hidden [N, H])` is called per step with the final-norm
 hidden state at every position whose K/V entered the cache (prompt tokens, roots, accepted drafts); the decode graph
-outputs the roots and hidden states too, so hooked runs replay the same graphs.
+outputs the roots and hidden states too, so hooked runs replay the same graphs. With `EngineConfig.capture_layers`
+(EAGLE-3: (2, L//2, L-3)) the hook gets cat(hidden entering each of those layers, final-norm hidden) [N, (k+1)H]
+from the same forwards (rollout/decode_step.hook_rows); the decode and verify graphs then output that width.
 Host work per plain step: the sampling mode (GREEDY / uniform / MIXED) and the attention-length bound are cached
 and only recomputed after prefill, sync or a speculative step.
 Run the tests: `python -m pytest tests/engine -q`.
@@ -54,7 +56,7 @@ from worker.tlt.rollout.adaptive_loop import (
     TailHook,
     adaptive_iteration,
 )
-from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut, choose, sampling_mode
+from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut, choose, hook_rows, sampling_mode
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache, slots_for_budget
 from worker.tlt.rollout.speculative import speculative_step
@@ -75,7 +77,8 @@ from worker.tlt.spec.stats import AcceptanceStats
 
 log = logging.getLogger(__name__)
 
-HiddenHook = Callable[[list[tuple[int, int]], torch.Tensor, torch.Tensor], None]  # (seq ids, tokens [N], hidden [N, H])
+# (seq ids, tokens [N], hidden [N, H] or [N, (k+1)H] with EngineConfig.capture_layers)
+HiddenHook = Callable[[list[tuple[int, int]], torch.Tensor, torch.Tensor], None]
 FinishCallback = Callable[[SequenceResult], None]  # called once per sequence as it leaves the batch
 
 
@@ -118,6 +121,9 @@ class Engine:
         self.clock = clock
         self.tail = TailBudget(tail_hook, config.tail_budget, config.tail_credit_cap_s, clock)
         self.eos_ids = tuple(eos_ids)
+        bad = [i for i in config.capture_layers if not 0 <= i < model.args.n_layers]
+        if bad:
+            raise ValueError(f"capture_layers {bad} outside the model's {model.args.n_layers} layers")
         w = model.head_weight
         self.device, self.dtype = w.device, w.dtype
         # KV headroom: a verify writes up to max_nodes columns past a row's length (the widest arm of the controller)
@@ -133,7 +139,8 @@ class Engine:
         self._cols = torch.arange(t, device=self.device)
         on_cuda = self.device.type == "cuda"
         self.step = DecodeStep(model, self.cache, self.rows, self.gen,
-                               compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0)
+                               compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0,
+                               capture_layers=config.capture_layers)
         # one memory pool for every graph of this engine (the verify graphs share it)
         self.graph_pool: object | None = torch.cuda.graph_pool_handle() if on_cuda and config.cuda_graphs else None
         self.graphs: DecodeGraphs | None = None
@@ -146,6 +153,8 @@ class Engine:
         self.row_params: list[tuple[float, float, int]] = []  # (temperature, top_p, top_k) per active row
         self._row_hi = np.zeros(slots, dtype=np.int64)  # upper bound of lens per row (see `row_hi`)
         self._plain_steps = 0  # plain decode steps not yet added to _row_hi
+        # plain steps' (roots [B], hidden [B, H], emitted [B], batch) awaiting the hidden-state hook (`_flush_hidden`)
+        self._pending_hidden: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
         self._hi_max: int | None = None  # max of _row_hi over the active rows (None: recompute)
         self._mode: Mode = GREEDY  # sampling mode of rows 0..n-1 (rollout/decode_step.py)
         self.row_cap = np.zeros(slots, dtype=np.int64)  # prompt_len + max_new_tokens per row
@@ -230,6 +239,11 @@ class Engine:
             return self.cache.max_len
         return self._tk_of(hi)
 
+    @property
+    def hook_layers(self) -> tuple[int, ...]:
+        """Layers an eager forward captures for the hook: EngineConfig.capture_layers while a hook is attached."""
+        return self.config.capture_layers if self.hidden_hook is not None else ()
+
     def _tk_of(self, hi: int) -> int:
         return min(_round_up(max(hi, 1), self.config.attn_bucket), self.cache.max_len)
 
@@ -282,15 +296,16 @@ class Engine:
             ids, plen = ids.to(dev), plen.to(dev)
             pos = self._cols[:s].expand(c, s)
             mask = (self._cols[:s][None, :] <= self._cols[:s][:, None])[None] & (self._cols[:s] < plen[:, None])[:, None]
-            logits, hidden, _ = self.model.forward_hidden(
+            layers = self.hook_layers
+            logits, hidden, cap = self.model.forward_hidden(
                 ids, pos, self.cache, cache_rows=slice(r0 + j, r0 + j + c), write_idx=pos, attn_mask=mask,
-                logits_at=(plen - 1)[:, None],
+                logits_at=(plen - 1)[:, None], layers=layers,
             )
             last_logits[j : j + c] = logits[:, 0].float()
             if self.hidden_hook is not None:
                 valid = self._cols[:s][None, :] < plen[:, None]
                 seq = [order[j + i] for i in range(c) for _ in range(int(plen[i]))]
-                self.hidden_hook(seq, ids[valid], hidden[valid])
+                self.hidden_hook(seq, ids[valid], hook_rows(hidden, cap, layers)[valid])
             j += c
         # siblings share their prompt's K/V
         src = [r0 + firsts[r] for r, _ in order[len(uniq):]]
@@ -339,8 +354,11 @@ class Engine:
         out: StepOut = self.graphs.run(batch, tk, self._mode) if self.graphs is not None else self.step(batch, tk,
                                                                                                         self._mode)
         self._hist_fresh, self._done_host = False, None
-        if self.hidden_hook is not None:
-            self._emit_hidden(batch, out.roots[:, None], out.hidden[:, None], out.n)
+        if self.hidden_hook is not None:  # stashed, emitted once per window at sync(): no host read per step
+            if self._pending_hidden and self._pending_hidden[0][3] != batch:
+                self._flush_hidden()
+            # clones: a graph's outputs are overwritten by the next replay
+            self._pending_hidden.append((out.roots.clone(), out.hidden.clone(), out.n.clone(), batch))
         self._plain_steps += 1
         return out.n
 
@@ -349,6 +367,7 @@ class Engine:
     def speculative_step(self, batch: int, arm: Arm | None = None) -> StepStats:
         """Draft with `arm`'s drafter and shape (None: the fixed proposer and SpecConfig), verify all rows in one
         target forward, accept, roll back, commit; one host read at the end (rollout/speculative.py)."""
+        self._flush_hidden()  # the drafter sees every earlier token's hidden state before it drafts
         return speculative_step(self, batch, arm)
 
     def _sync_histories(self, n: int) -> None:
@@ -364,6 +383,15 @@ class Engine:
             self.histories[r][s].extend(block[b][known[b] - lo : n_gen[b] - lo])
         self.row_known[:n] = n_gen
 
+    def _flush_hidden(self) -> None:
+        """Hand the stashed plain steps' hidden states to the hook: one [B, W] block per window, in token order (a
+        row emits 1 token per step until it finishes, then 0, so its kept entries are a prefix)."""
+        pend, self._pending_hidden = self._pending_hidden, []
+        if pend:
+            n = torch.stack([p[2] for p in pend], 1)  # [B, W]
+            self._emit_hidden(pend[0][3], torch.stack([p[0] for p in pend], 1), torch.stack([p[1] for p in pend], 1),
+                              n.sum(1))
+
     def _emit_hidden(self, batch: int, toks: torch.Tensor, hidden: torch.Tensor, n_kept: torch.Tensor) -> None:
         """toks [B, K], hidden [B, K, H], n_kept [B]: the first n_kept[b] entries of each row go to the hook."""
         assert self.hidden_hook is not None
@@ -376,6 +404,7 @@ class Engine:
     def sync(self, results: dict[tuple[int, int], SequenceResult], on_finish: FinishCallback | None = None) -> None:
         """Finished rows leave (results copied to the host, then `on_finish(result)` for each, in row order); the rest
         are compacted into rows 0..n-1."""
+        self._flush_hidden()  # before rows move: the stash is indexed by row
         n = self.n_active
         if n == 0:
             return
