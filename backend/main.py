@@ -29,6 +29,7 @@ from backend.core.db import make_engine, make_session_factory
 from backend.core.dispatch import Dispatcher
 from backend.core.limits import BodyLimit, SubmitLimiter
 from backend.schemas import errors
+from backend.sse_fanout import JobStreams
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
@@ -81,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             migrate.check_current(engine)  # raises SchemaOutOfDate naming the fix
         settings.artifacts.mkdir(parents=True, exist_ok=True)
         yield
+        await app.state.job_streams.close()
         app.state.dispatcher.close()
         engine.dispose()
 
@@ -93,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.database_url)
     app.state.session_factory = make_session_factory(engine)
     app.state.dispatcher = Dispatcher(settings)
+    app.state.job_streams = JobStreams(settings.sse_poll_s)  # SSE pollers, one per watched job, started on demand
     _error_handlers(app)
     app.state.submit_limiter = SubmitLimiter(settings.submit_rate_per_min, settings.submit_burst)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, upload_path=f"{API_PREFIX}/datasets",

@@ -1,6 +1,7 @@
 """Bounded load test of the REST API: latency (p50/p90/p99/max) and errors at fixed request rates of mixed reads and
-writes (open loop: requests start on schedule whether or not earlier ones finished), then N concurrent SSE clients
-(time to the first event, errors, and whether every stream stayed open for the hold time). Prints markdown tables:
+writes (open loop: requests start on schedule whether or not earlier ones finished), then N concurrent SSE clients on
+one job (time to the first event, the API's CPU per stream opened and while all are held open, then the time from a
+cancel to `end` on every stream: the fan-out). Prints markdown tables:
 one row per rate and per SSE client count, then the per-route breakdown at the highest rate that had zero errors.
 
     python bench/api_load.py                                    # starts a local API (SQLite, temp dir): 200 req/s, 20 s
@@ -178,39 +179,77 @@ async def rate_phase(url: str, token: str, rate: float, duration: float, seed: i
     return stats
 
 
-async def _sse_client(url: str, token: str, job_id: int, hold_s: float, out: list[float], errors: list[str]) -> None:
-    """Open the stream, time its first event, keep reading until `hold_s` after it (the keep-alive and `retry:` lines
-    keep coming); a stream the server closes earlier counts as an error."""
+@dataclass
+class SsePhase:
+    """N clients on one queued job: each connects and waits for its first event; once all have (or failed), they
+    hold their streams `hold_s` together (the API's CPU over that window is the cost of N idle streams); then the
+    job is cancelled and every stream must deliver the `cancelled` event and `end` (fan-out latency)."""
+
+    clients: int
+    first_ms: list[float] = field(default_factory=list)  # connect -> first event
+    end_ms: list[float] = field(default_factory=list)  # cancel -> `end` on that stream
+    errors: list[str] = field(default_factory=list)
+    hold_cpu_pct: float | None = None  # API CPU while all streams were open and idle, % of one core
+    connect_cpu_ms: float | None = None  # API CPU per stream opened (auth, catch-up read, joining the poller)
+
+
+async def _sse_client(client: httpx.AsyncClient, job_id: int, ph: SsePhase, connected: asyncio.Event,
+                      cancelled: asyncio.Event, cancel_at: list[float]) -> None:
     t0 = time.perf_counter()
+    got_first = False
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client, client.stream(
-            "GET", f"/api/v1/jobs/{job_id}/stream", headers={"Authorization": f"Bearer {token}"}
-        ) as r:
+        async with client.stream("GET", f"/api/v1/jobs/{job_id}/stream") as r:
             if r.status_code != 200:
-                errors.append(f"HTTP {r.status_code}")
+                ph.errors.append(f"HTTP {r.status_code}")
                 return
-            first = None
+            event = None
             async for line in r.aiter_lines():
-                if first is None and line.startswith("event:"):
-                    first = time.perf_counter()
-                    out.append((first - t0) * 1000)
-                if first is not None and time.perf_counter() - first > hold_s:
-                    break
-            if first is None:
-                errors.append("stream ended before any event")
-            elif time.perf_counter() - first < hold_s:
-                errors.append("stream closed before the hold time")
+                if line.startswith("event:"):
+                    event = line.split(":", 1)[1].strip()
+                    if not got_first:
+                        got_first = True
+                        ph.first_ms.append((time.perf_counter() - t0) * 1000)
+                        connected.set()
+                    if event == "end":
+                        if not cancelled.is_set():
+                            ph.errors.append("ended before the cancel")
+                        else:
+                            ph.end_ms.append((time.perf_counter() - cancel_at[0]) * 1000)
+                        return
+            ph.errors.append("stream closed before `end`")
     except httpx.HTTPError as e:
-        errors.append(type(e).__name__)
+        ph.errors.append(type(e).__name__)
+    finally:
+        if not got_first:
+            connected.set()
 
 
-async def sse_phase(url: str, token: str, clients: int, hold_s: float) -> tuple[list[float], list[str]]:
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as c:
+async def sse_phase(url: str, token: str, clients: int, hold_s: float) -> SsePhase:
+    ph = SsePhase(clients)
+    # one client object, one TCP connection per stream (a client object per stream costs the generator ~20 ms each)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120,
+                                 limits=limits) as c:
         job_id = (await c.post("/api/v1/jobs", json={"spec": SPEC})).json()["id"]  # queued: its stream stays open
-    firsts: list[float] = []
-    errors: list[str] = []
-    await asyncio.gather(*(_sse_client(url, token, job_id, hold_s, firsts, errors) for _ in range(clients)))
-    return firsts, errors
+        flags = [asyncio.Event() for _ in range(clients)]
+        cancelled, cancel_at = asyncio.Event(), [0.0]
+        cpu0 = process_cpu_s(SERVER_PID)
+        tasks = [asyncio.create_task(_sse_client(c, job_id, ph, f, cancelled, cancel_at)) for f in flags]
+        for f in flags:
+            await f.wait()
+        cpu1 = process_cpu_s(SERVER_PID)
+        await asyncio.sleep(hold_s)
+        cpu2 = process_cpu_s(SERVER_PID)
+        if cpu0 is not None and cpu1 is not None and cpu2 is not None:
+            ph.connect_cpu_ms = 1000 * (cpu1 - cpu0) / clients
+            ph.hold_cpu_pct = 100 * (cpu2 - cpu1) / hold_s
+        cancel_at[0] = time.perf_counter()
+        cancelled.set()
+        r = await c.post(f"/api/v1/jobs/{job_id}/cancel")
+        if r.status_code >= 400:
+            ph.errors.append(f"cancel: HTTP {r.status_code}")
+        await asyncio.gather(*tasks)
+    return ph
 
 
 def rate_rows(results: list[tuple[float, Stats]]) -> list[str]:
@@ -237,25 +276,30 @@ def kind_rows(stats: Stats) -> list[str]:
     return rows
 
 
-def sse_rows(results: list[tuple[int, list[float], list[str]]], hold_s: float) -> list[str]:
-    rows = [f"| SSE clients | connected | first event p50 ms | p99 ms | max ms | errors (held {hold_s:g} s) |",
-            "|---|---|---|---|---|---|"]
-    for n, firsts, errors in results:
-        kinds = ", ".join(f"{k}: {errors.count(k)}" for k in sorted(set(errors)))
-        rows.append(f"| {n} | {len(firsts)} | {pct(firsts, 50):.1f} | {pct(firsts, 99):.1f} | "
-                    f"{max(firsts, default=float('nan')):.1f} | {len(errors)}{f' ({kinds})' if kinds else ''} |")
+def sse_rows(results: list[SsePhase], hold_s: float) -> list[str]:
+    rows = ["| SSE clients | connected | first event p50 ms | p99 ms | max ms | API CPU ms/connect "
+            f"| API CPU % holding {hold_s:g} s | cancel -> end p50 ms | p99 ms | max ms | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for ph in results:
+        kinds = ", ".join(f"{k}: {ph.errors.count(k)}" for k in sorted(set(ph.errors)))
+        cpu = "-" if ph.connect_cpu_ms is None else f"{ph.connect_cpu_ms:.1f}"
+        hold = "-" if ph.hold_cpu_pct is None else f"{ph.hold_cpu_pct:.1f}"
+        rows.append(f"| {ph.clients} | {len(ph.first_ms)} | {pct(ph.first_ms, 50):.0f} | {pct(ph.first_ms, 99):.0f} | "
+                    f"{max(ph.first_ms, default=float('nan')):.0f} | {cpu} | {hold} | {pct(ph.end_ms, 50):.0f} | "
+                    f"{pct(ph.end_ms, 99):.0f} | {max(ph.end_ms, default=float('nan')):.0f} | "
+                    f"{len(ph.errors)}{f' ({kinds})' if kinds else ''} |")
     return rows
 
 
-def report(rates: list[tuple[float, Stats]], sse: list[tuple[int, list[float], list[str]]], duration: float,
-           hold_s: float) -> str:
+def report(rates: list[tuple[float, Stats]], sse: list[SsePhase], duration: float, hold_s: float) -> str:
     ok = [(r, st) for r, st in rates if not st.errors]
     parts = [f"Mixed reads and writes, open loop, {duration:g} s per rate:", "", *rate_rows(rates), ""]
     if ok:
         rate, stats = max(ok, key=lambda x: x[0])
         parts += [f"Per route at {rate:g} req/s (the highest rate with zero errors):", "", *kind_rows(stats), ""]
     if sse:
-        parts += ["Concurrent SSE clients on one running job:", "", *sse_rows(sse, hold_s), ""]
+        parts += ["Concurrent SSE clients on one job (connect all, hold together, cancel the job: every stream must "
+                  "deliver `end`):", "", *sse_rows(sse, hold_s), ""]
     return "\n".join(parts)
 
 
@@ -272,7 +316,8 @@ def main() -> None:
     ap.add_argument("--rate", default="200", help="requests per second; a comma list runs each in turn")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds per rate")
     ap.add_argument("--sse", default="100", help="concurrent SSE clients; a comma list runs each in turn (0: skip)")
-    ap.add_argument("--sse-hold", type=float, default=3.0, help="seconds each SSE client stays after its first event")
+    ap.add_argument("--sse-hold", type=float, default=5.0,
+                    help="seconds all SSE clients hold their streams together before the job is cancelled")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="also write the tables here")
     args = ap.parse_args()
@@ -290,7 +335,7 @@ def main() -> None:
                 break
         sse_results = []
         for n in sse_counts:
-            sse_results.append((n, *await sse_phase(url, token, n, args.sse_hold)))
+            sse_results.append(await sse_phase(url, token, n, args.sse_hold))
             print("\n".join(sse_rows(sse_results, args.sse_hold)[-1:]), flush=True)
         return report(rate_results, sse_results, args.duration, args.sse_hold)
 

@@ -1,9 +1,10 @@
 """The child process that runs one attempt of one job: `python -m worker.job_child JOB_ID --attempt N [--resume]`.
 
 Started by the `run_job` task (worker/tasks.py) in its own process group; reads the job row and settings (TLT_* env
-passed by the parent), resolves an uploaded dataset id to its file, and calls `worker.runner.execute` with a
-DbReporter. Exit status 0 = the loop returned (finished, or stopped on cancel); anything else = the attempt failed
-(the traceback goes to stderr, which the parent keeps as the job's last output lines).
+passed by the parent), resolves an uploaded dataset id to its file (reads retried over a database restart:
+backend.core.db.retry_transient), and calls `worker.runner.execute` with a DbReporter. Exit status 0 = the loop
+returned (finished, or stopped on cancel); anything else = the attempt failed (the traceback goes to stderr, which the
+parent keeps as the job's last output lines).
 If the parent worker dies, the kernel kills this process (PR_SET_PDEATHSIG) so a lost job never runs twice.
 """
 
@@ -20,13 +21,14 @@ from pathlib import Path
 
 from backend import crud
 from backend.core.config import get_settings
-from backend.core.db import make_engine, make_session_factory
+from backend.core.db import make_engine, make_session_factory, retry_transient
 from worker import runner
 from worker.db_reporter import DbReporter
 from worker.tlt.config import JobSpec
 
 log = logging.getLogger("worker.job_child")
 PR_SET_PDEATHSIG = 1
+STARTUP_RETRY_S = 300.0  # the start-up reads wait this long for a restarting database (as the supervisor's writes)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -48,6 +50,18 @@ def resolve_spec(spec: JobSpec, sessions) -> JobSpec:  # type: ignore[no-untyped
     return spec.model_copy(update={"dataset": dataset})
 
 
+def read_spec(sessions, job_id: int, retry_s: float = STARTUP_RETRY_S) -> JobSpec:  # type: ignore[no-untyped-def]
+    """The job's spec with an uploaded dataset resolved: the start-up reads, retried together while the database
+    is away (a restart), for up to `retry_s`."""
+
+    def read() -> JobSpec:
+        with sessions() as s:
+            spec = JobSpec.model_validate(crud.get_job(s, None, job_id).spec)
+        return resolve_spec(spec, sessions)
+
+    return retry_transient(read, for_s=retry_s, what=f"job {job_id}: read its spec", log=log)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m worker.job_child", description=__doc__)
     ap.add_argument("job_id", type=int)
@@ -60,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = get_settings()
     sessions = make_session_factory(make_engine(settings.database_url))
-    with sessions() as s:
-        job = crud.get_job(s, None, args.job_id)
-        spec = JobSpec.model_validate(job.spec)
-    spec = resolve_spec(spec, sessions)
+    spec = read_spec(sessions, args.job_id)
     run_dir = settings.artifacts / "jobs" / str(args.job_id)
     reporter = DbReporter(sessions, args.job_id, args.attempt, settings.artifacts)
     stop = threading.Event()

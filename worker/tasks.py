@@ -7,7 +7,10 @@ Contract (Celery "Tasks" guide: take ids, re-read the row, check its state, be i
 - The training runs in `python -m worker.job_child JOB_ID` (its own process group, killed if this worker dies), so a
   crash or OOM fails the attempt with the exit status and the last output lines, never the worker.
 - A heartbeat thread updates jobs.heartbeat_at and watches for `cancelling`: the child stops cooperatively
-  (reporter.should_stop) and is hard-killed after `cancel_grace_s`.
+  (reporter.should_stop) and is hard-killed after `cancel_grace_s`. The heartbeat also watches the attempt number:
+  when this worker was cut off from the database for longer than `heartbeat_timeout_s`, another worker may have
+  taken the job over (attempt + 1); the next heartbeat that gets through sees it, kills the child at once and
+  returns without writing an outcome (the job belongs to the new attempt).
 - A database restart does not fail a job: the claim, the outcome and the final transition are retried over transient
   errors for `DB_RETRY_S`; heartbeats and output lines wait for the database to come back (output kept in order, up
   to `MAX_PENDING_OUTPUT` lines); the child's DbReporter pauses the training the same way.
@@ -71,6 +74,8 @@ class JobSupervisor:
         self._stop = threading.Event()
         self._out_lock = threading.Lock()
         self._out_batch: list[str] = []
+        self.attempt = 0  # set by claim()
+        self.superseded_by: int | None = None  # the attempt that took the job over from this one
 
     # ------------------------------------------------------------ claim
 
@@ -80,10 +85,15 @@ class JobSupervisor:
             return "skipped"
         attempt, resume = claim
         try:
-            outcome, reason = self.supervise(attempt, resume)
+            result = self.supervise(attempt, resume)
         except Exception as e:  # noqa: BLE001 - the supervisor itself failed (DB, fork): fail the attempt visibly
             log.exception("job %s: supervisor error", self.job_id)
-            outcome, reason = S.failed, f"worker error: {type(e).__name__}: {e}"
+            result = S.failed, f"worker error: {type(e).__name__}: {e}"
+        if result is None:
+            log.warning("job %s: attempt %s was taken over by attempt %s; its child was killed, no outcome written",
+                        self.job_id, attempt, self.superseded_by)
+            return "superseded"
+        outcome, reason = result
         retry_transient(lambda: self.finish(outcome, reason), for_s=DB_RETRY_S, what=f"job {self.job_id}: finish",
                         log=log)
         return outcome.value
@@ -106,6 +116,7 @@ class JobSupervisor:
                     if status == S.queued:
                         job = crud.transition(s, self.job_id, S.starting, reason="picked up", worker=self.worker,
                                               expect=[S.queued], new_attempt=True)
+                        self.attempt = job.attempt
                         self._beat()
                         return job.attempt, False
                     if status == S.cancelling:  # cancelled while its worker was lost
@@ -118,6 +129,7 @@ class JobSupervisor:
                             s, self.job_id, S.recovering, worker=self.worker, expect=[status], new_attempt=True,
                             reason=f"worker {job.worker} lost (no heartbeat for {age:.0f} s); resuming",
                         )
+                        self.attempt = job.attempt
                         self._beat()
                         return job.attempt, True
                 except IllegalTransition:
@@ -144,7 +156,8 @@ class JobSupervisor:
                    PYTHONUNBUFFERED="1")
         return env
 
-    def supervise(self, attempt: int, resume: bool) -> tuple[JobStatus, str]:
+    def supervise(self, attempt: int, resume: bool) -> tuple[JobStatus, str] | None:
+        """The attempt's outcome, or None when another attempt took the job over (nothing to write)."""
         with self.sessions() as s:
             gpus = int(crud.get_job(s, None, self.job_id).spec.get("resources", {}).get("gpus", 0))
         try:
@@ -163,9 +176,9 @@ class JobSupervisor:
                 _killpg(proc.pid)
                 proc.wait()
 
-    def _watch(self, proc: subprocess.Popen[str], attempt: int, resume: bool) -> tuple[JobStatus, str]:
+    def _watch(self, proc: subprocess.Popen[str], attempt: int, resume: bool) -> tuple[JobStatus, str] | None:
         threads = [threading.Thread(target=self._pump_output, args=(proc,), daemon=True),
-                   threading.Thread(target=self._heartbeat_loop, daemon=True)]
+                   threading.Thread(target=self._heartbeat_loop, args=(proc,), daemon=True)]
         for t in threads:
             t.start()
         try:
@@ -188,6 +201,8 @@ class JobSupervisor:
         self._stop.set()
         threads[0].join(timeout=10)
         self._flush_output(attempt)
+        if self.superseded_by is not None:
+            return None
         rc = proc.returncode
         result = retry_transient(lambda: self.outcome(rc, killed), for_s=DB_RETRY_S, what=f"job {self.job_id}: outcome",
                                  log=log)
@@ -222,18 +237,26 @@ class JobSupervisor:
 
     # ------------------------------------------------------------ threads
 
-    def _beat(self) -> str | None:
+    def _beat(self) -> crud.Beat | None:
         with self.sessions() as s:
-            return crud.heartbeat(s, self.job_id)
+            return crud.heartbeat(s, self.job_id, self.attempt)
 
-    def _heartbeat_loop(self) -> None:
+    def _heartbeat_loop(self, proc: subprocess.Popen[str]) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):
             try:
-                status = self._beat()
+                beat = self._beat()
             except Exception:  # noqa: BLE001 - a transient DB error must not stop the heartbeats
                 log.exception("job %s: heartbeat failed", self.job_id)
                 continue
-            if status == S.cancelling and self.cancel_requested_at is None:
+            if beat is None:
+                continue
+            if beat.attempt != self.attempt:  # presumed lost while the database was away: the job is not ours
+                log.warning("job %s: attempt %s started elsewhere while this worker could not heartbeat; "
+                            "killing attempt %s's child", self.job_id, beat.attempt, self.attempt)
+                self.superseded_by = beat.attempt
+                _killpg(proc.pid)
+                return
+            if beat.status == S.cancelling and self.cancel_requested_at is None:
                 self.cancel_requested_at = time.monotonic()
 
     def _pump_output(self, proc: subprocess.Popen[str]) -> None:

@@ -25,11 +25,13 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_app_settings(request: Request) -> Settings:
+# `async def`: FastAPI runs a plain `def` dependency in a worker thread, and a request whose session already holds a
+# database connection must never queue for a thread (threads waiting for a connection would deadlock the pool).
+async def get_app_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_dispatcher(request: Request) -> Dispatcher:
+async def get_dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 

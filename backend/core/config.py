@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     broker_timeout_s: float = Field(default=10.0, gt=0)  # connect/publish timeout towards the broker
     page_size_max: int = Field(default=500, ge=1)  # largest page a list endpoint returns
     sse_keepalive_s: float = Field(default=15.0, gt=0)  # SSE: a comment line is sent after this long without news
+    sse_queue_max: int = Field(default=10_000, ge=1)  # SSE: rows waiting for one client before it is dropped
     sse_max_s: float = Field(default=0.0, ge=0)  # SSE: end a stream after this long (client resumes); 0 = never
     max_body_kb: float = Field(default=1024.0, gt=0)  # largest JSON request body (uploads: max_upload_mb); else 413
     submit_rate_per_min: float = Field(default=60.0, ge=0)  # job submissions per token per minute; 0 = unlimited

@@ -19,6 +19,7 @@ from backend.crud.artifacts import (
 )
 from backend.crud.common import Conflict, NotFound
 from backend.crud.jobs import (
+    Beat,
     add_event,
     count_jobs_by_status,
     create_job,
@@ -49,17 +50,18 @@ from backend.crud.telemetry import (
     metric_names,
     metrics_cursor,
     new_metrics,
+    stream_heads,
     upsert_histogram,
     upsert_metrics,
 )
 from backend.crud.tokens import create_token, get_or_create_user, list_tokens, revoke_token, user_for_token
 
 __all__ = [
-    "STEP_TIME_METRIC", "Conflict", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",
+    "STEP_TIME_METRIC", "Beat", "Conflict", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",
     "count_jobs_by_status", "create_dataset", "create_job", "create_token", "decode_cursor", "downsample",
     "encode_cursor", "finite_or_none", "get_artifact", "get_dataset", "get_job", "get_or_create_user", "heartbeat",
     "job_progress", "job_status", "list_artifacts", "list_datasets", "list_events", "list_histograms", "list_jobs",
     "list_logs", "list_samples", "list_tokens", "mark_artifacts_deleted", "metric_history", "metric_names",
     "metrics_cursor", "new_metrics", "register_artifact", "request_cancel", "retry_job", "revoke_token",
-    "stale_jobs", "transition", "upsert_histogram", "upsert_metrics", "user_for_token",
+    "stale_jobs", "stream_heads", "transition", "upsert_histogram", "upsert_metrics", "user_for_token",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Select, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -178,11 +178,21 @@ def add_event(session: Session, job_id: int, reason: str, *, worker: str | None 
     session.commit()
 
 
-def heartbeat(session: Session, job_id: int) -> str | None:
-    """Touch heartbeat_at; returns the job's status (the worker watches it for cancelling)."""
-    session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow()))
+class Beat(NamedTuple):
+    status: str  # the worker watches it for cancelling
+    attempt: int  # moved past the worker's own: another worker took the job over (this one was presumed lost)
+
+
+def heartbeat(session: Session, job_id: int, attempt: int | None = None) -> Beat | None:
+    """Touch heartbeat_at (only while the job is still at `attempt`, when given: a superseded worker must not keep
+    the new attempt looking alive); returns the job's status and attempt, None if the job is gone."""
+    stmt = update(Job).where(Job.id == job_id)
+    if attempt is not None:
+        stmt = stmt.where(Job.attempt == attempt)
+    session.execute(stmt.values(heartbeat_at=utcnow()))
     session.commit()
-    return session.scalar(select(Job.status).where(Job.id == job_id))
+    row = session.execute(select(Job.status, Job.attempt).where(Job.id == job_id)).one_or_none()
+    return None if row is None else Beat(row.status, row.attempt)
 
 
 def job_status(session: Session, job_id: int) -> str | None:

@@ -165,6 +165,14 @@ def job_progress(session: Session, job_ids: Sequence[int]) -> dict[int, JobProgr
     return {jid: JobProgress(step, finite_or_none(t)) for jid, step, t in rows}
 
 
+def stream_heads(session: Session, job_id: int) -> tuple[int, int, int]:
+    """The ids of the job's newest metric, event and log line (0 where none): where an SSE poller starts reading.
+    One statement of three index probes."""
+    heads = [select(func.max(t.id)).where(t.job_id == job_id).scalar_subquery() for t in (Metric, JobEvent, LogLine)]
+    m, e, lg = session.execute(select(*heads)).one()
+    return m or 0, e or 0, lg or 0
+
+
 def new_metrics(session: Session, job_id: int, after_id: int, limit: int) -> Sequence[Metric]:
     stmt = select(Metric).where(Metric.job_id == job_id, Metric.id > after_id)
     return session.scalars(stmt.order_by(Metric.id).limit(limit)).all()

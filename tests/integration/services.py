@@ -8,6 +8,7 @@ other people) using the shared ones. Each server is a child process of the test 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -150,3 +152,70 @@ class PrivatePostgres(_Server):
                 return True
         except psycopg.OperationalError:
             return False
+
+
+class TcpCut:
+    """A TCP proxy to `target` (host, port) that a test can cut and restore: while cut, connections are refused and
+    the open ones are closed, as a network partition between one client and the server looks to that client.
+
+        with TcpCut(("127.0.0.1", 5432)) as proxy:    # proxy.port forwards to Postgres
+            proxy.cut(); ...; proxy.restore()
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target, self.port = target, free_port()
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            socks, self._open = self._open, []
+            listener, self._listener = self._listener, None
+        for s in ([listener] if listener else []) + socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # cut: the listener was closed
+                return
+            try:
+                server = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self) -> Self:
+        self.restore()
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.cut()

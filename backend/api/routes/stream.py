@@ -1,71 +1,94 @@
 """Server-sent events per job: `metric`, `event` (status transitions) and `log` messages as they reach the database,
 then `end` once the job is final. Every message carries `id: <metrics>.<events>.<logs>` (the last row id seen of
 each table), so a client reconnecting with `Last-Event-ID` (or `?last_event_id=`) gets only what it missed.
+A stream first catches up from its cursor on its own, then follows the job's one shared poller (backend/sse_fanout.py).
 
     curl -N -H "Authorization: Bearer $TLT_TOKEN" http://127.0.0.1:8000/api/v1/jobs/1/stream
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from backend import crud
 from backend.api.deps import CurrentUser, JobId, SessionDep, SettingsDep
-from backend.lifecycle import FINAL
-from backend.schemas import EventPublic, LogLinePublic, errors
+from backend.core.config import Settings
+from backend.schemas import errors
+from backend.sse_fanout import JobStreams, Mailbox, Subscriber, read_after
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"], responses=errors(404))
-BATCH = 500  # rows per table per poll
 
 
-def parse_cursor(raw: str | None) -> tuple[int, int, int]:
+def parse_cursor(raw: str | None) -> list[int]:
     if not raw:
-        return 0, 0, 0
+        return [0, 0, 0]
     try:
-        m, e, lg = (int(x) for x in raw.split("."))
-        if not all(0 <= v < 2**63 for v in (m, e, lg)):
+        cursor = [int(x) for x in raw.split(".")]
+        if len(cursor) != 3 or not all(0 <= v < 2**63 for v in cursor):
             raise ValueError(raw)
     except ValueError as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, f"bad Last-Event-ID {raw!r}: expected M.E.L") from exc
-    return m, e, lg
+    return cursor
 
 
-def format_cursor(metrics: int, events: int, logs: int) -> str:
-    """The message id / Last-Event-ID "M.E.L": the last row id seen of metrics, job_events and log_lines."""
-    return f"{metrics}.{events}.{logs}"
+class SseResponse(StreamingResponse):
+    """A StreamingResponse that always closes its generator, so a stream's `finally` (leaving the poller) runs even
+    when the client disconnects while the generator waits at a `yield`."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-def _fetch(
-    factory: sessionmaker[Session], job_id: int, cur: list[int]
-) -> tuple[list[tuple[str, str, dict]], str | None]:
-    """New rows after `cur` (advanced in place) as (event name, id, payload), and the job's status. Each message's
-    id is the cursor just after that row, so resuming from any message skips exactly what was delivered."""
-    out: list[tuple[str, str, dict]] = []
+async def catch_up(sub: Subscriber, factory: sessionmaker[Session]) -> AsyncGenerator[str, None]:
+    """Read on our own from the subscriber's cursor until nothing older is left (one batch per read)."""
+    while not sub.ended:
+        read = await run_in_threadpool(read_after, factory, sub.job_id, tuple(sub.cursor))
+        if text := sub.render(read.items()):
+            yield text
+        if read.drained:
+            return
 
-    def ident() -> str:
-        return format_cursor(*cur)
 
-    with factory() as s:
-        job_status = crud.job_status(s, job_id)  # read first: rows written before a final status are not missed
-        for ev in crud.list_events(s, job_id, cur[1], BATCH):
-            cur[1] = ev.id
-            out.append(("event", ident(), EventPublic.model_validate(ev).model_dump(mode="json")))
-        for mt in crud.new_metrics(s, job_id, cur[0], BATCH):
-            cur[0] = mt.id
-            out.append(("metric", ident(), {"step": mt.step, "name": mt.name, "value": crud.finite_or_none(mt.value)}))
-        for lg in crud.list_logs(s, job_id, cur[2], BATCH):
-            cur[2] = lg.id
-            out.append(("log", ident(), LogLinePublic.model_validate(lg).model_dump(mode="json")))
-        return out, job_status
+async def follow(
+    sub: Subscriber, factory: sessionmaker[Session], streams: JobStreams, settings: Settings
+) -> AsyncGenerator[str, None]:
+    yield "retry: 1000\n\n"
+    async for text in catch_up(sub, factory):  # a resumed or late client may be far behind
+        yield text
+    if sub.ended:
+        return
+    poller = streams.join(sub, factory)  # from here every row above the poller's head reaches the mailbox
+    try:
+        await poller.ready.wait()
+        if sub.behind(poller.head):  # rows the poller read before we joined: once more on our own
+            async for text in catch_up(sub, factory):
+                yield text
+        opened = quiet_since = time.monotonic()
+        while not sub.ended and not sub.mailbox.closed:
+            wait = settings.sse_keepalive_s - (time.monotonic() - quiet_since)
+            if settings.sse_max_s:
+                wait = min(wait, settings.sse_max_s - (time.monotonic() - opened))
+            if text := sub.render(await sub.mailbox.get(timeout=max(wait, 0.0))):
+                yield text
+                quiet_since = time.monotonic()
+            if settings.sse_max_s and time.monotonic() - opened > settings.sse_max_s:
+                return  # bounded connection: the client reconnects with Last-Event-ID and misses nothing
+            if time.monotonic() - quiet_since >= settings.sse_keepalive_s:
+                yield ": keep-alive\n\n"
+                quiet_since = time.monotonic()
+    finally:
+        streams.leave(sub, poller)
 
 
 @router.get("/stream", response_class=StreamingResponse,
@@ -75,31 +98,14 @@ async def stream(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     last_event_id_q: Annotated[str | None, Query(alias="last_event_id", max_length=100)] = None,
 ) -> StreamingResponse:
-    crud.get_job(session, user, job_id)
-    cursor = list(parse_cursor(last_event_id or last_event_id_q))
-    factory = request.app.state.session_factory
-    session.close()  # give the connection back now: a stream lives for minutes; each poll opens a short session
-
-    async def gen() -> AsyncIterator[str]:
-        quiet_since = opened = time.monotonic()
-        yield "retry: 1000\n\n"
-        while not await request.is_disconnected():
-            batch, job_status = await run_in_threadpool(_fetch, factory, job_id, cursor)
-            for name, ident, payload in batch:
-                yield f"event: {name}\nid: {ident}\ndata: {json.dumps(payload)}\n\n"
-            if batch:
-                quiet_since = time.monotonic()
-                continue  # drain a backlog before sleeping
-            if job_status is None or job_status in FINAL:
-                ident = format_cursor(*cursor)
-                yield f"event: end\nid: {ident}\ndata: {json.dumps({'status': job_status})}\n\n"
-                return
-            if settings.sse_max_s and time.monotonic() - opened > settings.sse_max_s:
-                return  # bounded connection: the client reconnects with Last-Event-ID and misses nothing
-            if time.monotonic() - quiet_since > settings.sse_keepalive_s:
-                yield ": keep-alive\n\n"
-                quiet_since = time.monotonic()
-            await asyncio.sleep(settings.sse_poll_s)
-
+    cursor = parse_cursor(last_event_id or last_event_id_q)
+    # On the loop, not in a worker thread: the session already holds the connection authentication used, and a
+    # request holding a connection must never queue for a thread (threads waiting for a connection would deadlock it).
+    try:
+        crud.get_job(session, user, job_id)  # NotFound: 404
+    finally:
+        session.close()  # give the connection back now: a stream lives for minutes; reads use short sessions
+    sub = Subscriber(job_id, cursor, Mailbox(settings.sse_queue_max))
+    body = follow(sub, request.app.state.session_factory, request.app.state.job_streams, settings)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(gen(), media_type="text/event-stream", headers=headers)
+    return SseResponse(body, media_type="text/event-stream", headers=headers)

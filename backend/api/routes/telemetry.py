@@ -8,7 +8,6 @@ from fastapi import APIRouter, Query
 
 from backend import crud
 from backend.api.deps import AfterId, AfterStep, CurrentUser, JobId, SessionDep, SettingsDep
-from backend.api.routes.stream import format_cursor
 from backend.schemas import (
     EventPublic,
     HistogramPublic,
@@ -19,6 +18,7 @@ from backend.schemas import (
     SamplePublic,
     errors,
 )
+from backend.sse_fanout import format_cursor
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"], responses=errors(404))
 HIST_MAX = 10_000  # largest `points` / `limit` of GET /histograms (a row is ~1 KB of JSON)
@@ -41,7 +41,7 @@ def metrics(
     """History of each series, and `stream_cursor` to open GET /stream from without replaying these rows."""
     crud.get_job(session, user, job_id)
     wanted = [n for item in names or [] for n in item.split(",") if n]
-    cursor = format_cursor(crud.metrics_cursor(session, job_id), 0, 0)  # before the history: no row falls between
+    cursor = format_cursor((crud.metrics_cursor(session, job_id), 0, 0))  # before the history: no row falls between
     hist = crud.metric_history(session, job_id, wanted or None, after_step, points)
     series = [
         MetricSeries(name=name, points=[MetricPoint(step=s, value=v) for s, v in pts], total=total)
