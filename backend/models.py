@@ -99,8 +99,9 @@ class JobEvent(Base):
     (kind "info", from_status = to_status = the status at the time)."""
 
     __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)  # SSE: a job's rows after a cursor
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     from_status: Mapped[str | None] = mapped_column(String(20))
     to_status: Mapped[str] = mapped_column(String(20))
     kind: Mapped[str] = mapped_column(String(20), default="transition")  # transition | info
@@ -138,8 +139,9 @@ class Histogram(Base):
 
 class LogLine(Base):
     __tablename__ = "log_lines"
+    __table_args__ = (Index("ix_log_lines_job_id_id", "job_id", "id"),)  # SSE and `tlt logs`: rows after a cursor
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(default=0)
     stream: Mapped[str] = mapped_column(String(10), default="log")  # log (reporter) | output (child stdout/err)
     line: Mapped[str] = mapped_column(Text)
