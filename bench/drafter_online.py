@@ -88,7 +88,8 @@ def drift(model: torch.nn.Module, start: dict[str, torch.Tensor]) -> float:
 def warm_up(od: OnlineDrafter, model: Any, eos: tuple[int, ...], prompts: list[list[int]], a: argparse.Namespace,
             max_len: int) -> dict[str, float]:
     od.begin_rollout(0)
-    eng = Engine(model, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts), seed=a.seed),
+    eng = Engine(model, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts), seed=a.seed,
+                                                         capture_layers=od.capture_layers),
                  hidden_hook=od.hidden_hook)
     t0 = time.perf_counter()
     out = eng.generate([Request(p, SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens))

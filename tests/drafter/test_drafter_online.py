@@ -61,6 +61,13 @@ def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
         assert torch.equal(other.proposer.drafter.state_dict()[k], v)
 
 
-def test_online_eagle3_is_refused(tiny_target: Transformer) -> None:
-    with pytest.raises(ValueError, match="eagle1"):
-        OnlineDrafter(_spec(kind="eagle3"), tiny_target)
+def test_online_drafter_needs_a_learned_kind(tiny_target: Transformer) -> None:
+    with pytest.raises(ValueError, match="eagle1 or eagle3"):
+        OnlineDrafter(_spec(kind="ngram"), tiny_target)
+
+
+def test_hook_rows_of_the_wrong_width_are_refused(tiny_target: Transformer) -> None:
+    # an EAGLE-3 drafter on an engine built without its capture_layers would train on the final hidden only
+    od = OnlineDrafter(_spec(kind="eagle3"), tiny_target)
+    with pytest.raises(ValueError, match="capture_layers"):
+        od.hidden_hook([(0, 0)], torch.tensor([1]), torch.zeros(1, tiny_target.args.dim))

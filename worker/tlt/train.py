@@ -200,11 +200,11 @@ def train_loop(spec: JobSpec, trainer: GRPOTrainer, val: list, run_dir: Path, re
         generation={"do_sample": True, "temperature": spec.algorithm.temperature, "top_p": spec.algorithm.top_p},
     )
     reporter.artifact("policy", policy, step)
-    drafter_model = getattr(trainer.drafter, "train_drafter", None)  # the online EAGLE-1 drafter, if any
+    drafter_model = getattr(trainer.drafter, "train_drafter", None)  # the online EAGLE drafter, if any
     if drafter_model is not None:
-        from worker.tlt.drafter.export import export_eagle1
+        from worker.tlt.drafter.export import export_drafter
 
-        drafter_dir = export_eagle1(drafter_model, run_dir / "drafter")
+        drafter_dir = export_drafter(drafter_model, run_dir / "drafter")
         reporter.artifact("drafter", drafter_dir, step)
     reporter.log(f"done: {step} steps; policy exported to {policy}")
 

@@ -124,3 +124,9 @@ def load_exported(
         drafter.d2t = ours["d2t"].to(dev, torch.int64)
         drafter.t2d = ours["t2d"].to(dev, torch.bool)
     return drafter.eval()
+
+
+def export_drafter(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The export of the drafter's own form: EAGLE-3 or EAGLE-1."""
+    export = export_eagle3 if drafter.cfg.kind == "eagle3" else export_eagle1
+    return export(drafter, out_dir, dtype)

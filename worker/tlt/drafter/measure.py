@@ -67,7 +67,9 @@ def run_arm(target: Transformer, drafter: EagleDrafter | None, prompts: list[lis
             return r
 
         prop.propose = timed  # type: ignore[method-assign]
-    eng = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)), spec=spec,
+    layers = prop.drafter.feature_layers if prop is not None else ()  # EAGLE-3 drafts from 3 target layers
+    eng = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts),
+                                                          capture_layers=layers), spec=spec,
                  proposer=prop, hidden_hook=prop.observe if prop is not None else None)
     try:
         eng.generate([Request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))])  # warm-up (graphs)

@@ -1,15 +1,18 @@
 """`OnlineDrafter`: the adaptive drafter wired into the RL loop (buffer + capture + spot trainer + engine proposer).
 
-    od = OnlineDrafter(spec, policy)                     # EAGLE-1 (warm start from spec.drafter.warm_start if set)
-    engine = Engine(policy, ..., proposer=od.proposer, hidden_hook=od.hidden_hook)
+    od = OnlineDrafter(spec, policy)                     # EAGLE-1 or -3 (warm start from spec.drafter.warm_start)
+    engine = Engine(policy, config=EngineConfig(..., capture_layers=od.capture_layers),
+                    proposer=od.proposer, hidden_hook=od.hidden_hook)
     per RL step:  od.begin_rollout(step)                # newest published weights -> engine; new buffer step
                   out = engine.generate(...); od.observe_rollout(out)   # tail seconds = idle GPU time offered
                   ... reward, update, weight sync ...
                   metrics = od.after_update(step, trajs)              # spot training (rl/trainer.py DrafterHook)
     od.train_in_tail(until, max_steps)                   # for an engine that interleaves training with tail steps
 
-The engine's hook reports final-norm hidden states only, so online training is EAGLE-1 (TLT's form); EAGLE-3 is
-trained by the warm-up job (warmup.py), which re-reads its three feature layers with a teacher-forced forward.
+Hook rows: EAGLE-1 reads the final-norm hidden [N, H]; EAGLE-3 needs the engine built with
+`capture_layers=od.capture_layers` (its three feature layers), whose hook rows are cat(g_2, g_{L//2}, g_{L-3},
+final) [N, 4H]: the buffer stores them whole (the first 3H columns are the drafter's input features, the last H the
+target hidden whose head gives the soft-CE target), the proposer keeps the first 3H.
 `harvest/idle_gpu_s` counts the wall time of the last rollout's steps whose active batch was below
 `rollout.sd_on_below` (the memory-bound tail, where a whole GPU's compute is mostly idle); `harvest/used_gpu_s` the
 time spent in drafter steps.
@@ -52,9 +55,8 @@ def build_drafter(spec: JobSpec, target: Transformer) -> EagleDrafter:
 
 class OnlineDrafter:
     def __init__(self, spec: JobSpec, target: Transformer, proposer_config: EagleProposerConfig | None = None) -> None:
-        if spec.drafter.kind != "eagle1":
-            raise ValueError("online spot training needs drafter.kind=eagle1 (the engine hook reports the final "
-                             "hidden state only); warm up EAGLE-3 drafters with the `drafter` job type")
+        if spec.drafter.kind not in ("eagle1", "eagle3"):
+            raise ValueError(f"an online drafter is eagle1 or eagle3, not {spec.drafter.kind}")
         self.spec = spec
         dev = target.head_weight.device
         self.train_drafter = build_drafter(spec, target)
@@ -63,8 +65,8 @@ class OnlineDrafter:
         serve = EagleDrafter(target, self.train_drafter.cfg).to(dev, target.head_weight.dtype)
         serve.load_state_dict(self.train_drafter.state_dict())
         buf_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        self.buffer = HiddenStateBuffer(self.train_drafter.feature_dim, int(spec.drafter.buffer_gb * 2**30),
-                                        device=dev, dtype=buf_dtype)
+        self.buffer = HiddenStateBuffer(self.row_width, int(spec.drafter.buffer_gb * 2**30), device=dev,
+                                        dtype=buf_dtype)
         self.capture = EngineCapture(self.buffer)
         self.trainer = SpotTrainer(self.train_drafter, self.buffer,
                                    SpotTrainerConfig(learning_rate=spec.drafter.learning_rate, seed=spec.seed))
@@ -76,8 +78,22 @@ class OnlineDrafter:
         self._rollouts = 0  # training rollouts begun: the buffer's step numbers (checkpointed with the buffer)
 
     # ------------------------------------------------------------------------------------------------ engine side
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        """EngineConfig.capture_layers this drafter needs: () for EAGLE-1, its three feature layers for EAGLE-3."""
+        return self.train_drafter.feature_layers
+
+    @property
+    def row_width(self) -> int:
+        """Floats per hook row: H (EAGLE-1) or 3H features + the final hidden H (EAGLE-3)."""
+        d = self.train_drafter
+        return d.feature_dim + (d.args.dim if d.feature_layers else 0)
+
     def hidden_hook(self, seq_ids: list[tuple[int, int]], token_ids: torch.Tensor, hidden: torch.Tensor) -> None:
         """`Engine(hidden_hook=...)`: rows go to the training buffer and to the proposer's feature rings."""
+        if hidden.shape[-1] != self.row_width:
+            raise ValueError(f"hook rows of width {hidden.shape[-1]}, the {self.train_drafter.cfg.kind} drafter needs "
+                             f"{self.row_width}: build the engine with capture_layers={self.capture_layers}")
         self.capture(seq_ids, token_ids, hidden)
         self.proposer.observe(seq_ids, token_ids, hidden)
 

@@ -2,7 +2,10 @@
 
 Where the target features come from: the engine's hidden hook (`Engine(hidden_hook=...)`, called with the hidden
 state of every position whose K/V entered the cache) also feeds `observe(seq_ids, token_ids, hidden)`, which keeps
-the last `context` feature rows of each sequence in one preallocated device ring (one index_copy per call). When a
+the last `context` feature rows of each sequence in one preallocated device ring (one index_copy per call). A row's
+first F columns are the drafter's feature: F = H (EAGLE-1: the final-norm hidden) or 3H (EAGLE-3: the inputs of its
+three target layers, the engine built with `EngineConfig.capture_layers`; the hook row's trailing final hidden is
+the trainer's, not read here). When a
 `DraftContext` carries `hidden`/`hidden_lens` itself, those are used instead.
 
 Each `propose(ctx)` recomputes the drafter over the last `context` positions of every row (drafter entries
@@ -161,7 +164,7 @@ class EagleProposer:
         toks = packed[:, :w]
         if ctx.hidden is not None and ctx.hidden_lens is not None:
             t = ctx.hidden.shape[1]
-            feats = ctx.hidden[:, -w:].to(self.device, torch.float32)
+            feats = ctx.hidden[:, -w:, : self.drafter.feature_dim].to(self.device, torch.float32)  # hook rows
             if t < w:
                 feats = torch.nn.functional.pad(feats, (0, 0, w - t, 0))
             m = torch.minimum(ctx.hidden_lens.to(self.device), packed[:, 2 * w + 1] - 1).clamp(0, w)

@@ -129,7 +129,7 @@ def export(spec: JobSpec, trainer: GRPOTrainer, dp: DataParallel, run_dir: Path,
     )
     reporter.artifact("policy", policy, step)
     if dp.drafter is not None:
-        from worker.tlt.drafter.export import export_eagle1
+        from worker.tlt.drafter.export import export_drafter
 
-        reporter.artifact("drafter", export_eagle1(dp.drafter.train_drafter, run_dir / "drafter"), step)
+        reporter.artifact("drafter", export_drafter(dp.drafter.train_drafter, run_dir / "drafter"), step)
     reporter.log(f"done: {step} steps on {dp.ctx.world} ranks; policy exported to {policy}")

@@ -10,18 +10,19 @@ nothing to copy and only exists for engines that cache derived state.
 
 Speculative decoding (`rollout.speculative`, `drafter.kind`):
 - `off`: plain decoding.
-- `on` + `eagle1`: the adaptive drafter (drafter/online.py `OnlineDrafter`): the engine drafts with its published
-  weights and captures hidden states through its hook; the trainer's drafter hook spot-trains it after the update.
+- `on` + `eagle1` / `eagle3`: the adaptive drafter (drafter/online.py `OnlineDrafter`): the engine drafts with its
+  published weights and captures hidden states through its hook; the trainer's drafter hook spot-trains it after the
+  update. EAGLE-3 builds the engine with `capture_layers` = its three feature layers (hook rows [N, 4H]).
 - `on` + `ngram`: the model-free n-gram drafter over each sequence and its GRPO siblings (spec/ngram.py).
   Drafts are a chain of `draft_depth` tokens, or a tree when `draft_topk > 1`; the engine verifies losslessly.
 - `adaptive` (issue 4): the engine asks `adaptive.AdaptiveSd` every decode step: SD on below `sd_on_below` active
   sequences (hysteresis `sd_patience`), the arm (drafter x depth x top-k x verify width, or plain decoding) chosen
   per batch-size bucket by the spec's bandit. Drafters: the n-gram drafter always (cold start, sees the GRPO
-  siblings), plus the EAGLE drafter when `drafter.kind == "eagle1"` (whose spot trainer also gets the engine's
+  siblings), plus the EAGLE drafter when `drafter.kind` is eagle1 or eagle3 (whose spot trainer also gets the engine's
   tail hook: bounded training steps between tail decode steps). The bandit keeps what it learned across RL steps.
   The rollout's metrics are the controller's (sd/on_fraction, sd/accept_len, sd/accept_rate_pos_k, sd/arm/<name>,
   perf/tokens_per_s_{full,tail,bucket/<b>}).
-- `on` with `eagle3` / `none` is not wired: it runs SD off and says so in the log. sd/on_fraction always reports
+- `on` with `none` is not wired: it runs SD off and says so in the log. sd/on_fraction always reports
   what actually ran.
 Finished responses reach the caller's `on_finish` through the engine's own `on_finish` callback when
 `Engine.generate` has that parameter (so rewards are scored while the tail still decodes), else after generate()
@@ -166,38 +167,37 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
     # every sequence of a step resident at once, within the KV budget (validation batches queue behind them)
     slots = min(algo.prompts_per_step * algo.num_generations, slots_for_budget(model.args, max_len + 80,
                                                                                 ro.kv_cache_gb, dtype))
-    config = EngineConfig(
-        max_len=max_len, max_slots=max(slots, 1), kv_cache_gb=ro.kv_cache_gb, cuda_graphs=ro.cuda_graphs,
-        seed=ro.seed + spec.seed,
-    )
     spec_cfg = SpecConfig(mode="off")
     proposer: Proposer | None = None
     drafter: OnlineDrafter | None = None
     hook = None
     kind = spec.drafter.kind
+    if kind in ("eagle1", "eagle3") and ro.speculative in ("adaptive", "on"):  # the learned, spot-trained drafter
+        from worker.tlt.drafter.online import OnlineDrafter  # imported only by jobs that train a drafter
+
+        drafter = OnlineDrafter(spec, model)
+        hook = drafter.hidden_hook
+    config = EngineConfig(
+        max_len=max_len, max_slots=max(slots, 1), kv_cache_gb=ro.kv_cache_gb, cuda_graphs=ro.cuda_graphs,
+        seed=ro.seed + spec.seed, capture_layers=drafter.capture_layers if drafter is not None else (),
+    )
     adaptive: AdaptiveSd | None = None
     proposers: dict[str, Proposer] = {}
     tail_hook: TailHook | None = None
     if ro.speculative == "adaptive":
         proposers["ngram"] = NGramProposer(NGramConfig())  # cold start: always there
-        if kind == "eagle1":
-            from worker.tlt.drafter.online import OnlineDrafter  # imported only by jobs that train a drafter
-
-            drafter = OnlineDrafter(spec, model)
-            proposers["eagle"], hook = drafter.proposer, drafter.hidden_hook
+        if drafter is not None:
+            proposers["eagle"] = drafter.proposer
             tail_hook = tail_trainer(drafter)
         elif kind != "ngram":
             log.warning("drafter.kind=%s has no engine drafter; adaptive SD runs with the n-gram drafter only", kind)
         adaptive = AdaptiveSd.from_spec(ro, drafters=list(proposers))  # type: ignore[arg-type]
-    elif ro.speculative == "on" and kind in ("eagle1", "ngram"):
+    elif ro.speculative == "on" and kind in ("eagle1", "eagle3", "ngram"):
         tree = ro.draft_topk > 1
         spec_cfg = SpecConfig(mode="on", method="tree" if tree else "chain", depth=ro.draft_depth,
                               topk=ro.draft_topk, verify_tokens=max(ro.verify_tokens, 2))
-        if kind == "eagle1":
-            from worker.tlt.drafter.online import OnlineDrafter  # imported only by jobs that train a drafter
-
-            drafter = OnlineDrafter(spec, model)
-            proposer, hook = drafter.proposer, drafter.hidden_hook
+        if drafter is not None:
+            proposer = drafter.proposer
         else:
             proposer = NGramProposer(NGramConfig(topk=ro.draft_topk))
     elif ro.speculative != "off":

@@ -89,6 +89,17 @@ def choose(logits: torch.Tensor, mode: Mode, rows: RowState, sel: slice,
     return choose_sampled(probs, exponential_noise(probs, gen), lsm, temp)
 
 
+def hook_rows(
+    final: torch.Tensor,  # [..., H] final-norm hidden
+    captured: dict[int, torch.Tensor],  # {layer i: hidden entering layer i [..., H]} from forward_hidden
+    layers: tuple[int, ...],  # EngineConfig.capture_layers
+) -> torch.Tensor:  # [..., (len(layers) + 1) * H]
+    """What the hidden-state hook receives: the captured layer inputs in `layers` order, then the final hidden."""
+    if not layers:
+        return final
+    return torch.cat([captured[i] for i in layers] + [final], dim=-1)
+
+
 @dataclass(frozen=True)
 class StepOut:
     """What one decode step leaves behind (static tensors when replayed from a CUDA graph: read them before the
@@ -96,16 +107,18 @@ class StepOut:
 
     n: torch.Tensor  # [B] int64 tokens emitted (0 for finished and padding rows)
     roots: torch.Tensor  # [B] int64 the tokens fed to the forward (their K/V entered the cache)
-    hidden: torch.Tensor  # [B, H] final-norm hidden state at the roots (for the hidden-state hook)
+    hidden: torch.Tensor  # [B, (k+1)H] hook rows at the roots (rollout/decode_step.hook_rows; [B, H] by default)
 
 
 class DecodeStep:
     """The decode body over the engine's model, KV cache, row state and generator (module docstring).
-    `compile_max_batch` > 0 compiles head and tail for batches up to it (`compiler`: a torch.compile backend)."""
+    `compile_max_batch` > 0 compiles head and tail for batches up to it (`compiler`: a torch.compile backend);
+    `capture_layers`: the step's hidden output also carries those layers' inputs (`hook_rows`)."""
 
     def __init__(self, model: Transformer, cache: KVCache, rows: RowState, gen: torch.Generator, *,
-                 compile_max_batch: int = 0, compiler: str = "inductor") -> None:
+                 compile_max_batch: int = 0, compiler: str = "inductor", capture_layers: tuple[int, ...] = ()) -> None:
         self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
+        self.capture_layers = capture_layers
         self.compile_max_batch = compile_max_batch
         self._cols = torch.arange(cache.max_len, device=rows.lens.device)
         self._head_c: Callable[..., Any] = self.head
@@ -123,12 +136,13 @@ class DecodeStep:
         return batch <= self.compile_max_batch
 
     def forward(self, batch: int, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target forward of rows 0..batch-1 on their root tokens -> (logits [B, V], hidden [B, H])."""
+        """Target forward of rows 0..batch-1 on their root tokens -> (logits [B, V], hook rows [B, (k+1)H])."""
         ids = self.rows.last[:batch, None]  # [B, 1]
         pos = self.rows.lens[:batch, None]  # [B, 1]
         mask = self._cols[:tk][None, None, :] <= pos[:, :, None]  # [B, 1, tk]
-        logits, hidden, _ = self.model.forward_hidden(ids, pos, self.cache, write_idx=pos, attn_mask=mask)
-        return logits[:, 0], hidden[:, 0]
+        logits, hidden, cap = self.model.forward_hidden(ids, pos, self.cache, write_idx=pos, attn_mask=mask,
+                                                        layers=self.capture_layers)
+        return logits[:, 0], hook_rows(hidden, cap, self.capture_layers)[:, 0]
 
     def head(self, batch: int, tk: int, mode: Mode) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Forward + processing -> (greedy: token [B] / else probs [B, V], greedy: lp [B] / else lsm or None, hidden)."""

@@ -393,7 +393,7 @@ class Engine:
                               n.sum(1))
 
     def _emit_hidden(self, batch: int, toks: torch.Tensor, hidden: torch.Tensor, n_kept: torch.Tensor) -> None:
-        """toks [B, K], hidden [B, K, H], n_kept [B]: the first n_kept[b] entries of each row go to the hook."""
+        """toks [B, K], hidden [B, K, H or (k+1)H], n_kept [B]: the first n_kept[b] entries of each row go to the hook."""
         assert self.hidden_hook is not None
         keep = self._cols[: toks.shape[1]][None, :] < n_kept[:, None]
         counts = keep.sum(1).tolist()

@@ -12,6 +12,7 @@ drafter's own work, and the hidden-state hook's boolean indexing when a hook is 
 
 Verify forward: replayed from a CUDA graph per (batch bucket, arm verify width) when the engine
 holds `verify_graphs` (rollout/verify_graphs.py; a proposal narrower than the arm's width is padded), else eager.
+Either way its hidden output is the hook's row width (EngineConfig.capture_layers: the EAGLE-3 layer inputs too).
 
 `Engine.speculative_step(batch, arm)` calls `speculative_step(engine, batch, arm)`; see rollout/engine.py.
 Run the tests: `python -m pytest tests/engine/test_engine_spec_greedy.py tests/adaptive -q`.
@@ -26,6 +27,7 @@ import torch
 
 from worker.tlt.adaptive.arms import Arm
 from worker.tlt.rollout.adaptive_loop import proposer_topk, set_proposer_topk
+from worker.tlt.rollout.decode_step import hook_rows
 from worker.tlt.rollout.types import StepStats
 from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.sampling import SamplingParams as RowParams
@@ -83,8 +85,10 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
         tk = engine._tk(engine.n_active, n_nodes)
         mask = (engine._cols[:tk][None, None, :] < lens[:, None, None]).expand(batch, n_nodes, tk).clone()
         mask.scatter_(2, widx[:, None, :].expand(batch, n_nodes, n_nodes), anc)
-        logits, hidden, _ = engine.model.forward_hidden(prop.tokens, pos, engine.cache, write_idx=widx,
-                                                        attn_mask=mask)
+        layers = engine.hook_layers
+        logits, hidden, cap = engine.model.forward_hidden(prop.tokens, pos, engine.cache, write_idx=widx,
+                                                          attn_mask=mask, layers=layers)
+        hidden = hook_rows(hidden, cap, layers)  # [B, N, (k+1)H]
     # a drafter whose config fixes topk bounds the branching and depth: no host sync in the verifier
     max_depth = min(depth, n_nodes - 1) if topk is not None else None
     max_children = topk

@@ -59,6 +59,9 @@ class EngineConfig:
     attn_bucket: int = 256  # decode attends over columns 0..Tk-1, Tk rounded up to a multiple of this
     prefill_tokens: int = 16384  # padded prompt tokens per prefill forward
     seed: int = 0  # the engine's torch.Generator seed
+    # target layers whose *input* hidden states the hidden-state hook also gets (EAGLE-3: (2, L//2, L-3)); with a hook
+    # attached, every forward (prefill, decode graph, verify) hands it cat(layer inputs..., final-norm hidden) [N, (k+1)H]
+    capture_layers: tuple[int, ...] = ()
     # Tail hook (adaptive engine): each step run with the SD switch on earns this fraction of its wall time as
     # credit for the hook (spot training between decode steps), so the hook slows the tail by about this much.
     tail_budget: float = 0.03

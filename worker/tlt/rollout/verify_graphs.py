@@ -16,7 +16,7 @@ buffers (`_Entry`), outside the graph:
   they write K/V into their own columns 0..W-1 (a free row is prefilled again before it is read) and attend only
   themselves, so no row ever attends a fully masked row (no NaN).
 
-The outputs (logits [bucket, W, V], hidden [bucket, W, H]) are static tensors; the caller reads [:B, :n] before the
+The outputs (logits [bucket, W, V], hidden [bucket, W, (k+1)H]) are static tensors; the caller reads [:B, :n] before the
 next replay. `capture_seconds` and `pool_bytes` (device memory the captures added) go into the report table ("graph
 memory and capture time").
 
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.decode_step import hook_rows
 from worker.tlt.rollout.kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -53,16 +54,18 @@ class _Entry:
     widx: torch.Tensor  # [Bb, W] int64 K/V column of each node
     mask: torch.Tensor  # [Bb, W, Tk] bool
     logits: torch.Tensor  # [Bb, W, V] (output)
-    hidden: torch.Tensor  # [Bb, W, H] (output)
+    hidden: torch.Tensor  # [Bb, W, (k+1)H] (output) hook rows (rollout/decode_step.hook_rows)
     graph: torch.cuda.CUDAGraph | None = None  # set by the capture
 
 
 class VerifyGraphs:
     def __init__(self, model: Transformer, cache: KVCache, pool: object | None = None,
-                 attn_bucket: int | None = None) -> None:
+                 attn_bucket: int | None = None, capture_layers: tuple[int, ...] = ()) -> None:
         """attn_bucket: attention columns rounded up to a multiple of this (one graph per length bucket); None =
-        the whole cache (one graph per (batch bucket, width))."""
+        the whole cache (one graph per (batch bucket, width)). capture_layers: the hidden output also carries those
+        layers' inputs (EngineConfig.capture_layers)."""
         self.model, self.cache = model, cache
+        self.capture_layers = capture_layers
         self.attn_bucket = attn_bucket
         self._pool = pool  # shared with the decode graphs when the engine passes its pool
         self._entries: dict[tuple[int, int, int], _Entry] = {}
@@ -73,7 +76,8 @@ class VerifyGraphs:
     def for_engine(cls, engine: Engine) -> VerifyGraphs | None:
         if engine.device.type != "cuda" or not engine.config.cuda_graphs:
             return None
-        return cls(engine.model, engine.cache, getattr(engine, "graph_pool", None))
+        return cls(engine.model, engine.cache, getattr(engine, "graph_pool", None),
+                   capture_layers=engine.config.capture_layers)
 
     def attention_len(self, hi: int, width: int) -> int:
         """Attention columns of a graph for rows whose lengths are <= hi, `width` nodes each."""
@@ -121,7 +125,7 @@ class VerifyGraphs:
         bucket: int,  # rows computed (>= B; rows B.. are free rows)
         width: int,  # nodes per row in the graph (>= n)
         hi: int,  # an upper bound of lens (host-side: picks the attention length without a sync)
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [B, n, V], hidden [B, n, H] (views into static outputs)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [B, n, V], hidden [B, n, (k+1)H] (views into static outputs)
         b, n = tokens.shape
         tk = self.attention_len(hi, width)
         if b > bucket or n > width:
@@ -166,9 +170,9 @@ class VerifyGraphs:
         e.mask.scatter_(2, e.widx[:, :, None], True)  # every node sees itself (padded nodes, free rows)
 
     def _forward(self, e: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, hidden, _ = self.model.forward_hidden(e.tokens, e.pos, self.cache, write_idx=e.widx,
-                                                      attn_mask=e.mask)
-        return logits, hidden
+        logits, hidden, cap = self.model.forward_hidden(e.tokens, e.pos, self.cache, write_idx=e.widx,
+                                                        attn_mask=e.mask, layers=self.capture_layers)
+        return logits, hook_rows(hidden, cap, self.capture_layers)
 
     def _capture(self, e: _Entry, key: tuple[int, int, int]) -> _Entry:
         t0 = time.perf_counter()
