@@ -56,11 +56,12 @@ from worker.tlt.rollout.adaptive_loop import (
     TailHook,
     adaptive_iteration,
 )
-from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut, choose, hook_rows, sampling_mode
+from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut, sampling_mode
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache, slots_for_budget
+from worker.tlt.rollout.prefill import prefill, round_up
 from worker.tlt.rollout.speculative import speculative_step
-from worker.tlt.rollout.state import MAX_EOS, RowState
+from worker.tlt.rollout.state import RowState
 from worker.tlt.rollout.types import (
     EngineConfig,
     GenerationOutput,
@@ -80,10 +81,6 @@ log = logging.getLogger(__name__)
 # (seq ids, tokens [N], hidden [N, H] or [N, (k+1)H] with EngineConfig.capture_layers)
 HiddenHook = Callable[[list[tuple[int, int]], torch.Tensor, torch.Tensor], None]
 FinishCallback = Callable[[SequenceResult], None]  # called once per sequence as it leaves the batch
-
-
-def _round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 class Engine:
@@ -129,7 +126,7 @@ class Engine:
         # KV headroom: a verify writes up to max_nodes columns past a row's length (the widest arm of the controller)
         self.max_nodes = max([self.spec.num_nodes, 1, *(a.verify_tokens for a in arms)])
         self.max_len = config.max_len
-        t = _round_up(config.max_len + self.max_nodes + 2, 64)  # headroom: a verify writes up to max_nodes columns
+        t = round_up(config.max_len + self.max_nodes + 2, 64)  # headroom: a verify writes up to max_nodes columns
         slots = config.max_slots or slots_for_budget(model.args, t, config.kv_cache_gb, self.dtype)
         self.cache = KVCache.allocate(model.args, slots, t, self.device, self.dtype)
         if model.rope_cos.shape[0] < t:
@@ -245,7 +242,7 @@ class Engine:
         return self.config.capture_layers if self.hidden_hook is not None else ()
 
     def _tk_of(self, hi: int) -> int:
-        return min(_round_up(max(hi, 1), self.config.attn_bucket), self.cache.max_len)
+        return min(round_up(max(hi, 1), self.config.attn_bucket), self.cache.max_len)
 
     def bucket(self, n: int) -> int:
         for b in self.config.batch_buckets:
@@ -268,82 +265,9 @@ class Engine:
     # ------------------------------------------------------------------------------------------------ prefill
     @torch.no_grad()
     def prefill(self, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
-        """Admit `items` ((request, sample) pairs) into rows n_active.. ; one forward per distinct prompt."""
-        t0 = time.perf_counter()
-        head: list[tuple[int, int]] = []  # first sample of each distinct request: prefilled
-        tail: list[tuple[int, int]] = []  # its siblings: K/V copied from the first
-        for it in items:
-            (tail if any(h[0] == it[0] for h in head) else head).append(it)
-        order = head + tail
-        firsts = {r: i for i, (r, _) in enumerate(head)}
-        r0, m = self.n_active, len(order)
-        uniq = [order[i][0] for i in range(len(firsts))]  # request of rows r0 .. r0+u-1
-        dev = self.device
-        last_logits = torch.empty(len(uniq), self.model.args.vocab_size, device=dev, dtype=torch.float32)
-        j = 0
-        while j < len(uniq):  # chunks of distinct prompts within the token budget
-            s_max, c = 0, 0
-            while j + c < len(uniq):
-                s_new = max(s_max, len(requests[uniq[j + c]].prompt))
-                if c and _round_up(s_new, 16) * (c + 1) > self.config.prefill_tokens:
-                    break
-                s_max, c = s_new, c + 1
-            s = _round_up(s_max, 16)
-            ids = torch.zeros(c, s, dtype=torch.int64)
-            plen = torch.tensor([len(requests[uniq[j + i]].prompt) for i in range(c)])
-            for i in range(c):
-                ids[i, : plen[i]] = torch.tensor(requests[uniq[j + i]].prompt)
-            ids, plen = ids.to(dev), plen.to(dev)
-            pos = self._cols[:s].expand(c, s)
-            mask = (self._cols[:s][None, :] <= self._cols[:s][:, None])[None] & (self._cols[:s] < plen[:, None])[:, None]
-            layers = self.hook_layers
-            logits, hidden, cap = self.model.forward_hidden(
-                ids, pos, self.cache, cache_rows=slice(r0 + j, r0 + j + c), write_idx=pos, attn_mask=mask,
-                logits_at=(plen - 1)[:, None], layers=layers,
-            )
-            last_logits[j : j + c] = logits[:, 0].float()
-            if self.hidden_hook is not None:
-                valid = self._cols[:s][None, :] < plen[:, None]
-                seq = [order[j + i] for i in range(c) for _ in range(int(plen[i]))]
-                self.hidden_hook(seq, ids[valid], hook_rows(hidden, cap, layers)[valid])
-            j += c
-        # siblings share their prompt's K/V
-        src = [r0 + firsts[r] for r, _ in order[len(uniq):]]
-        if src:
-            dst = torch.arange(r0 + len(uniq), r0 + m, device=dev)
-            self.cache.move_rows(torch.tensor(src, device=dev), dst)
-        # row state
-        rows = slice(r0, r0 + m)
-        st = self.rows
-        plens = [len(requests[r].prompt) for r, _ in order]
-        for i, (r, _) in enumerate(order):
-            p = requests[r].params
-            eos = p.eos_ids if p.eos_ids is not None else self.eos_ids
-            if len(eos) > MAX_EOS:
-                raise ValueError(f"at most {MAX_EOS} eos ids per request")
-            self.row_known[r0 + i] = 0
-            st.eos[r0 + i] = torch.tensor(list(eos) + [-1] * (MAX_EOS - len(eos)), device=dev)
-            self.row_seq.append((r, _))
-            self.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
-            self.row_hi[r0 + i] = plens[i]  # (folds pending plain steps into the old rows first)
-            self.row_plen[r0 + i] = plens[i]
-            self.row_cap[r0 + i] = plens[i] + p.max_new_tokens
-        host = torch.tensor(
-            [[plens[i] - 1, plens[i], requests[r].params.max_new_tokens, r, requests[r].params.top_k]
-             for i, (r, _) in enumerate(order)], dtype=torch.int64).to(dev)
-        st.lens[rows], st.prompt_len[rows], st.max_new[rows], st.group[rows], st.top_k[rows] = host.unbind(1)
-        fl = torch.tensor([[requests[r].params.temperature, requests[r].params.top_p] for r, _ in order],
-                          dtype=torch.float32).to(dev)
-        st.temp[rows], st.top_p[rows] = fl.unbind(1)
-        st.n_gen[rows] = 0
-        st.done[rows] = False
-        self.n_active += m
-        self._rows_changed()
-        logits = last_logits[torch.tensor([firsts[r] for r, _ in order], device=dev)]
-        tok, lp = choose(logits, self._mode, st, rows, self.gen)
-        n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
-        self._hist_fresh, self._done_host = False, None
-        return StepStats("prefill", m, m, int(max(plens)), int(n.sum()), 0, time.perf_counter() - t0)
+        """Admit `items` ((request, sample) pairs) into rows n_active.. ; one forward per distinct prompt
+        (rollout/prefill.py)."""
+        return prefill(self, items, requests)
 
     # ------------------------------------------------------------------------------------------------- decode
     @torch.no_grad()

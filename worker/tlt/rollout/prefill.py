@@ -1,0 +1,105 @@
+"""The rollout engine's prefill: admit (request, sample) pairs into the rows after the active ones, with one forward
+per distinct prompt (chunks of prompts within `EngineConfig.prefill_tokens`), the prompt's K/V copied to its
+siblings (the other samples of a GRPO group), the row state initialised, and each row's first token sampled.
+The hidden-state hook sees every prompt position (with `EngineConfig.capture_layers`, the captured layers too).
+
+`Engine.prefill(items, requests)` calls `prefill(engine, items, requests)`; see rollout/engine.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from worker.tlt.rollout.decode_step import choose, hook_rows
+from worker.tlt.rollout.state import MAX_EOS
+from worker.tlt.rollout.types import Request, StepStats
+
+if TYPE_CHECKING:
+    from worker.tlt.rollout.engine import Engine
+
+
+def round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
+    """Engine.prefill (module docstring)."""
+    t0 = time.perf_counter()
+    head: list[tuple[int, int]] = []  # first sample of each distinct request: prefilled
+    tail: list[tuple[int, int]] = []  # its siblings: K/V copied from the first
+    for it in items:
+        (tail if any(h[0] == it[0] for h in head) else head).append(it)
+    order = head + tail
+    firsts = {r: i for i, (r, _) in enumerate(head)}
+    r0, m = engine.n_active, len(order)
+    uniq = [order[i][0] for i in range(len(firsts))]  # request of rows r0 .. r0+u-1
+    dev = engine.device
+    last_logits = torch.empty(len(uniq), engine.model.args.vocab_size, device=dev, dtype=torch.float32)
+    j = 0
+    while j < len(uniq):  # chunks of distinct prompts within the token budget
+        s_max, c = 0, 0
+        while j + c < len(uniq):
+            s_new = max(s_max, len(requests[uniq[j + c]].prompt))
+            if c and round_up(s_new, 16) * (c + 1) > engine.config.prefill_tokens:
+                break
+            s_max, c = s_new, c + 1
+        s = round_up(s_max, 16)
+        ids = torch.zeros(c, s, dtype=torch.int64)
+        plen = torch.tensor([len(requests[uniq[j + i]].prompt) for i in range(c)])
+        for i in range(c):
+            ids[i, : plen[i]] = torch.tensor(requests[uniq[j + i]].prompt)
+        ids, plen = ids.to(dev), plen.to(dev)
+        pos = engine._cols[:s].expand(c, s)
+        mask = (engine._cols[:s][None, :] <= engine._cols[:s][:, None])[None] & (engine._cols[:s] < plen[:, None])[:, None]
+        layers = engine.hook_layers
+        logits, hidden, cap = engine.model.forward_hidden(
+            ids, pos, engine.cache, cache_rows=slice(r0 + j, r0 + j + c), write_idx=pos, attn_mask=mask,
+            logits_at=(plen - 1)[:, None], layers=layers,
+        )
+        last_logits[j : j + c] = logits[:, 0].float()
+        if engine.hidden_hook is not None:
+            valid = engine._cols[:s][None, :] < plen[:, None]
+            seq = [order[j + i] for i in range(c) for _ in range(int(plen[i]))]
+            engine.hidden_hook(seq, ids[valid], hook_rows(hidden, cap, layers)[valid])
+        j += c
+    # siblings share their prompt's K/V
+    src = [r0 + firsts[r] for r, _ in order[len(uniq):]]
+    if src:
+        dst = torch.arange(r0 + len(uniq), r0 + m, device=dev)
+        engine.cache.move_rows(torch.tensor(src, device=dev), dst)
+    # row state
+    rows = slice(r0, r0 + m)
+    st = engine.rows
+    plens = [len(requests[r].prompt) for r, _ in order]
+    for i, (r, _) in enumerate(order):
+        p = requests[r].params
+        eos = p.eos_ids if p.eos_ids is not None else engine.eos_ids
+        if len(eos) > MAX_EOS:
+            raise ValueError(f"at most {MAX_EOS} eos ids per request")
+        engine.row_known[r0 + i] = 0
+        st.eos[r0 + i] = torch.tensor(list(eos) + [-1] * (MAX_EOS - len(eos)), device=dev)
+        engine.row_seq.append((r, _))
+        engine.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
+        engine.row_hi[r0 + i] = plens[i]  # (folds pending plain steps into the old rows first)
+        engine.row_plen[r0 + i] = plens[i]
+        engine.row_cap[r0 + i] = plens[i] + p.max_new_tokens
+    host = torch.tensor(
+        [[plens[i] - 1, plens[i], requests[r].params.max_new_tokens, r, requests[r].params.top_k]
+         for i, (r, _) in enumerate(order)], dtype=torch.int64).to(dev)
+    st.lens[rows], st.prompt_len[rows], st.max_new[rows], st.group[rows], st.top_k[rows] = host.unbind(1)
+    fl = torch.tensor([[requests[r].params.temperature, requests[r].params.top_p] for r, _ in order],
+                      dtype=torch.float32).to(dev)
+    st.temp[rows], st.top_p[rows] = fl.unbind(1)
+    st.n_gen[rows] = 0
+    st.done[rows] = False
+    engine.n_active += m
+    engine._rows_changed()
+    logits = last_logits[torch.tensor([firsts[r] for r, _ in order], device=dev)]
+    tok, lp = choose(logits, engine._mode, st, rows, engine.gen)
+    n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
+    engine._hist_fresh, engine._done_host = False, None
+    return StepStats("prefill", m, m, int(max(plens)), int(n.sum()), 0, time.perf_counter() - t0)
