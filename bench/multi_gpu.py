@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from worker.tlt.bench import fmt, ratio
 from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.train import build_trainer, merge_spec
 
@@ -111,16 +112,6 @@ def run_two_gpus(spec: JobSpec) -> list[dict[str, float]]:
 def quote(steps: list[dict[str, float]]) -> dict[str, float]:
     quoted = steps[1:] if len(steps) > 1 else steps
     return {k: statistics.fmean(s[k] for s in quoted) for k in QUOTED if all(k in s for s in quoted)}
-
-
-def fmt(x: float | None, digits: int = 2) -> str:
-    if x is None:
-        return "—"
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.{digits}f}"
-
-
-def ratio(num: float | None, den: float | None) -> str:
-    return f"{num / den:.2f}x" if num and den else "—"
 
 
 def render(res: dict[str, Any]) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from worker.tlt.bench import fmt, ratio
 from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.train import build_trainer, merge_spec
 
@@ -135,16 +136,6 @@ def trl_step_s(peers_json: Path | None) -> tuple[float | None, list[float]]:
         return None, []
     quoted = times[1:] if len(times) > 1 else times
     return statistics.fmean(quoted), times
-
-
-def fmt(x: float | None, digits: int = 2) -> str:
-    if x is None:
-        return "—"
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.{digits}f}"
-
-
-def ratio(num: float | None, den: float | None) -> str:
-    return f"{num / den:.2f}x" if num and den else "—"
 
 
 def render(res: dict[str, Any]) -> str:

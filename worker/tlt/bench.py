@@ -103,6 +103,18 @@ def make_engine(model: Transformer, tok: TokenizerLike, max_len: int, slots: int
                   proposers=proposers)
 
 
+def fmt(x: float | None, digits: int = 2) -> str:
+    """A table cell: thousands separated, `digits` decimals below 1,000, a dash for no value."""
+    if x is None:
+        return "—"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.{digits}f}"
+
+
+def ratio(num: float | None, den: float | None) -> str:
+    """A table cell "N.NNx", or a dash when either side is missing."""
+    return f"{num / den:.2f}x" if num and den else "—"
+
+
 def summarize(out: GenerationOutput, seconds: float) -> dict:
     lengths = [len(s.tokens) for s in out.sequences]
     steps = [s for s in out.steps if s.kind != "prefill"]
