@@ -179,6 +179,9 @@ def test_slow_client_is_dropped_and_its_rows_freed(hard_settings: Callable[..., 
         streams = JobStreams(settings.sse_poll_s)
         fast = Client(job_id, [0, 0, 0], factory, streams, settings)
         await _until(lambda: job_id in streams.pollers)
+        # the poller must have read its start heads before any row is written: `slow` joins bare (no catch-up read of
+        # its own), so rows the heads already covered would never reach it
+        await _until(lambda: streams.pollers[job_id].ready.is_set())
         slow = Subscriber(job_id, [0, 0, 0], Mailbox(settings.sse_queue_max))  # joins, never reads
         poller = streams.join(slow, factory)
         for first in (1, 3):  # two reads of 4 rows: the first fits the empty mailbox, the second overflows it
