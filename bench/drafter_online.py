@@ -5,7 +5,7 @@
     python bench/drafter_online.py --model tiny --quick --device cpu --out /tmp/o.md --json-out /tmp/o.json  # smoke
 
 What runs (the product's own pieces, nothing re-implemented):
-1. `worker.tlt.train.build_trainer` builds the policy, the GRPO trainer and the adaptive rollout engine with the
+1. `worker.tlt.build.build_trainer` builds the policy, the GRPO trainer and the adaptive rollout engine with the
    online EAGLE-1 drafter (`rollout.speculative: adaptive`, `drafter.kind: eagle1`): the engine drafts with the
    drafter's published weights, captures hidden states, and spot-trains it in the tail (tail hook) and after the
    update (the trainer's drafter hook), up to --spot-steps drafter steps per RL step.
@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.measure import ARMS, run_arm
 from worker.tlt.drafter.model import EagleDrafter
@@ -42,7 +43,6 @@ from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
-from worker.tlt.train import build_trainer
 
 log = logging.getLogger("drafter_online")
 CHAIN, TREE = "chain k=6", "tree d=6 k=4 v=32"

@@ -18,7 +18,6 @@ all GPUs. 2-GPU rows run first, so this process holds no GPU memory while the ra
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -29,9 +28,9 @@ from typing import Any
 
 import torch
 
-from worker.tlt.bench import fmt, ratio
+from worker.tlt.bench import BenchReporter, fmt, ratio, run_trainer_steps
 from worker.tlt.config import PRESETS, JobSpec
-from worker.tlt.train import build_trainer, merge_spec
+from worker.tlt.spec_file import merge_spec
 
 QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/update", "timing_s/drafter", "timing_s/sync",
           "perf/tokens_per_s", "response_length/mean", "response_length/max", "sd/on_fraction", "sd/accept_len",
@@ -40,28 +39,8 @@ QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/update", "timing_s/drafter"
 MODE_PRESETS = {"tlt": "h200-gsm8k-tlt", "off": "h200-gsm8k-sd-off"}
 
 
-class Recorder:
-    """A Reporter keeping every step's metrics and the log."""
-
-    def __init__(self) -> None:
-        self.steps: list[dict[str, float]] = []
-        self.lines: list[str] = []
-
-    def metrics(self, step: int, values: dict[str, float]) -> None:
-        self.steps.append(dict(values))
-        print(f"  step {step}: " + json.dumps({k: round(values[k], 4) for k in QUOTED if k in values}), flush=True)
-
-    def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None: ...
-
-    def log(self, line: str) -> None:
-        self.lines.append(line)
-
-    def artifact(self, kind: str, path: Path, step: int | None = None) -> None: ...
-
-    def samples(self, step: int, rows: list[dict]) -> None: ...
-
-    def should_stop(self) -> bool:
-        return False
+def print_step(step: int, values: dict[str, float]) -> None:
+    print(f"  step {step}: " + json.dumps({k: round(values[k], 4) for k in QUOTED if k in values}), flush=True)
 
 
 def bench_spec(a: argparse.Namespace, mode: str, gpus: int) -> JobSpec:
@@ -85,25 +64,15 @@ def bench_spec(a: argparse.Namespace, mode: str, gpus: int) -> JobSpec:
 
 
 def run_one_gpu(spec: JobSpec) -> list[dict[str, float]]:
-    rec = Recorder()
-    trainer, _ = build_trainer(spec, rec)
-    try:
-        for i in range(spec.max_steps):
-            metrics, _, _ = trainer.step()
-            rec.metrics(i + 1, metrics)
-    finally:
-        trainer.close()
-        del trainer
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    rec = BenchReporter(on_metrics=print_step)
+    run_trainer_steps(spec, rec, rec.metrics)
     return rec.steps
 
 
 def run_two_gpus(spec: JobSpec) -> list[dict[str, float]]:
     from worker.tlt.multigpu import launch
 
-    rec = Recorder()
+    rec = BenchReporter(on_metrics=print_step)
     with tempfile.TemporaryDirectory(prefix="mgpu-") as d:
         launch.run(spec, Path(d), rec, resume=False, world=2)
     return rec.steps

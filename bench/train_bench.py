@@ -24,50 +24,24 @@ run cut short still leaves its finished rows.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from worker.tlt.bench import fmt, ratio
+from worker.tlt.bench import BenchReporter, fmt, ratio, run_trainer_steps
 from worker.tlt.config import PRESETS, JobSpec
-from worker.tlt.train import build_trainer, merge_spec
-
-log = logging.getLogger("train_bench")
+from worker.tlt.spec_file import merge_spec
 
 QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/drafter",
           "timing_s/reward_work", "perf/tail_hook_s", "perf/tokens_per_s", "response_length/mean",
           "response_length/max", "response_length/clip_ratio", "sd/on_fraction", "sd/accept_len", "reward/mean",
           "drafter/steps")
 MODE_PRESETS = {"tlt": "h200-gsm8k-tlt", "off": "h200-gsm8k-sd-off"}
-
-
-class MemoryReporter:
-    """A Reporter that keeps nothing but log lines (the bench reads the trainer's metrics directly)."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def metrics(self, step: int, values: dict[str, float]) -> None: ...
-
-    def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None: ...
-
-    def log(self, line: str) -> None:
-        self.lines.append(line)
-        log.info(line)
-
-    def artifact(self, kind: str, path: Path, step: int | None = None) -> None: ...
-
-    def samples(self, step: int, rows: list[dict]) -> None: ...
-
-    def should_stop(self) -> bool:
-        return False
 
 
 def bench_spec(a: argparse.Namespace, mode: str, max_new: int) -> JobSpec:
@@ -94,31 +68,16 @@ def bench_spec(a: argparse.Namespace, mode: str, max_new: int) -> JobSpec:
     return JobSpec.model_validate(merge_spec(PRESETS[MODE_PRESETS[mode]], over))
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def run_mode(a: argparse.Namespace, mode: str, max_new: int) -> dict[str, Any]:
     """`--steps` RL steps of one mode; per-step metrics and the mean of the quoted (after-the-first) steps."""
     spec = bench_spec(a, mode, max_new)
-    t0 = time.perf_counter()
-    trainer, _ = build_trainer(spec, MemoryReporter())
-    build_s = time.perf_counter() - t0
     steps: list[dict[str, float]] = []
-    try:
-        for i in range(a.steps):
-            sync()
-            metrics, _, _ = trainer.step()
-            sync()
-            steps.append({k: float(metrics[k]) for k in QUOTED if k in metrics})
-            print(f"{mode} <= {max_new} new, step {i + 1}: {json.dumps(steps[-1])}", flush=True)
-    finally:
-        trainer.close()
-        del trainer
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+
+    def record(step: int, metrics: dict[str, float]) -> None:
+        steps.append({k: float(metrics[k]) for k in QUOTED if k in metrics})
+        print(f"{mode} <= {max_new} new, step {step}: {json.dumps(steps[-1])}", flush=True)
+
+    build_s = run_trainer_steps(spec, BenchReporter(), record)
     quoted = steps[1:] if len(steps) > 1 else steps
     mean = {k: statistics.fmean(s[k] for s in quoted) for k in quoted[0] if all(k in s for s in quoted)}
     return {"mode": mode, "max_new_tokens": max_new, "build_s": build_s, "steps": steps, "quoted_steps": len(quoted),

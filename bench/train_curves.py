@@ -20,7 +20,6 @@ Outputs are rewritten after every run (a cut-short run still leaves what finishe
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import math
@@ -32,10 +31,9 @@ from typing import Any
 
 import torch
 
+from worker.tlt.bench import BenchReporter, run_trainer_steps
 from worker.tlt.config import PRESETS, JobSpec
-from worker.tlt.train import build_trainer, merge_spec
-
-log = logging.getLogger("train_curves")
+from worker.tlt.spec_file import merge_spec
 
 TRACKED = ("reward/mean", "response_length/mean", "sd/on_fraction", "sd/accept_len", "timing_s/step",
            "timing_s/gen", "actor/grad_norm")
@@ -44,24 +42,6 @@ RUNS = {  # name: (preset, rollout seed)
     "tlt": ("h200-gsm8k-tlt", 0),
     "off_seed1": ("h200-gsm8k-sd-off", 1),
 }
-
-
-class QuietReporter:
-    """A Reporter that only logs (the bench reads the trainer's metrics directly)."""
-
-    def metrics(self, step: int, values: dict[str, float]) -> None: ...
-
-    def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None: ...
-
-    def log(self, line: str) -> None:
-        log.info(line)
-
-    def artifact(self, kind: str, path: Path, step: int | None = None) -> None: ...
-
-    def samples(self, step: int, rows: list[dict]) -> None: ...
-
-    def should_stop(self) -> bool:
-        return False
 
 
 def curve_spec(a: argparse.Namespace, run: str) -> JobSpec:
@@ -87,22 +67,17 @@ def curve_spec(a: argparse.Namespace, run: str) -> JobSpec:
 
 def run_curve(a: argparse.Namespace, run: str) -> dict[str, Any]:
     spec = curve_spec(a, run)
-    trainer, _ = build_trainer(spec, QuietReporter())
     steps: list[dict[str, float]] = []
+
+    def record(step: int, metrics: dict[str, float]) -> None:
+        steps.append({k: float(metrics[k]) for k in TRACKED if k in metrics})
+        print(f"{run} step {step}: reward {steps[-1]['reward/mean']:.4f} "
+              f"len {steps[-1]['response_length/mean']:.0f} {steps[-1]['timing_s/step']:.2f}s", flush=True)
+
     t0 = time.perf_counter()
-    try:
-        for i in range(a.steps):
-            metrics, _, _ = trainer.step()
-            steps.append({k: float(metrics[k]) for k in TRACKED if k in metrics})
-            print(f"{run} step {i + 1}: reward {steps[-1]['reward/mean']:.4f} "
-                  f"len {steps[-1]['response_length/mean']:.0f} {steps[-1]['timing_s/step']:.2f}s", flush=True)
-    finally:
-        trainer.close()
-        del trainer
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    return {"run": run, "preset": RUNS[run][0], "rollout_seed": RUNS[run][1], "seconds": time.perf_counter() - t0,
+    build_s = run_trainer_steps(spec, BenchReporter(), record)
+    seconds = time.perf_counter() - t0 - build_s  # the steps and the tear-down, not the build
+    return {"run": run, "preset": RUNS[run][0], "rollout_seed": RUNS[run][1], "seconds": seconds,
             "steps": steps, "reward": [s["reward/mean"] for s in steps]}
 
 

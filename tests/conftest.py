@@ -3,6 +3,9 @@ user postgres; dropped at the end of the session) and a Redis database number of
 after). Nothing is created unless a test asks for the fixture. Migrate with `backend.core.migrate.upgrade(pg_url)`.
 
 Override the servers with TLT_TEST_PG_ADMIN (an admin URL of the `postgres` database) and TLT_TEST_REDIS.
+
+Also torch on one intra-op thread for the tiny-model directories (ONE_TORCH_THREAD_DIRS), and `one_thread` for their
+session fixtures. Engine test helpers live in worker/tlt/rollout/reference.py.
 """
 
 from __future__ import annotations
@@ -10,11 +13,45 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 
 PG_ADMIN = os.environ.get("TLT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TLT_TEST_REDIS", "redis://127.0.0.1:6379/13")
+# Tiny random models on CPU: one intra-op thread beats threads fighting over a shared 2-core box. Not the other
+# directories: tests/train and tests/multigpu run SmolLM2 on CPU or load real models for GPU tests (every core helps),
+# and the API tests never import torch.
+ONE_TORCH_THREAD_DIRS = frozenset({"engine", "spec", "adaptive", "drafter"})
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one intra-op thread inside the block; the thread count is restored after."""
+    import torch  # imported here: the API tests' processes never load torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread_for_tiny_models(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.path.parent.name not in ONE_TORCH_THREAD_DIRS:
+        yield
+        return
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="session")
+def one_thread() -> Callable[[], AbstractContextManager[None]]:
+    """`with one_thread(): ...` for session or module fixtures that build tiny models: they are set up before the
+    autouse one-thread fixture (tests cannot import conftest under --import-mode=importlib)."""
+    return one_torch_thread
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import pytest
 import torch
@@ -14,25 +14,8 @@ from worker.tlt.model import preset, random_model
 from worker.tlt.model.transformer import Transformer
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Tiny shapes: thread start-up and contention on a shared 2-core box cost more than they give."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    with one_thread():
-        yield
-
-
 @pytest.fixture(scope="session")
-def tiny_target() -> Transformer:
+def tiny_target(one_thread: Callable[[], AbstractContextManager[None]]) -> Transformer:
     torch.manual_seed(0)
     # 4 layers so EAGLE-3's feature layers (2, L//2, L-3) exist; std 0.15 gives varied, input-dependent greedy outputs
     # (std 0.1 mostly repeats one token, which a drafter predicts trivially)
@@ -50,7 +33,8 @@ def greedy_rollout(target: Transformer, prompts: torch.Tensor, new_tokens: int) 
 
 
 @pytest.fixture(scope="session")
-def tiny_rollouts(tiny_target: Transformer) -> torch.Tensor:  # [16, 8 + 40]
+def tiny_rollouts(tiny_target: Transformer,
+                  one_thread: Callable[[], AbstractContextManager[None]]) -> torch.Tensor:  # [16, 8 + 40]
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 256, (16, 8), generator=g)
     with one_thread():

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
 from worker.tlt.multigpu.context import DistContext
@@ -27,7 +28,6 @@ from worker.tlt.multigpu.rollout_shard import ShardSummary, shard_bounds
 from worker.tlt.multigpu.update import DataParallelUpdate
 from worker.tlt.rl.batch import UpdateSeq
 from worker.tlt.rl.trainer import GRPOTrainer
-from worker.tlt.train import build_trainer
 
 pytestmark = pytest.mark.slow
 WORLD = 2

@@ -13,11 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from worker.tlt.build import build_trainer
 from worker.tlt.config import AlgorithmConfig
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.rl.checkpoint import load_checkpoint
 from worker.tlt.rl.optim import MasterWeights, build_optimizer, use_master_weights
-from worker.tlt.train import build_trainer, run
+from worker.tlt.train import run
 
 
 def _steps_of_constant_gradient(master: bool, steps: int = 100, lr: float = 1e-4) -> tuple[float, MasterWeights]:

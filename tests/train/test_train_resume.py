@@ -11,10 +11,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from worker.tlt.build import reward_names_for
 from worker.tlt.config import JobSpec
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.rl.checkpoint import clean_partial, latest_checkpoint, list_checkpoints
-from worker.tlt.train import load_spec, main, reward_names_for, run
+from worker.tlt.spec_file import load_spec
+from worker.tlt.train import main, run
 
 VOLATILE = ("timing_s/", "perf/")  # wall-clock metrics differ between any two runs
 
@@ -104,7 +106,8 @@ def test_builtin_task_brings_its_reward_unless_the_spec_names_one() -> None:
 
 def test_adaptive_bandit_state_is_checkpointed_and_restored(tmp_path: Path, toy_spec) -> None:
     """Adaptive SD: what the bandit learned survives a resume (its arm statistics are not re-learned from zero)."""
-    from worker.tlt.train import _adaptive, build_trainer, resume_from
+    from worker.tlt.build import build_trainer
+    from worker.tlt.run_dir import _adaptive, resume_from
 
     spec = toy_spec(max_steps=2, save_steps=2, drafter={"kind": "ngram"},  # 8 sequences: SD on from the first step
                     rollout={"speculative": "adaptive", "sd_on_below": 16, "sd_patience": 1, "kv_cache_gb": 0.05})

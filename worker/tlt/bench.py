@@ -16,15 +16,20 @@ _bucket/<b>) and per-bucket rows (`buckets`); SD off runs a controller pinned of
 T=1.0 with `--top-k` (50, HF generate's default); prints decode tokens/s (prefill included, as HF generate's
 figures are). Both report the decode graphs: how many, capture seconds (`capture_s`) and memory (`graph_mib`).
 Both need CUDA unless `--device cpu` is given explicitly (for smoke tests only).
+
+Also the helpers the bench/ scripts share: table cells (`fmt`, `ratio`) and, for the training benches, a
+`BenchReporter` and `run_trainer_steps` (build a trainer, step it, free it before the next run).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,10 +37,11 @@ import torch
 from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.switch import SwitchConfig
-from worker.tlt.config import ModelSource, RolloutConfig
+from worker.tlt.config import JobSpec, ModelSource, RolloutConfig
 from worker.tlt.model.load import load_model
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.reporting import Reporter
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams, SpecConfig
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
@@ -113,6 +119,62 @@ def fmt(x: float | None, digits: int = 2) -> str:
 def ratio(num: float | None, den: float | None) -> str:
     """A table cell "N.NNx", or a dash when either side is missing."""
     return f"{num / den:.2f}x" if num and den else "—"
+
+
+StepHook = Callable[[int, dict[str, float]], None]  # (step, that step's metrics)
+
+
+class BenchReporter:
+    """A `Reporter` for benches that step a trainer themselves: keeps each step's metrics handed to it (and passes
+    them to `on_metrics`) and the log lines (also logged at INFO); writes no artifacts or samples, never stops."""
+
+    def __init__(self, on_metrics: StepHook | None = None) -> None:
+        self.steps: list[dict[str, float]] = []
+        self.lines: list[str] = []
+        self.on_metrics = on_metrics
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self.steps.append(dict(values))
+        if self.on_metrics is not None:
+            self.on_metrics(step, values)
+
+    def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None: ...
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+        log.info(line)
+
+    def artifact(self, kind: str, path: Path, step: int | None = None) -> None: ...
+
+    def samples(self, step: int, rows: list[dict]) -> None: ...
+
+    def should_stop(self) -> bool:
+        return False
+
+
+def run_trainer_steps(spec: JobSpec, reporter: Reporter, on_step: StepHook) -> float:
+    """Build `spec`'s trainer, run its `max_steps` steps (CUDA synchronized around each, so host timers see the GPU's
+    work) handing each step's metrics to `on_step`, then close it and free its memory (CUDA cache emptied) so the
+    next run starts clean. Returns the build seconds."""
+    from worker.tlt.build import build_trainer  # the training stack: imported only by the training benches
+
+    t0 = time.perf_counter()
+    trainer, _ = build_trainer(spec, reporter)
+    build_s = time.perf_counter() - t0
+    device = torch.device(trainer.device)
+    try:
+        for i in range(spec.max_steps):
+            _sync(device)
+            metrics, _, _ = trainer.step()
+            _sync(device)
+            on_step(i + 1, metrics)
+    finally:
+        trainer.close()
+        del trainer
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return build_s
 
 
 def summarize(out: GenerationOutput, seconds: float) -> dict:

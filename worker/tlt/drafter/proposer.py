@@ -1,12 +1,8 @@
 """`EagleProposer`: the EAGLE drafter as a spec `Proposer` (chain of k tokens or an EAGLE-2 top-k tree).
 
-Where the target features come from: the engine's hidden hook (`Engine(hidden_hook=...)`, called with the hidden
-state of every position whose K/V entered the cache) also feeds `observe(seq_ids, token_ids, hidden)`, which keeps
-the last `context` feature rows of each sequence in one preallocated device ring (one index_copy per call). A row's
-first F columns are the drafter's feature: F = H (EAGLE-1: the final-norm hidden) or 3H (EAGLE-3: the inputs of its
-three target layers, the engine built with `EngineConfig.capture_layers`; the hook row's trailing final hidden is
-the trainer's, not read here). When a
-`DraftContext` carries `hidden`/`hidden_lens` itself, those are used instead.
+Target features come from the engine's hidden hook: `observe(seq_ids, token_ids, hidden)` keeps the last `context`
+feature rows of each sequence in a device ring (feature_ring.py). When a `DraftContext` carries
+`hidden`/`hidden_lens` itself, those are used instead.
 
 Each `propose(ctx)` recomputes the drafter over the last `context` positions of every row (drafter entries
 (x_{j+1}, h_j) at RoPE position j, the last one being (root, h_{L-1})), so nothing drafter-side has to be rolled back
@@ -17,11 +13,8 @@ after verification; then it drafts with a drafter-side K/V of the draft entries:
   forwards with fixed shapes and no host sync (`chain_draft_no_sync`): the host packs the last `context` history
   tokens, ring indices and lengths of every row into one int64 array, copied to the device without waiting
   (pinned, non_blocking); the drafter K/V is one buffer [B, Hkv, context + k - 1, D] written by column. On CUDA the
-  whole draft is captured once per (batch bucket, depth) as a CUDA graph (the proposer's generator is registered
-  with it, so each replay draws fresh randomness) and replayed; batches are padded to the next power of two.
-- tree (`topk > 1`): EAGLE-2 expansion, each level feeds the `topk` best frontier nodes (by cumulative log q), every
-  node attends to the context and its own ancestors; `spec.tree.topk_tree` prunes to ctx.max_nodes (deterministic
-  drafts, draft_probs None). Eager.
+  whole draft is captured once per (batch bucket, depth) as a CUDA graph and replayed (chain_graph.py).
+- tree (`topk > 1`): EAGLE-2 expansion pruned to ctx.max_nodes (tree_draft.py). Eager.
 Weights come from the spot trainer as versioned snapshots, loaded at rollout start (`load_snapshot`, an in-place copy
 that captured graphs see), never mid-rollout. A graphed chain proposal's `draft_probs` is a view of the graph's
 output buffer: valid until the next `propose` (the engine verifies before drafting again).
@@ -39,14 +32,14 @@ import numpy as np
 import torch
 
 from worker.tlt.drafter.buffer import to_device_no_sync
+from worker.tlt.drafter.chain_graph import ChainGraph, batch_bucket, record_graph
+from worker.tlt.drafter.feature_ring import FeatureRing, SeqId
 from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.drafter.train import DrafterSnapshot
+from worker.tlt.drafter.tree_draft import tree_draft
 from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.sampling import processed_probs, sample
-from worker.tlt.spec.tree import topk_tree
 from worker.tlt.spec.types import DraftProposal
-
-SeqId = tuple[int, int]  # (group / request, sample)
 
 
 @dataclass(frozen=True)
@@ -59,23 +52,6 @@ class EagleProposerConfig:
     graph_max_batch: int = 64  # larger batches draft eagerly
 
 
-@dataclass
-class _ChainGraph:
-    """A captured chain draft for one (batch bucket, depth): static inputs the host fills, static outputs."""
-
-    graph: Any  # torch.cuda.CUDAGraph (anything with replay())
-    packed: torch.Tensor  # [Bb, 2W + 2] int64 (layout: EagleProposer._pack)
-    feats: torch.Tensor  # [Bb, W, F]
-    temp: torch.Tensor  # [Bb] float32
-    top_p: torch.Tensor  # [Bb] float32
-    top_k: torch.Tensor  # [Bb] int64
-    out: tuple[torch.Tensor, ...]  # tokens [Bb, k+1], parents [Bb, k+1], counts [Bb], draft_probs [Bb, k+1, V]
-
-
-def _bucket(batch: int) -> int:
-    return 1 << max(batch - 1, 0).bit_length()
-
-
 class EagleProposer:
     def __init__(self, drafter: EagleDrafter, config: EagleProposerConfig | None = None) -> None:
         self.drafter = drafter.eval()
@@ -83,10 +59,8 @@ class EagleProposer:
         self.device = next(drafter.parameters()).device
         self.version = 0  # snapshot version loaded
         self.gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
-        self._ring = torch.zeros(64, self.config.context, drafter.feature_dim, device=self.device)  # [S, W, F]
-        self._slot: dict[SeqId, int] = {}
-        self._count: list[int] = []  # rows ever written per slot
-        self._graphs: dict[tuple[int, int], _ChainGraph] = {}  # (batch bucket, depth) -> captured chain draft
+        self.features = FeatureRing(self.config.context, drafter.feature_dim, self.device)
+        self._graphs: dict[tuple[int, int], ChainGraph] = {}  # (batch bucket, depth) -> captured chain draft
         self._pool: object | None = None  # one memory pool shared by this proposer's graphs
 
     # ------------------------------------------------------------------------------------------------ weights
@@ -99,8 +73,7 @@ class EagleProposer:
         return True
 
     def reset(self) -> None:
-        self._slot.clear()
-        self._count.clear()
+        self.features.reset()
 
     # ------------------------------------------------------------------------------------------------ features
     def _to_device_no_sync(self, arr: np.ndarray) -> torch.Tensor:
@@ -113,50 +86,10 @@ class EagleProposer:
         hidden: torch.Tensor,  # [N, >= F] target feature of each row (the first F columns), in position order
     ) -> None:
         """The engine hook: remember the last `context` features of each sequence (no host sync)."""
-        n = len(seq_ids)
-        if n == 0:
-            return
-        w = self.config.context
-        flat = np.empty(n, dtype=np.int64)
-        for i, sid in enumerate(seq_ids):
-            slot = self._slot.get(sid)
-            if slot is None:
-                slot = self._slot[sid] = len(self._count)
-                self._count.append(0)
-            flat[i] = slot * w + self._count[slot] % w
-            self._count[slot] += 1
-        need = len(self._count)
-        if need > self._ring.shape[0]:
-            grown = torch.zeros(max(need, 2 * self._ring.shape[0], 64), w, self._ring.shape[2], device=self.device)
-            grown[: self._ring.shape[0]] = self._ring
-            self._ring = grown
-        f = self._ring.shape[2]
-        # later rows win on duplicate ring cells (a sequence writing more than `context` rows in one call)
-        self._ring.view(-1, f).index_copy_(0, self._to_device_no_sync(flat),
-                                           hidden[:, :f].detach().to(self.device, torch.float32))
+        self.features.observe(seq_ids, hidden)
 
-    def _pack(self, ctx: DraftContext, rows: int) -> np.ndarray:
-        """Host-side inputs of `rows` >= B rows (padding rows zero), one int64 array [rows, 2W + 2]:
-        [0, W) the last W history tokens (right-aligned; the last is the root), [W, 2W) feature-ring index of each
-        entry, 2W valid entries m (features known), 2W + 1 history length."""
-        w = self.config.context
-        bsz = ctx.batch_size
-        arr = np.zeros((rows, 2 * w + 2), dtype=np.int64)
-        slots = np.zeros(bsz, dtype=np.int64)
-        cnts = np.zeros(bsz, dtype=np.int64)
-        for b in range(bsz):
-            h = ctx.histories[b]
-            tail = h[-w:]
-            arr[b, w - len(tail): w] = tail
-            slot = self._slot.get((ctx.group_ids[b], ctx.sample_ids[b]))
-            cnt = self._count[slot] if slot is not None else 0
-            slots[b], cnts[b] = slot or 0, cnt
-            arr[b, 2 * w] = min(cnt, w, len(h) - 1)
-            arr[b, 2 * w + 1] = len(h)
-        col = np.arange(w)
-        idx = slots[:, None] * w + (cnts[:, None] - w + col[None, :]) % w
-        arr[:bsz, w: 2 * w] = np.where(col[None, :] >= w - arr[:bsz, 2 * w, None], idx, 0)
-        return arr
+    def _pack(self, ctx: DraftContext, rows: int) -> np.ndarray:  # [rows, 2W + 2] int64, layout: FeatureRing.pack
+        return self.features.pack(ctx, rows)
 
     def _inputs(self, ctx: DraftContext, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> tokens [B, W] (x_{j+1}), features [B, W, F] (h_j), valid entries per row m [B]; right-aligned."""
@@ -169,7 +102,7 @@ class EagleProposer:
                 feats = torch.nn.functional.pad(feats, (0, 0, w - t, 0))
             m = torch.minimum(ctx.hidden_lens.to(self.device), packed[:, 2 * w + 1] - 1).clamp(0, w)
         else:
-            feats = self._ring.view(-1, self._ring.shape[2])[packed[:, w: 2 * w]]
+            feats = self.features.gather(packed[:, w: 2 * w])
             m = packed[:, 2 * w]
         return toks, feats, m
 
@@ -244,7 +177,8 @@ class EagleProposer:
         packed = self._to_device_no_sync(self._pack(ctx, bsz))
         toks, feats, m = self._inputs(ctx, packed)
         o, kv, valid, last_pos = self._context_forward(toks, feats, m, packed[:, -1], None)
-        prop = self._tree(ctx, toks[:, -1], o, kv, valid, last_pos)
+        prop = tree_draft(self.drafter, toks[:, -1], o, kv, valid, last_pos, self.config.topk, ctx.max_depth,
+                          ctx.max_nodes)
         has_ctx = m > 0  # rows without features yet: root only (plain decoding for that row)
         keep = has_ctx[:, None] | (torch.arange(prop.num_nodes, device=self.device)[None, :] == 0)
         return DraftProposal(tokens=prop.tokens, parents=torch.where(keep, prop.parents, -1),
@@ -260,17 +194,17 @@ class EagleProposer:
     # ------------------------------------------------------------------------------------------------ graphs
     def _graphable(self, bsz: int, ctx: DraftContext) -> bool:
         return (self.device.type == "cuda" and self.config.cuda_graphs and ctx.hidden is None
-                and _bucket(bsz) <= self.config.graph_max_batch)
+                and batch_bucket(bsz) <= self.config.graph_max_batch)
 
     def _chain_graphed(self, ctx: DraftContext, k: int) -> DraftProposal:
         bsz, w = ctx.batch_size, self.config.context
-        bb = _bucket(bsz)
+        bb = batch_bucket(bsz)
         g = self._graphs.get((bb, k))
         if g is None:
             g = self._graphs[(bb, k)] = self._capture(bb, k)
         host = torch.from_numpy(self._pack(ctx, bb))
         g.packed.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
-        g.feats[:bsz] = self._ring.view(-1, self._ring.shape[2])[g.packed[:bsz, w: 2 * w]]
+        g.feats[:bsz] = self.features.gather(g.packed[:bsz, w: 2 * w])
         temp, top_p, top_k = self._sampling(ctx)
         g.temp[:bsz], g.top_p[:bsz], g.top_k[:bsz] = temp, top_p, top_k
         g.graph.replay()
@@ -283,18 +217,18 @@ class EagleProposer:
         inside a timed rollout); returns how many were captured. No-op off CUDA."""
         if self.device.type != "cuda" or not self.config.cuda_graphs:
             return 0
-        todo = {_bucket(b) for b in batches if _bucket(b) <= self.config.graph_max_batch} - {
+        todo = {batch_bucket(b) for b in batches if batch_bucket(b) <= self.config.graph_max_batch} - {
             bb for bb, k in self._graphs if k == depth}
         for bb in sorted(todo):
             self._graphs[(bb, depth)] = self._capture(bb, depth)
         return len(todo)
 
-    def _capture(self, bb: int, k: int) -> _ChainGraph:
+    def _capture(self, bb: int, k: int) -> ChainGraph:
         """Capture the chain draft of `k` tokens for a batch bucket `bb` (static buffers allocated here)."""
         w, dev = self.config.context, self.device
         packed = torch.zeros(bb, 2 * w + 2, dtype=torch.int64, device=dev)
         packed[:, -1] = 2
-        feats = torch.zeros(bb, w, self._ring.shape[2], device=dev)
+        feats = torch.zeros(bb, w, self.features.feature_dim, device=dev)
         temp, top_p = torch.zeros(bb, device=dev), torch.ones(bb, device=dev)
         top_k = torch.zeros(bb, dtype=torch.int64, device=dev)
 
@@ -303,59 +237,10 @@ class EagleProposer:
                                             top_k, k)
 
         graph, out = self._record(run)
-        return _ChainGraph(graph, packed, feats, temp, top_p, top_k, out)
+        return ChainGraph(graph, packed, feats, temp, top_p, top_k, out)
 
     def _record(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
-        """Warm up `run` on a side stream, then capture it into a CUDA graph -> (graph, its static outputs)."""
-        dev = self.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm-up: lazy kernels and the allocator settle before capture
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(self.gen)  # each replay advances the proposer's generator
+        """Capture `run` into a CUDA graph in this proposer's memory pool -> (graph, its static outputs)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):  # type: ignore[arg-type]
-            out = run()
-        torch.cuda.synchronize(dev)
-        return graph, out
-
-    def _tree(self, ctx: DraftContext, root: torch.Tensor, o: torch.Tensor, kv: DraftKV, valid: torch.Tensor,
-              last_pos: torch.Tensor) -> DraftProposal:
-        d = self.drafter
-        k = self.config.topk
-        bsz = root.shape[0]
-        dev = self.device
-        lp = torch.log_softmax(d.logits(o[:, 0]).float(), -1)  # [B, V]
-        lp0, tok0 = lp.topk(k, dim=-1)  # [B, k]
-        lv_tok, lv_par, lv_lp = [tok0], [torch.zeros_like(tok0)], [lp0]
-        front_tok, front_score = tok0, lp0  # [B, k]
-        front_hidden = o.expand(bsz, k, o.shape[-1])  # [B, k, H] the parent's output
-        front_anc = torch.zeros(bsz, k, 0, dtype=torch.bool, device=dev)  # [B, k, E] ancestors among draft entries
-        front_idx = torch.arange(k, device=dev).expand(bsz, k)  # index of each frontier node in its level
-        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
-        for level in range(1, ctx.max_depth):
-            e = front_anc.shape[2]
-            mask = torch.cat([valid[:, None, :].expand(bsz, k, valid.shape[1]), front_anc, eye], dim=2)
-            pos = (last_pos + level)[:, None].expand(bsz, k)
-            out, kv = d.step(front_tok, front_hidden, pos, kv, mask)  # [B, k, H]
-            clp = torch.log_softmax(d.logits(out).float(), -1)  # [B, k, V]
-            c_lp, c_tok = clp.topk(k, dim=-1)  # [B, k, k]
-            parents = front_idx[:, :, None].expand(bsz, k, k).reshape(bsz, k * k)
-            lv_tok.append(c_tok.reshape(bsz, k * k))
-            lv_par.append(parents)
-            lv_lp.append(c_lp.reshape(bsz, k * k))
-            score = (front_score[:, :, None] + c_lp).reshape(bsz, k * k)
-            best = score.topk(k, dim=-1).indices  # [B, k] indices into this level's k*k candidates
-            pf = best // k  # frontier node (0..k-1) that is the parent
-            own = torch.zeros(bsz, k, k, dtype=torch.bool, device=dev)
-            own.scatter_(2, pf[:, :, None], True)  # the parent's own entry among this level's k new entries
-            front_anc = torch.cat([front_anc.gather(1, pf[:, :, None].expand(bsz, k, e)), own], dim=2)
-            front_tok = c_tok.reshape(bsz, k * k).gather(1, best)
-            front_score = score.gather(1, best)
-            front_hidden = out.gather(1, pf[:, :, None].expand(bsz, k, out.shape[-1]))
-            front_idx = best
-        return topk_tree(root, lv_tok, lv_par, lv_lp, budget=ctx.max_nodes)
+        return record_graph(run, self.gen, self._pool, self.device)

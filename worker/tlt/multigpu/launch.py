@@ -73,9 +73,9 @@ def free_port() -> int:
 def rank_main(rank: int, world: int, init_method: str, device_type: str, spec_data: dict, run_dir: str,
               resume: bool, channel: Any, stop: Event) -> None:
     """Entry point of one rank (module-level: spawn imports it by name)."""
+    from worker.tlt.build import build_trainer
     from worker.tlt.multigpu.context import DistContext
     from worker.tlt.multigpu.loop import apply_data_parallel, dist_train_loop
-    from worker.tlt.train import build_trainer
 
     if device_type == "cpu":  # ranks share the host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

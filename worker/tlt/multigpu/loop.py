@@ -1,4 +1,4 @@
-"""What each rank of a multi-GPU job runs: build the single-GPU trainer (train.py `build_trainer`), apply data
+"""What each rank of a multi-GPU job runs: build the single-GPU trainer (build.py `build_trainer`), apply data
 parallelism to it from outside, and step it in lock-step with the other ranks.
 
     trainer, val = build_trainer(spec, reporter)
@@ -25,6 +25,7 @@ from worker.tlt.multigpu.rollout_shard import ShardedRollout
 from worker.tlt.multigpu.update import DataParallelUpdate, check_replicas, loss_share
 from worker.tlt.reporting import Reporter
 from worker.tlt.rl.trainer import GRPOTrainer
+from worker.tlt.run_dir import resume_from, save_checkpoint
 
 if TYPE_CHECKING:
     from worker.tlt.drafter.online import OnlineDrafter
@@ -72,8 +73,6 @@ def dist_step(trainer: GRPOTrainer, dp: DataParallel) -> tuple[dict[str, float],
 def dist_train_loop(spec: JobSpec, trainer: GRPOTrainer, dp: DataParallel, val: list, run_dir: Path,
                     reporter: Reporter, resume: bool) -> None:
     """train.py's loop for one rank of a multi-GPU job (see the module docstring)."""
-    from worker.tlt.train import resume_from, save_checkpoint  # train.py imports this package lazily
-
     ctx = dp.ctx
     ckpt_root = run_dir / "checkpoints"
     start = resume_from(trainer, ckpt_root) if resume else 0
