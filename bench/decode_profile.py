@@ -50,8 +50,42 @@ def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], compile
         engine.step(1, tk, engine._mode)
         torch.cuda.synchronize()
     kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    replays = 20
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the kernels inside the replayed graph, timed
+        for _ in range(replays):
+            graphs.run(1, tk, engine._mode)
+        torch.cuda.synchronize()
     return {"compiled": compiled, "loop_ms_per_token": loop_ms, "replay_ms": replay_ms,
-            "tokens_per_s": 1e3 / loop_ms, "kernels_per_step": kernels}
+            "tokens_per_s": 1e3 / loop_ms, "kernels_per_step": kernels,
+            "replay_kernels": kernel_table(prof, replays)}
+
+
+CATEGORIES = (  # first match wins; by substrings of the kernel name
+    ("gemm", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "cublas", "splitk")),
+    ("attention", ("fmha", "flash", "attention", "efficient")),
+    ("triton (fused)", ("triton",)),
+    ("index / copy", ("index", "copy", "gather", "scatter", "cat", "roll")),
+    ("reduce / norm / softmax", ("reduce", "norm", "softmax", "topk", "sort", "argmax", "scan")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled")),
+)
+
+
+def kernel_table(prof: profile, steps: int) -> list[dict]:
+    """Kernels of `steps` replays grouped by category: count and GPU microseconds per step, plus the top names."""
+    groups: dict[str, dict] = {}
+    for e in prof.key_averages():
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.count == 0:
+            continue
+        name = e.key.lower()
+        cat = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
+        g = groups.setdefault(cat, {"category": cat, "count": 0.0, "us": 0.0, "top": []})
+        us = e.device_time_total / steps
+        g["count"] += e.count / steps
+        g["us"] += us
+        g["top"].append((us, e.count / steps, e.key[:90]))
+    for g in groups.values():
+        g["top"] = sorted(g["top"], reverse=True)[:4]
+    return sorted(groups.values(), key=lambda g: -g["us"])
 
 
 def main() -> None:
@@ -70,6 +104,12 @@ def main() -> None:
              "|---|---|---|---|---|"]
     lines += [f"| {'compiled' if r['compiled'] else 'plain'} | {r['loop_ms_per_token']:.3f} | {r['replay_ms']:.3f} | "
               f"{r['tokens_per_s']:.0f} | {r['kernels_per_step']} |" for r in rows]
+    for r in rows:
+        name = "compiled" if r["compiled"] else "plain"
+        lines += ["", f"Kernels inside one replayed step ({name}), per step:", "",
+                  "| category | kernels | GPU us | top kernels (us, count) |", "|---|---|---|---|"]
+        lines += [f"| {g['category']} | {g['count']:.0f} | {g['us']:.0f} | "
+                  + "; ".join(f"{n} ({us:.0f}, {c:.0f})" for us, c, n in g["top"]) + " |" for g in r["replay_kernels"]]
     text = "\n".join(lines) + "\n"
     print(text)
     Path(args.out).write_text(text)
