@@ -41,8 +41,8 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rewards.registry import RewardFn
 from worker.tlt.rewards.shaping import overlong_penalty
 from worker.tlt.rewards.streaming import StreamingScorer
-from worker.tlt.rl.batch import UpdateSeq, micro_batches
-from worker.tlt.rl.grpo import LossConfig, LossNorm, group_advantages, policy_loss, token_entropy, token_logprobs
+from worker.tlt.rl.batch import MicroBatch, UpdateSeq, micro_batches
+from worker.tlt.rl.grpo import LossConfig, LossNorm, group_advantages, policy_loss, token_logprobs_entropy
 from worker.tlt.rl.optim import (
     MasterWeights,
     build_optimizer,
@@ -146,55 +146,57 @@ class GRPOTrainer:
         return torch.tensor(totals, dtype=torch.float32), metrics
 
     def response_logprobs(
-        self,
-        model: Transformer,
-        input_ids: torch.Tensor,  # [b, S]
-        targets: torch.Tensor,  # [b, S-1]
-        mask: torch.Tensor,  # [b, S-1]
+        self, model: Transformer, mb: MicroBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs [b, S-1], zero off the mask; logits [n, V] of the n response positions). The head and the
-        softmax run on response positions only (prompts are often most of a sequence)."""
-        _, h, _ = model.forward_hidden(input_ids, compute_logits=False)  # [b, S, H]
-        sel = mask.bool()
-        logits = model.logits_from_hidden(h[:, :-1][sel])  # [n, V]
-        lp = token_logprobs(logits[None], targets[sel][None], self.algo.temperature)[0]  # [n]
-        return torch.zeros_like(mask, dtype=lp.dtype).masked_scatter(sel, lp), logits
+        """(log-probs [b, S-1], zero off the mask; entropies [n] of the n response positions, no grad). The head and
+        the softmax run on response positions only (prompts are often most of a sequence), gathered by the host-made
+        index so nothing waits on the GPU."""
+        _, h, _ = model.forward_hidden(mb.input_ids, compute_logits=False)  # [b, S, H]
+        b, s = mb.input_ids.shape
+        idx = mb.resp_index  # [n] positions in the [b, S-1] grid
+        at = idx + idx // (s - 1)  # [n] the same positions in the [b, S] grid: row i, column j is i * S + j
+        logits = model.logits_from_hidden(h.reshape(b * s, -1).index_select(0, at))  # [n, V]
+        targets = mb.input_ids.reshape(-1).index_select(0, at + 1)  # [n] the next token of each position
+        lp, ent = token_logprobs_entropy(logits, targets, self.algo.temperature)
+        logp = torch.zeros(b * (s - 1), dtype=lp.dtype, device=lp.device).index_copy(0, idx, lp)
+        return logp.view(b, s - 1), ent
 
     def update(self, seqs: list[UpdateSeq]) -> dict[str, float]:
-        """One optimizer step over `seqs` in micro-batches; returns actor/* and rollout/* metrics."""
+        """One optimizer step over `seqs` in micro-batches; returns actor/* and rollout/* metrics. Metric sums stay
+        on the device until one read at the end, so the host queues micro-batches without waiting for the GPU."""
         lr = self.optimizer.param_groups[0]["lr"]
         self.model.train()
-        stats = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip": 0.0, "tokens": 0.0, "lp_diff": 0.0,
-                 "lp_diff_max": 0.0, "lp_sum_train": 0.0, "lp_sum_roll": 0.0, "lp_tokens": 0.0}
-        grad_norm = 0.0
+        names = ("loss", "entropy", "kl", "clip", "tokens", "lp_diff", "lp_diff_max", "lp_sum_train", "lp_sum_roll",
+                 "lp_tokens", "grad_norm")
+        acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in names}  # float64 sums, as before
         if seqs:
             norm = LossNorm(num_sequences=len(seqs), num_tokens=sum(len(s.response_ids) for s in seqs))
             self.optimizer.zero_grad(set_to_none=True)
             for mb in micro_batches(seqs, self.algo.micro_batch_tokens, self.tokenizer.pad_id, self.device):
-                logp, logits = self.response_logprobs(self.model, mb.input_ids, mb.targets, mb.mask)
+                logp, ent = self.response_logprobs(self.model, mb)
                 ref_logp = None
                 if self.ref_model is not None:
                     with torch.no_grad():
-                        ref_logp, _ = self.response_logprobs(self.ref_model, mb.input_ids, mb.targets, mb.mask)
+                        ref_logp, _ = self.response_logprobs(self.ref_model, mb)
                 loss, st = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, self.loss_cfg, norm, ref_logp)
                 loss.backward()
                 self.master.accumulate_grads()  # fp32 copies' grads (no-op without master weights)
                 with torch.no_grad():
                     m = mb.mask
-                    stats["loss"] += float(loss)
-                    stats["entropy"] += float(token_entropy(logits.detach(), self.algo.temperature).sum())
-                    stats["kl"] += float(st["kl_sum"])
-                    stats["clip"] += float(st["clip_low_tokens"] + st["clip_high_tokens"])
-                    stats["tokens"] += float(m.sum())
+                    acc["loss"] += loss.detach()
+                    acc["entropy"] += ent.sum()
+                    acc["kl"] += st["kl_sum"]
+                    acc["clip"] += st["clip_low_tokens"] + st["clip_high_tokens"]
+                    acc["tokens"] += m.sum()
                     if mb.rollout_logp is not None:
                         d = (logp.detach() - mb.rollout_logp).abs() * m
-                        stats["lp_diff"] += float(d.sum())
-                        stats["lp_diff_max"] = max(stats["lp_diff_max"], float(d.max()))
-                        stats["lp_sum_train"] += float((logp.detach() * m).sum())
-                        stats["lp_sum_roll"] += float((mb.rollout_logp * m).sum())
-                        stats["lp_tokens"] += float(m.sum())
-                del logits, logp
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.master.train_params, self.algo.max_grad_norm))
+                        acc["lp_diff"] += d.sum()
+                        acc["lp_diff_max"] = torch.maximum(acc["lp_diff_max"], d.max())
+                        acc["lp_sum_train"] += (logp.detach() * m).sum()
+                        acc["lp_sum_roll"] += (mb.rollout_logp * m).sum()
+                        acc["lp_tokens"] += m.sum()
+                del logp, ent
+            acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.master.train_params, self.algo.max_grad_norm)
             self.optimizer.step()
             self.master.write_back()  # the engine's weights := the fp32 step, rounded (no-op without masters)
             self.optimizer.zero_grad(set_to_none=True)
@@ -202,12 +204,14 @@ class GRPOTrainer:
             warnings.filterwarnings("ignore", message="Detected call of")
             self.scheduler.step()
         self.model.eval()
+        sums = torch.stack([acc[k].to(self.device, torch.float64) for k in names]).tolist()  # the one host sync
+        stats = dict(zip(names, sums, strict=True))
         tokens = max(stats["tokens"], 1.0)
         out = {
             "actor/pg_loss": stats["loss"],
             "actor/entropy": stats["entropy"] / tokens,
             "actor/kl": stats["kl"] / tokens,
-            "actor/grad_norm": grad_norm,
+            "actor/grad_norm": stats["grad_norm"],
             "actor/clipfrac": stats["clip"] / tokens,
             "actor/lr": lr,
         }
