@@ -68,10 +68,11 @@ def test_eagle3_greedy_sd_is_lossless(tiny_target: Transformer, spec: SpecConfig
     od = OnlineDrafter(_spec(topk=spec.topk if spec.method == "tree" else 1), tiny_target)
     eng = _engine(tiny_target, od, spec)
     # a little training first, so that drafts are sometimes accepted (partial acceptance and roll-back)
-    od.begin_rollout(0)
-    od.observe_rollout(eng.generate(REQS))
-    od.after_update(0, [])
-    od.begin_rollout(1)
+    for step in range(3):
+        od.begin_rollout(step)
+        od.observe_rollout(eng.generate(REQS))
+        od.after_update(step, [])
+    od.begin_rollout(3)
     greedy = [Request([5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=20)),
               Request([40, 41], SamplingParams(temperature=0.0, max_new_tokens=20)),
               Request([9, 10, 11, 12, 13], SamplingParams(temperature=0.0, max_new_tokens=20))]

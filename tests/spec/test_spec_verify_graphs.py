@@ -1,8 +1,10 @@
-"""The graph-captured verify forward (rollout/verify_graphs.py): static buffers, padded nodes, free pad rows.
+"""The graph-captured speculative step after the proposal (rollout/verify_graphs.py over rollout/spec_body.py):
+static buffers, padded nodes, free pad rows, pre-drawn randomness.
 
-- CPU: the graph path with an eager "replay" (same buffers, same padding, same K/V writes; only the capture is
-  missing) gives greedy SD output token-identical to plain greedy decoding, with batch buckets wider than the active
-  batch (free pad rows) and arm widths wider than the drafts (padded nodes), n-gram chains and small-model trees;
+- CPU: the graph path with an eager "replay" (same buffers, same padding, same K/V writes, same commit; only the
+  capture is missing) gives greedy SD output token-identical to plain greedy decoding, with batch buckets wider than
+  the active batch (free pad rows) and arm widths wider than the drafts (padded nodes), n-gram chains and small-model
+  trees; and the sampled path (top-k 1: a deterministic sampler) equals plain greedy too;
 - GPU (`-m gpu`): real CUDA graphs, tiny fp32 model: graphed verify == eager verify == plain greedy, token for
   token; SmolLM2 bf16: per-step time graphed vs eager and capture seconds / pool memory are printed.
 
@@ -13,12 +15,15 @@ Run: `python -m pytest tests/spec/test_spec_verify_graphs.py -q` (CPU) and, on a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
 
+from worker.tlt.rollout.decode_step import GREEDY
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
+from worker.tlt.rollout.spec_body import SpecOut
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
 from worker.tlt.rollout.verify_graphs import VerifyGraphs, _Entry
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
@@ -29,19 +34,18 @@ DRAFTER = perturbed_copy(TARGET, noise=0.15)
 
 
 class _EagerReplay:
-    def __init__(self, graphs: VerifyGraphs, e: _Entry) -> None:
-        self.graphs, self.e = graphs, e
+    def __init__(self, entry: _Entry, body: Callable[[], SpecOut]) -> None:
+        self.entry, self.body = entry, body
 
     def replay(self) -> None:
-        self.e.logits, self.e.hidden = self.graphs._forward(self.e)
+        self.entry.out = self.body()
 
 
 class EagerVerifyGraphs(VerifyGraphs):
-    """The graph path without CUDA: every "replay" runs the forward on the static buffers."""
+    """The graph path without CUDA: every "replay" runs the body on the static buffers."""
 
-    def _capture(self, e: _Entry, key: tuple[int, int, int]) -> _Entry:
-        e.graph = _EagerReplay(self, e)  # type: ignore[assignment]
-        return e
+    def _record(self, engine: Engine, entry: _Entry, body: Callable[[], SpecOut]) -> None:
+        entry.graph = _EagerReplay(entry, body)  # type: ignore[assignment]
 
 
 def attach(eng: Engine, graphs: VerifyGraphs | None) -> None:
@@ -58,7 +62,7 @@ def run(model, reqs: list[Request], spec: SpecConfig | None, proposer, slots: in
     eng = Engine(model, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=slots, sync_every=4),
                  spec=spec, proposer=proposer)
     if graphs is not None:
-        attach(eng, graphs(eng.model, eng.cache))
+        attach(eng, graphs())
     else:
         eng.verify_graphs = None  # on CUDA the engine builds its own: the reference path stays eager
     return [s.tokens for s in eng.generate(reqs).sequences], eng
@@ -82,26 +86,40 @@ def test_graph_path_on_cpu_equals_plain_greedy(n: int, slots: int, spec: SpecCon
     graphed, eng = run(TARGET, reqs, spec, prop, slots, EagerVerifyGraphs)
     assert graphed == plain
     g = graphs_of(eng)
-    assert len(g) >= 1 and all(w == spec.num_nodes for _, w, _ in g.keys())  # one width per arm shape
-    assert {tk for _, _, tk in g.keys()} == {eng.cache.max_len}  # whole-cache attention by default
-    assert any(b > 1 for b, _, _ in g.keys())
-    assert eng.accept_stats.steps > 0
+    assert len(g) >= 1 and all(k[1] == spec.num_nodes for k in g.keys())  # one width per arm shape
+    assert any(k[0] > 1 for k in g.keys())
+    assert eng.accept_stats.steps > 0 and eng.accept_stats.mean_accept_len >= 1.0
 
 
-def test_warmup_captures_every_shape_and_bucketed_attention_stays_exact() -> None:
-    """warmup() captures each (batch bucket, width[, attention bucket]) ahead of time; the rollout then captures
-    nothing new, and attention over length buckets (attn_bucket) gives the same tokens as plain decoding."""
+@pytest.mark.parametrize(("n", "slots", "spec", "drafter"), CASES, ids=[f"{c[3]}-{c[2].method}" for c in CASES])
+def test_sampled_graph_path_with_top_k_1_equals_plain_greedy(n: int, slots: int, spec: SpecConfig,
+                                                             drafter: str) -> None:
+    """T=1 with top-k 1 samples deterministically (the target's argmax), through the sampled verifier: the static
+    uniforms / noise buffers, padded rows and nodes, and the drafter's q (small model) must not change a token."""
+    reqs = [Request(p * 2, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=20 + 3 * i))
+            for i, p in enumerate(random_prompts(n, seed=n + 1))]
+    greedy = [Request(r.prompt, SamplingParams(temperature=0.0, max_new_tokens=r.params.max_new_tokens)) for r in reqs]
+    topk = spec.topk if spec.method == "tree" else 1
+    prop = NGramProposer(NGramConfig(topk=topk)) if drafter == "ngram" else SmallModelProposer(
+        DRAFTER, SmallModelConfig(topk=topk))
+    plain, _ = run(TARGET, greedy, None, None, slots, None)
+    graphed, eng = run(TARGET, reqs, spec, prop, slots, EagerVerifyGraphs)
+    assert graphed == plain
+    assert all(k[4] != GREEDY for k in graphs_of(eng).keys())
+
+
+def test_warmup_captures_every_shape() -> None:
+    """warmup() captures each (batch bucket, arm shape) ahead of time; the rollout then captures nothing new."""
     reqs = [Request(p * 2, SamplingParams(temperature=0.0, max_new_tokens=30 + 2 * i))
             for i, p in enumerate(random_prompts(6, seed=11))]
     plain, _ = run(TARGET, reqs, None, None, 8, None)
     eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=8, sync_every=4),
                  spec=SpecConfig("on", "chain", depth=4), proposer=NGramProposer())
-    graphs = EagerVerifyGraphs(eng.model, eng.cache, attn_bucket=32)
+    graphs = EagerVerifyGraphs()
     attach(eng, graphs)
-    graphs.warmup(eng, max_batch=8, widths=(5,))
+    graphs.warmup(eng, 8, [(5, 4, 1)], GREEDY)
     captured = graphs.keys()
-    assert {(b, w) for b, w, _ in captured} == {(1, 5), (2, 5), (4, 5), (8, 5)}
-    assert len({tk for _, _, tk in captured}) > 1  # attention length buckets
+    assert {(k[0], k[1], k[2], k[3]) for k in captured} == {(b, 5, 4, 1) for b in (1, 2, 4, 8)}
     assert [s.tokens for s in eng.generate(reqs).sequences] == plain
     assert graphs.keys() == captured  # nothing captured during the rollout
 
@@ -153,7 +171,7 @@ def test_smollm2_verify_step_time_graphed_vs_eager() -> None:
             g = VerifyGraphs.for_engine(eng)
             assert g is not None
             attach(eng, g)
-            g.warmup(eng, max_batch=16, widths=(7,))  # captures before timing
+            g.warmup(eng, 16, [(7, 6, 1)], GREEDY)  # captures before timing
         eng.generate(reqs)  # warm-up (n-gram, allocator)
         torch.cuda.synchronize()
         t0 = time.perf_counter()

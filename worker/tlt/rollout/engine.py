@@ -55,6 +55,7 @@ from worker.tlt.rollout.adaptive_loop import (
     TailBudget,
     TailHook,
     adaptive_iteration,
+    proposer_topk,
 )
 from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut, sampling_mode
 from worker.tlt.rollout.graphs import DecodeGraphs
@@ -210,24 +211,24 @@ class Engine:
                 for tk in sorted({self._decode_tk(b, hi) for hi in his}):
                     self.graphs.capture(b, tk, mode)
             if self.verify_graphs is not None:
-                self._warmup_verify(max_batch)
+                self._warmup_verify(max_batch, mode)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    def _warmup_verify(self, max_batch: int) -> None:
+    def _warmup_verify(self, max_batch: int, mode: Mode) -> None:
         """Capture the verify graphs of every SD shape this engine can run: the controller's arms up to the batch at
         which its switch turns SD off again, or the fixed SpecConfig at every batch."""
         assert self.verify_graphs is not None
         if self.adaptive is not None:
-            widths = sorted({a.verify_tokens for a in self.adaptive.all_arms() if a.is_sd})
+            shapes = sorted({(a.verify_tokens, a.depth, a.topk) for a in self.adaptive.all_arms() if a.is_sd})
             sw = self.adaptive.switch.config
             max_batch = min(max_batch, sw.off_at or math.ceil(1.5 * sw.on_below))
-        elif self.proposer is not None and self.spec.mode == "on":
-            widths = [self.spec.num_nodes]
+        elif self.proposer is not None and self.spec.mode == "on" and (topk := proposer_topk(self.proposer)):
+            shapes = [(self.spec.num_nodes, self.spec.depth, topk)]
         else:
             return
-        if widths:
-            self.verify_graphs.warmup(self, max_batch, widths)
+        if shapes:
+            self.verify_graphs.warmup(self, max_batch, shapes, mode)
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _decode_tk(self, batch: int, hi: int) -> int:

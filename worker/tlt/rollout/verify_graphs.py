@@ -1,28 +1,21 @@
-"""CUDA graphs for the speculative step's verify forward, one per (batch bucket, verify width) -- and per attention
-length bucket when `attn_bucket` is set; by default a graph attends over the whole cache, which costs little at the
-batches SD runs at and keeps the graph count (and their static logits) small -- captured lazily or by `warmup()`
-into one shared memory pool (the engine's `graph_pool` when it has one) and kept on the engine.
+"""CUDA graphs of the speculative step after the proposal (rollout/spec_body.py: tree mask, the verify forward,
+exact acceptance, K/V compaction, commit, stats), one per (batch bucket, verify width, depth bound, topk, sampling
+mode, drafter probs or not), captured lazily or by `warmup()` into one shared memory pool (the engine's
+`graph_pool`) and kept on the engine. The graphs attend over the whole cache (one graph per arm shape, not per
+length), which costs little at the batches SD runs at.
 
-Eager, a verify forward of the 30-layer SmolLM2 costs 31-46 ms on an H200 where a graphed plain step costs 3.8 ms:
-launches, not FLOPs. A graph replays the same forward for fixed shapes, so a proposal is first written into static
-buffers (`_Entry`), outside the graph:
+Eager on an H200, the verify forward of the 30-layer SmolLM2 cost 31-46 ms (launches, not FLOPs), and once it was
+graphed the acceptance and bookkeeping after it still launched ~400 kernels from Python per step. Here the whole
+body is one replay. Outside it, per step: the proposal is copied into static buffers (rows past the batch and
+nodes past a row's width are padding, parents -1, count 1), the randomness is redrawn into static buffers from the
+engine's generator (so every replay samples afresh), and the caller reads the packed result once.
 
-- rows 0..B-1 are the active batch: node tokens, positions lens + depth, K/V columns lens + i, and the tree mask
-  (the cached prefix plus each node's ancestors, rollout/speculative.py);
-- nodes n..W-1 of a real row (a proposal narrower than the graph's width W, e.g. an n-gram chain that found a
-  short match) are padding: token 0 at position lens, K/V written at lens + i (scratch columns past the row's
-  accepted run, overwritten later), attending only the prefix and themselves; the verifier never reads them;
-- rows B..bucket-1 are free rows (the engine keeps active sequences in rows 0..n-1, so these are done or empty):
-  they write K/V into their own columns 0..W-1 (a free row is prefilled again before it is read) and attend only
-  themselves, so no row ever attends a fully masked row (no NaN).
-
-The outputs (logits [bucket, W, V], hidden [bucket, W, (k+1)H]) are static tensors; the caller reads [:B, :n] before the
-next replay. `capture_seconds` and `pool_bytes` (device memory the captures added) go into the report table ("graph
-memory and capture time").
+Capture runs the body twice on a side stream first (allocator, lazy kernels); those runs really commit, so the row
+state is snapshotted before and restored after; the K/V they write sit at columns the replay overwrites.
 
     graphs = VerifyGraphs.for_engine(engine)      # None off CUDA or with cuda_graphs off
-    graphs.warmup(engine, max_batch=160, widths=(4, 7))   # before a timed rollout (rows must be empty)
-    logits, hidden = graphs.run(tokens, depth, anc, lens, bucket=16, width=7, hi=300)
+    graphs.warmup(engine, 48, [(7, 6, 1)], mode)   # (width, depth, topk) per arm, before generate()
+    out = graphs.run(engine, proposal, batch, width=7, depth=6, topk=1)   # SpecOut of static tensors
 
 Run the GPU test: `python -m pytest tests/spec/test_spec_verify_graphs.py -q -m gpu`.
 """
@@ -31,168 +24,144 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from worker.tlt.model.transformer import Transformer
-from worker.tlt.rollout.decode_step import hook_rows
-from worker.tlt.rollout.kv_cache import KVCache
+from worker.tlt.rollout.decode_step import GREEDY, Mode
+from worker.tlt.rollout.spec_body import SpecInputs, SpecOut, verify_commit
+from worker.tlt.spec.types import DraftProposal
 
 if TYPE_CHECKING:
     from worker.tlt.rollout.engine import Engine
 
 log = logging.getLogger(__name__)
 
+Key = tuple[int, int, int, int, Mode, bool]  # (rows, width, depth, topk, mode, has draft probs)
+
 
 @dataclass
 class _Entry:
-    tokens: torch.Tensor  # [Bb, W] int64
-    pos: torch.Tensor  # [Bb, W] int64
-    widx: torch.Tensor  # [Bb, W] int64 K/V column of each node
-    mask: torch.Tensor  # [Bb, W, Tk] bool
-    logits: torch.Tensor  # [Bb, W, V] (output)
-    hidden: torch.Tensor  # [Bb, W, (k+1)H] (output) hook rows (rollout/decode_step.hook_rows)
-    graph: torch.cuda.CUDAGraph | None = None  # set by the capture
+    inp: SpecInputs  # static inputs
+    out: SpecOut | None = None  # static outputs (set by the capture)
+    graph: torch.cuda.CUDAGraph | None = None  # anything with replay() that refreshes `out`
 
 
 class VerifyGraphs:
-    def __init__(self, model: Transformer, cache: KVCache, pool: object | None = None,
-                 attn_bucket: int | None = None, capture_layers: tuple[int, ...] = ()) -> None:
-        """attn_bucket: attention columns rounded up to a multiple of this (one graph per length bucket); None =
-        the whole cache (one graph per (batch bucket, width)). capture_layers: the hidden output also carries those
-        layers' inputs (EngineConfig.capture_layers)."""
-        self.model, self.cache = model, cache
-        self.capture_layers = capture_layers
-        self.attn_bucket = attn_bucket
+    def __init__(self, pool: object | None = None) -> None:
         self._pool = pool  # shared with the decode graphs when the engine passes its pool
-        self._entries: dict[tuple[int, int, int], _Entry] = {}
+        self._entries: dict[Key, _Entry] = {}
         self.capture_seconds = 0.0
-        self.pool_bytes = 0  # device memory reserved by the captures (pool growth, static buffers excluded)
+        self.pool_bytes = 0  # device memory reserved by the captures (pool growth and static buffers)
 
     @classmethod
     def for_engine(cls, engine: Engine) -> VerifyGraphs | None:
         if engine.device.type != "cuda" or not engine.config.cuda_graphs:
             return None
-        return cls(engine.model, engine.cache, getattr(engine, "graph_pool", None),
-                   capture_layers=engine.config.capture_layers)
-
-    def attention_len(self, hi: int, width: int) -> int:
-        """Attention columns of a graph for rows whose lengths are <= hi, `width` nodes each."""
-        t = self.cache.max_len
-        if self.attn_bucket is None:
-            return t
-        need = max(hi + width, 1)
-        return min((need + self.attn_bucket - 1) // self.attn_bucket * self.attn_bucket, t)
-
-    def warmup(self, engine: Engine, max_batch: int, widths: Sequence[int]) -> float:
-        """Capture every (engine batch bucket <= max_batch, width) graph ahead of a timed run (all rows empty: the
-        captures write scratch K/V into them). Returns the seconds spent."""
-        if engine.n_active:
-            raise RuntimeError("warm up the verify graphs before generate(), with every row empty")
-        t0 = time.perf_counter()
-        dev = self.cache.k[0].device
-        buckets = sorted({engine.bucket(b) for b in (*engine.config.batch_buckets, max_batch) if b <= max_batch})
-        his = [0] if self.attn_bucket is None else list(range(0, engine.max_len + 1, self.attn_bucket))
-        for b in buckets:
-            for w in widths:
-                for hi in his:
-                    z = torch.zeros((b, w), dtype=torch.int64, device=dev)
-                    anc = torch.eye(w, dtype=torch.bool, device=dev).expand(b, w, w)
-                    self.run(z, z, anc, torch.full((b,), hi, dtype=torch.int64, device=dev), bucket=b, width=w,
-                             hi=hi)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return cls(getattr(engine, "graph_pool", None))
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def keys(self) -> list[tuple[int, int, int]]:
-        """(batch bucket, verify width, attention length) of every captured graph."""
-        return sorted(self._entries)
+    def keys(self) -> list[Key]:
+        return list(self._entries)
+
+    def warmup(self, engine: Engine, max_batch: int, shapes: Sequence[tuple[int, int, int]], mode: Mode,
+               has_q: Sequence[bool] = (False, True)) -> float:
+        """Capture every (engine batch bucket <= max_batch, (width, depth, topk), drafter probs or not) graph for the
+        sampling `mode`, ahead of a timed run (every row empty). Returns the seconds spent."""
+        if engine.n_active:
+            raise RuntimeError("warm up the verify graphs before generate(), with every row empty")
+        t0 = time.perf_counter()
+        buckets = sorted({engine.bucket(b) for b in (*engine.config.batch_buckets, max_batch) if b <= max_batch})
+        for b in buckets:
+            for width, depth, topk in shapes:
+                for q in has_q if mode != GREEDY else (False,):
+                    self._entry(engine, (b, width, min(depth, width - 1), topk, mode, q))
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
 
     @torch.no_grad()
-    def run(
-        self,
-        tokens: torch.Tensor,  # [B, n] int64 proposal nodes (root first)
-        depth: torch.Tensor,  # [B, n] int64 node depths (0 for the root and padding)
-        anc: torch.Tensor,  # [B, n, n] bool ancestor-or-self mask
-        lens: torch.Tensor,  # [B] int64 cached tokens per row (the root's position)
-        *,
-        bucket: int,  # rows computed (>= B; rows B.. are free rows)
-        width: int,  # nodes per row in the graph (>= n)
-        hi: int,  # an upper bound of lens (host-side: picks the attention length without a sync)
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [B, n, V], hidden [B, n, (k+1)H] (views into static outputs)
-        b, n = tokens.shape
-        tk = self.attention_len(hi, width)
-        if b > bucket or n > width:
-            raise ValueError(f"proposal [{b}, {n}] does not fit the graph [{bucket}, {width}]")
-        key = (bucket, width, tk)
-        entry = self._entries.get(key)
-        fresh = entry is None
-        if entry is None:
-            entry = self._buffers(bucket, width, tk)
-        self._fill(entry, tokens, depth, anc, lens)
-        if fresh:
-            entry = self._capture(entry, key)
-            self._entries[key] = entry
+    def run(self, engine: Engine, prop: DraftProposal, batch: int, *, width: int, depth: int, topk: int) -> SpecOut:
+        """The body for rows 0..batch-1 by replay (captured on first use); outputs are static: read them before
+        the next replay."""
+        b, n = prop.tokens.shape
+        if b != batch or n > width:
+            raise ValueError(f"proposal [{b}, {n}] does not fit [{batch}, {width}]")
+        has_q = prop.draft_probs is not None and engine._mode != GREEDY
+        entry = self._entry(engine, (engine.bucket(batch), width, depth, topk, engine._mode, has_q))
+        inp = entry.inp
+        inp.tokens.zero_()
+        inp.tokens[:b, :n] = prop.tokens
+        inp.parents.fill_(-1)
+        inp.parents[:b, :n] = prop.parents
+        inp.counts.fill_(1)
+        inp.counts[:b] = prop.counts
+        if inp.draft_probs is not None and prop.draft_probs is not None:
+            inp.draft_probs[:b, :n] = prop.draft_probs
+        inp.n_rows.fill_(b)
+        if inp.uniforms is not None and inp.noise is not None:  # fresh draws for this replay
+            inp.uniforms.uniform_(generator=engine.gen)
+            inp.noise.exponential_(generator=engine.gen)
         assert entry.graph is not None
         entry.graph.replay()
-        return entry.logits[:b, :n], entry.hidden[:b, :n]
+        assert entry.out is not None
+        return entry.out
 
     # ------------------------------------------------------------------------------------------------ internals
-    def _buffers(self, bucket: int, width: int, tk: int) -> _Entry:
-        dev = self.cache.k[0].device
-        z = torch.zeros((bucket, width), dtype=torch.int64, device=dev)
-        mask = torch.zeros((bucket, width, tk), dtype=torch.bool, device=dev)
-        empty = torch.empty(0, device=dev)
-        return _Entry(z, z.clone(), z.clone(), mask, empty, empty)
+    def _entry(self, engine: Engine, key: Key) -> _Entry:
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = self._capture(engine, key)
+        return entry
 
-    def _fill(self, e: _Entry, tokens: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor,
-              lens: torch.Tensor) -> None:
-        """Write the proposal into the static inputs (module docstring: real rows, padded nodes, free rows)."""
-        b, n = tokens.shape
-        bucket, width, tk = e.mask.shape
-        node = torch.arange(width, device=lens.device)
-        e.tokens.zero_()
-        e.tokens[:b, :n] = tokens
-        e.pos[:b] = lens[:, None]
-        e.pos[:b, :n] += depth
-        e.pos[b:] = node[None, :]
-        e.widx[:b] = lens[:, None] + node[None, :]
-        e.widx[b:] = node[None, :]
-        e.mask.zero_()
-        e.mask[:b] = torch.arange(tk, device=lens.device)[None, None, :] < lens[:, None, None]
-        e.mask[:b, :n].scatter_(2, e.widx[:b, None, :n].expand(b, n, n), anc)
-        e.mask.scatter_(2, e.widx[:, :, None], True)  # every node sees itself (padded nodes, free rows)
+    def _buffers(self, engine: Engine, key: Key) -> SpecInputs:
+        rows, width, depth, topk, mode, has_q = key
+        dev = engine.device
+        vocab = engine.model.head_weight.shape[0]
+        z = torch.zeros((rows, width), dtype=torch.int64, device=dev)
+        sampled = mode != GREEDY
+        return SpecInputs(
+            tokens=z, parents=torch.full_like(z, -1), counts=torch.ones(rows, dtype=torch.int64, device=dev),
+            draft_probs=torch.full((rows, width, vocab), 1.0 / vocab, device=dev) if has_q else None,
+            n_rows=torch.zeros(1, dtype=torch.int64, device=dev),
+            uniforms=torch.rand(rows, max(depth, 1) * max(topk, 1), device=dev) if sampled else None,
+            noise=torch.ones(rows, vocab, device=dev) if sampled else None,
+        )
 
-    def _forward(self, e: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, hidden, cap = self.model.forward_hidden(e.tokens, e.pos, self.cache, write_idx=e.widx,
-                                                        attn_mask=e.mask, layers=self.capture_layers)
-        return logits, hook_rows(hidden, cap, self.capture_layers)
-
-    def _capture(self, e: _Entry, key: tuple[int, int, int]) -> _Entry:
+    def _capture(self, engine: Engine, key: Key) -> _Entry:
+        rows, width, depth, topk, mode, _ = key
         t0 = time.perf_counter()
+        entry = _Entry(self._buffers(engine, key))
+        tk = engine.cache.max_len
+
+        def body() -> SpecOut:
+            return verify_commit(engine, entry.inp, depth=depth, topk=topk, mode=mode, tk=tk, chain=topk == 1)
+
+        self._record(engine, entry, body)
+        self.capture_seconds += time.perf_counter() - t0
+        log.debug("captured verify graph %s", key)
+        return entry
+
+    def _record(self, engine: Engine, entry: _Entry, body: Callable[[], SpecOut]) -> None:
+        """Capture `body` into entry.graph (static outputs into entry.out)."""
         torch.cuda.synchronize()
         before = torch.cuda.memory_reserved()
-        # warm-up on a side stream; it writes the same K/V the replay writes (real rows: this step's nodes at
-        # lens + i; free rows: their own scratch columns), so running it on live rows is harmless
+        saved = engine.rows.snapshot()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._forward(e)
+                body()
         torch.cuda.current_stream().wait_stream(side)
+        engine.rows.restore(saved)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        e.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(e.graph, pool=self._pool):  # type: ignore[arg-type]
-            e.logits, e.hidden = self._forward(e)
+        entry.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(entry.graph, pool=self._pool):  # type: ignore[arg-type]
+            entry.out = body()
         torch.cuda.synchronize()
         self.pool_bytes += torch.cuda.memory_reserved() - before
-        self.capture_seconds += time.perf_counter() - t0
-        log.debug("captured verify graph bucket=%d width=%d tk=%d", *key)
-        return e

@@ -13,6 +13,7 @@ Run the tests: `python -m pytest tests/spec/test_spec_stats.py -q`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,21 @@ class AcceptanceStats:
         self._accepted = total_acc if self._accepted is None else self._accepted.to(device) + total_acc
         nodes = (depth + 1).sum() if verify_nodes is None else verify_nodes.to(device).sum()
         self._verify_nodes = nodes if self._verify_nodes is None else self._verify_nodes.to(device) + nodes
+        self.steps += 1
+
+    def add(self, rows: int, accepted_at: Sequence[int], drafted_at: Sequence[int], verify_nodes: int) -> None:
+        """One verify step from host counts (the engine's packed read): `rows` active sequences, accepted_at[k-1] /
+        drafted_at[k-1] = rows that accepted / drafted a k-th token, `verify_nodes` nodes sent (roots included)."""
+        width = max(int(self._drafted_at.numel()), len(drafted_at))
+        dev = self._drafted_at.device
+        self._drafted_at = _grow(self._drafted_at, width, dev) + _grow(torch.tensor(drafted_at, dtype=torch.int64),
+                                                                      width, dev)
+        self._accepted_at = _grow(self._accepted_at, width, dev) + _grow(torch.tensor(accepted_at, dtype=torch.int64),
+                                                                        width, dev)
+        self._rows = torch.tensor(rows) + (0 if self._rows is None else self._rows.cpu())
+        acc = torch.tensor(sum(accepted_at))  # sum over k of (rows with >= k accepted) = accepted tokens
+        self._accepted = acc + (0 if self._accepted is None else self._accepted.cpu())
+        self._verify_nodes = torch.tensor(verify_nodes) + (0 if self._verify_nodes is None else self._verify_nodes.cpu())
         self.steps += 1
 
     def observe(self, proposal: DraftProposal, result: VerifyResult) -> None:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import sample
+from .sampling import exponential_noise, pick_with_noise
 from .tree import children_table, node_depths
 from .types import DraftProposal, VerifyResult
 
@@ -131,14 +131,22 @@ def verify_sampling(
     generator: torch.Generator | None = None,
     max_depth: int | None = None,  # bound on the tree depth (saves a host sync); a smaller one caps acceptance
     max_children: int | None = None,  # optional known max children per node (saves a host sync)
+    uniforms: torch.Tensor | None = None,  # [B, >= depth * width] pre-drawn U(0, 1) (None: drawn here)
+    noise: torch.Tensor | None = None,  # [B, V] pre-drawn Exp(1) for the final token (None: drawn here)
 ) -> VerifyResult:
     """Exact speculative sampling over a chain or tree (module docstring). Rows whose target is a one-hot
-    (temperature 0) reduce to greedy acceptance, so one call serves a batch that mixes settings."""
+    (temperature 0) reduce to greedy acceptance, so one call serves a batch that mixes settings. The randomness
+    (one uniform per tried child, one Exp(1) vector per row) may come pre-drawn, e.g. refilled static buffers of a
+    CUDA graph; it must be fresh i.i.d. draws for every call."""
     bsz, n, _ = target_probs.shape
     device = target_probs.device
     target_probs = target_probs.float()
     depth, children = _structure(proposal, max_depth, max_children)
     width = children.shape[2]
+    if uniforms is None:
+        uniforms = torch.rand(bsz, max(depth * width, 1), device=device, generator=generator)
+    if noise is None:
+        noise = exponential_noise(target_probs[:, 0], generator)
     q_all = proposal.draft_probs
     cur = torch.zeros(bsz, 1, dtype=torch.int64, device=device)  # [B, 1] current node
     active = torch.ones(bsz, 1, dtype=torch.bool, device=device)
@@ -147,7 +155,7 @@ def verify_sampling(
     acc_nodes = torch.full((bsz, depth + 1), -1, dtype=torch.int64, device=device)
     n_acc = torch.zeros(bsz, 1, dtype=torch.int64, device=device)
     p = target_probs[:, 0].clone()  # [B, V] current (residual) target at the current node
-    for _ in range(depth):
+    for d in range(depth):
         q = None if q_all is None else _row(q_all, cur).float()  # [B, V]
         if q is not None:
             q = q / q.sum(dim=-1, keepdim=True).clamp_min(_TINY)
@@ -165,7 +173,7 @@ def verify_sampling(
             else:
                 q_x = q.gather(1, x)
                 q_step = q
-            u = torch.rand(bsz, 1, device=device, generator=generator)
+            u = uniforms[:, d * width + j : d * width + j + 1]
             ok = trying & _accept(u, p_x, q_x)
             rejected = trying & ~ok
             moved = moved | ok
@@ -186,7 +194,7 @@ def verify_sampling(
         active = moved
     # one draw per row from its final distribution: the residual where it stopped (recovered token) or, for rows
     # whose walk ended at a leaf or at max_depth, the untouched target row of that node (bonus token)
-    drawn = sample(p, generator).unsqueeze(1)  # [B, 1]
+    drawn = pick_with_noise(p, noise).unsqueeze(1)  # [B, 1]
     everyone = torch.ones_like(active)
     _put(out, n_acc, drawn, everyone)
     _put(lps, n_acc, _row(target_probs, cur).gather(1, drawn).log(), everyone)

@@ -1,0 +1,115 @@
+"""The speculative step after the proposal, as one fixed-shape body with no host sync: tree mask over the ragged
+KV cache -> ONE target forward of every node -> exact acceptance (spec/verify.py) -> keep the accepted K/V ->
+commit with EOS / max_new_tokens cuts -> per-position stats, all packed into one int64 vector for one host read.
+
+The same body runs eagerly (CPU, or a drafter without a fixed branching) and captured whole in a CUDA graph per
+(rows, width, depth, topk, sampling mode, drafter probs or not) (rollout/verify_graphs.py). On an H200 the eager
+acceptance and bookkeeping alone launched ~400 small kernels per step (as much time as a whole graphed decode step),
+which is what kept speculative decoding slower than plain decoding there.
+
+Rows 0..n_rows-1 are the batch; rows n_rows..R-1 (a graph's padding up to its batch bucket) write their scratch
+K/V at columns 0..W-1, attend only themselves and commit nothing. Nodes past a row's `counts` are padding the
+verifier never reads (their parents are -1). Randomness comes in as pre-drawn buffers (`uniforms`, `noise`), so a
+graph replays fresh draws that the caller refills from the engine's generator.
+
+Packed output (int64): [n (R) | done (R) | accepted at depth k (D) | drafted at depth k (D) | active rows, verify
+nodes (2) | tokens (R x (D+1))]: n = tokens emitted per row after truncation, done = finished flags after the commit;
+the counts are over the rows that were active before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows
+from worker.tlt.spec.sampling import processed_probs
+from worker.tlt.spec.tree import ancestor_mask
+from worker.tlt.spec.types import DraftProposal
+from worker.tlt.spec.verify import verify_greedy, verify_sampling
+
+if TYPE_CHECKING:
+    from worker.tlt.rollout.engine import Engine
+
+
+@dataclass
+class SpecInputs:
+    """A proposal laid out for the body (static buffers when graphed)."""
+
+    tokens: torch.Tensor  # [R, W] int64 node tokens, root first
+    parents: torch.Tensor  # [R, W] int64 parent node (-1: root or padding)
+    counts: torch.Tensor  # [R] int64 valid nodes per row
+    draft_probs: torch.Tensor | None  # [R, W, V] drafter q per node (None: deterministic drafter)
+    n_rows: torch.Tensor  # [1] int64 rows of the batch (the rest are padding)
+    uniforms: torch.Tensor | None  # [R, depth * topk] U(0, 1) acceptance draws (sampled modes)
+    noise: torch.Tensor | None  # [R, V] Exp(1) draws of the final token (sampled modes)
+
+    def proposal(self) -> DraftProposal:
+        return DraftProposal(self.tokens, self.parents, self.counts, self.draft_probs)
+
+
+@dataclass(frozen=True)
+class SpecOut:
+    packed: torch.Tensor  # [2R + 2D + 2 + R(D+1)] int64 (module docstring)
+    hidden: torch.Tensor  # [R, W, F] hook rows of every node
+    kept: torch.Tensor  # [R, D+1] int64 node of each kept position (root, then the accepted nodes)
+    n: torch.Tensor  # [R] int64 tokens emitted
+
+
+def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mode: Mode, tk: int,
+                  chain: bool) -> SpecOut:
+    """The body (module docstring). depth: the verifier's depth bound D; topk: max children per node; mode: the
+    engine's sampling mode; tk: attention columns; chain: every row's nodes form a chain (no K/V compaction)."""
+    st, cache = engine.rows, engine.cache
+    r, w = inp.tokens.shape
+    dev = inp.tokens.device
+    row_i = torch.arange(r, device=dev)
+    node_i = torch.arange(w, device=dev)
+    in_batch = row_i < inp.n_rows
+    lens = torch.where(in_batch, st.lens[:r], 0)
+    anc = ancestor_mask(inp.parents)  # [R, W, W] ancestor-or-self
+    node_depth = anc.sum(dim=-1) - 1  # [R, W]
+    pos = lens[:, None] + node_depth
+    widx = lens[:, None] + node_i[None, :]
+    mask = (torch.arange(tk, device=dev)[None, None, :] < lens[:, None, None]).expand(r, w, tk).clone()
+    mask.scatter_(2, widx[:, None, :].expand(r, w, w), anc)
+    layers = engine.hook_layers
+    logits, hidden, cap = engine.model.forward_hidden(inp.tokens, pos, cache, write_idx=widx, attn_mask=mask,
+                                                      layers=layers)
+    prop = inp.proposal()
+    if mode == GREEDY:
+        res = verify_greedy(prop, logits, max_depth=depth, max_children=topk)
+    else:
+        if mode[0] == "uniform":
+            temp, top_p, top_k = mode[1:]
+        else:
+            temp, top_p, top_k = st.temp[:r], st.top_p[:r], st.top_k[:r]
+        probs = processed_probs(logits, temp, top_p, top_k)
+        res = verify_sampling(prop, probs, max_depth=depth, max_children=topk, uniforms=inp.uniforms,
+                              noise=inp.noise)
+    n_acc = res.num_emitted - 1
+    acc_nodes = res.accepted_nodes[:, :depth].clamp_min(0)  # [R, D]
+    if not chain:  # a chain's accepted nodes already sit at lens+1.. (node i at column lens+i)
+        cache.compact_accepted(lens, acc_nodes, n_acc)
+    active = ~st.done[:r] & in_batch
+    n = st.commit_no_sync(slice(0, r), res.tokens, res.logprobs, torch.where(in_batch, res.num_emitted, 0))
+    ks = torch.arange(1, max(depth, 1) + 1, device=dev)
+    row_depth = node_depth.masked_fill(node_i[None, :] >= inp.counts[:, None], 0).max(dim=1).values  # [R]
+    acc_pos = ((n_acc[:, None] >= ks[None, :]) & active[:, None]).sum(0)
+    dr_pos = ((row_depth[:, None] >= ks[None, :]) & active[:, None]).sum(0)
+    nodes = torch.where(active, inp.counts, 0).sum()
+    packed = torch.cat([n, st.done[:r].to(torch.int64), acc_pos, dr_pos, torch.stack([active.sum(), nodes]),
+                        res.tokens.reshape(-1)])
+    kept = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes], dim=1)
+    return SpecOut(packed, hook_rows(hidden, cap, layers), kept, n)
+
+
+def verify_draws(rows: int, depth: int, topk: int, vocab: int, device: torch.device,
+                 gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh acceptance uniforms [R, depth * topk] and final-token Exp(1) noise [R, V] (the eager path's draws; a
+    graph refills same-shaped static buffers with the same calls)."""
+    u = torch.empty(rows, max(depth, 1) * max(topk, 1), device=device).uniform_(generator=gen)
+    noise = torch.empty(rows, vocab, device=device).exponential_(generator=gen)
+    return u, noise
