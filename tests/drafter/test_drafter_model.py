@@ -33,7 +33,7 @@ def test_forward_backward_only_drafter_params_get_grads(tiny_target: Transformer
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     assert d.fc.weight.shape == (h, (2 if kind == "eagle1" else 3) * h)
     if kind == "eagle3":
-        assert d.self_attn.q_proj.weight.shape[1] == 2 * h and d.lm_head.weight.shape == (200, h)
+        assert d.self_attn.qkv_proj.weight.shape[1] == 2 * h and d.lm_head.weight.shape == (200, h)
         assert torch.isinf(logits[..., 250]).all()  # outside the draft vocab (ids 0..199 by default)
     else:
         assert not hasattr(d, "input_layernorm")  # EAGLE-1 layer 0 has no input_layernorm

@@ -77,11 +77,11 @@ def test_training_path_has_gradients_and_checkpointing_matches() -> None:
     ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
     loss = m(ids).logsumexp(-1).mean()
     loss.backward()
-    g1 = m.model.layers[0].mlp.up_proj.weight.grad.clone()
+    g1 = m.model.layers[0].mlp.gate_up_proj.weight.grad.clone()
     m.zero_grad()
     m.gradient_checkpointing = True
     m(ids).logsumexp(-1).mean().backward()
-    torch.testing.assert_close(m.model.layers[0].mlp.up_proj.weight.grad, g1)
+    torch.testing.assert_close(m.model.layers[0].mlp.gate_up_proj.weight.grad, g1)
 
 
 @pytest.mark.slow

@@ -8,8 +8,10 @@ Names and shapes follow the public loaders (read, not copied):
   `midlayer.self_attn.{q,k,v}_proj.weight [*, 2H]`, `midlayer.self_attn.o_proj.weight`,
   `midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`, `midlayer.mlp.{gate,up,down}_proj.weight`,
   `norm.weight`, `lm_head.weight [draft_vocab, H]`, `d2t [draft_vocab] int64` (target id - draft id), `t2d [V] bool`.
-  Feature layers are the loaders' defaults (hidden states entering target layers 2, L//2, L-3), so no layer ids are
-  written (vLLM and SGLang read explicit ids with different offsets).
+  Our fused `qkv_proj` / `gate_up_proj` are written under these HF names (model/hf_names.py `to_hf`); loading back
+  fuses them again (the drafter's `load_state_dict` takes HF names). Feature layers are the loaders' defaults (hidden
+  states entering target layers 2, L//2, L-3), so no layer ids are written (vLLM and SGLang read explicit ids with
+  different offsets).
 - EAGLE-1 (vLLM `vllm/model_executor/models/llama_eagle.py`, SGLang `python/sglang/srt/models/llama_eagle.py`):
   `fc.weight [H, 2H]`, `fc.bias [H]` (zeros: SGLang's fc has a bias, vLLM skips the name), `layers.0.*` without
   `input_layernorm`, `embed_tokens.weight` (the target's; both engines share the target's at load); no lm_head (both
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind
+from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.transformer import Transformer
 
 _LAYER_PARTS = ("self_attn.", "input_layernorm.", "hidden_norm.", "post_attention_layernorm.", "mlp.")
@@ -65,7 +68,7 @@ def export_eagle3(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype
         eagle_config={"use_aux_hidden_state": True},
     )
     tensors: dict[str, torch.Tensor] = {}
-    for name, t in drafter.state_dict().items():
+    for name, t in to_hf(drafter.state_dict(), drafter.args).items():
         if name in ("d2t", "t2d"):
             tensors[name] = t.to(torch.int64 if name == "d2t" else torch.bool)
         elif name.startswith(_LAYER_PARTS):
@@ -82,7 +85,8 @@ def export_eagle1(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype
     cfg.update(architectures=["LlamaForCausalLMEagle", "LlamaForCausalLM"],
                tie_word_embeddings=drafter.target.args.tie_word_embeddings)
     tensors = {
-        ("layers.0." + n if n.startswith(_LAYER_PARTS) else n): t.to(dtype) for n, t in drafter.state_dict().items()
+        ("layers.0." + n if n.startswith(_LAYER_PARTS) else n): t.to(dtype)
+        for n, t in to_hf(drafter.state_dict(), drafter.args).items()
     }
     tensors["fc.bias"] = torch.zeros(drafter.args.dim, dtype=dtype)
     tensors["embed_tokens.weight"] = drafter.embed_weight.detach().to(dtype)

@@ -9,7 +9,7 @@ EAGLE-1 (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Featur
 EAGLE-3 (Li et al. 2025; vLLM/SGLang `llama_eagle3.py`):
     x   = fc(concat(g2, g_{L//2}, g_{L-3}))  at the first step (hidden states *entering* those target layers), else
           the previous step's `out`
-    a   = x + attn(concat(input_layernorm(embed(x_{j+1})), hidden_norm(x)))   # q/k/v read 2H
+    a   = x + attn(concat(input_layernorm(embed(x_{j+1})), hidden_norm(x)))   # q/k/v (our fused qkv_proj) read 2H
     out = a + mlp(post_attention_layernorm(a));  logits = lm_head(norm(out))  # own head over a draft vocab (d2t)
 The embedding (and, for EAGLE-1, the head) are the target's own tensors, read through `self.target` and detached,
 so they are shared by identity, never copied, and get no gradient from the drafter (the policy may be training them).
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.tlt.model.args import ModelArgs
+from worker.tlt.model.hf_names import FUSED, accept_hf_names, split_sizes
 from worker.tlt.model.transformer import MLP, Attention, RMSNorm, Transformer, rope_inv_freq
 
 Kind = Literal["eagle1", "eagle3"]
@@ -100,12 +101,8 @@ class EagleDrafter(nn.Module):
         else:
             self.feature_layers = eagle3_layers(targs.n_layers)
             self.fc = nn.Linear(3 * h, h, bias=False)
-        self.self_attn = Attention(self.args)
-        if cfg.kind == "eagle3":  # q/k/v read concat(embed, hidden)
-            a = self.args
-            self.self_attn.q_proj = nn.Linear(2 * h, a.n_heads * a.hd, bias=False)
-            self.self_attn.k_proj = nn.Linear(2 * h, a.n_kv_heads * a.hd, bias=False)
-            self.self_attn.v_proj = nn.Linear(2 * h, a.n_kv_heads * a.hd, bias=False)
+        self.self_attn = Attention(self.args, in_dim=2 * h if cfg.kind == "eagle3" else h)  # EAGLE-3: concat(embed, x)
+        if cfg.kind == "eagle3":
             self.input_layernorm = RMSNorm(h, targs.norm_eps)
             self.hidden_norm = RMSNorm(h, targs.norm_eps)
             self.norm = RMSNorm(h, targs.norm_eps)
@@ -119,6 +116,7 @@ class EagleDrafter(nn.Module):
         self.mlp = MLP(self.args)
         self._inv_freq = rope_inv_freq(self.args)  # [D/2] fp32; a plain attribute so .to(dtype) never rounds it
         self.reset_parameters()
+        accept_hf_names(self)  # load_state_dict also takes the exported (HF-named, unfused) weights
 
     # ------------------------------------------------------------------------------------------------ setup
     def reset_parameters(self, std: float = 0.02, seed: int | None = None) -> None:
@@ -127,8 +125,11 @@ class EagleDrafter(nn.Module):
             with torch.no_grad():
                 if name.endswith("norm.weight"):
                     p.fill_(1.0)
-                else:
-                    p.copy_(torch.randn(p.shape, generator=g) * std)
+                    continue
+                module = name.split(".")[-2] if "." in name else ""
+                rows = split_sizes(module, self.args) if module in FUSED else (p.shape[0],)
+                for piece in p.split(rows):  # one draw per HF tensor (q | k | v, gate | up), as before the fusion
+                    piece.copy_(torch.randn(piece.shape, generator=g) * std)
         if self.cfg.kind == "eagle1":
             # Start as "copy the target hidden": fc = [0 | I] makes step one the identity map on h_j.
             with torch.no_grad():
@@ -214,11 +215,10 @@ class EagleDrafter(nn.Module):
         at = self.self_attn
         cos, sin = self._rope(positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        q = at.q_proj(attn_in).view(b, s, a.n_heads, a.hd).transpose(1, 2)
-        k = at.k_proj(attn_in).view(b, s, a.n_kv_heads, a.hd).transpose(1, 2)
-        v = at.v_proj(attn_in).view(b, s, a.n_kv_heads, a.hd).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        qkv = at.qkv_proj(attn_in).view(b, s, a.n_heads + 2 * a.n_kv_heads, a.hd).transpose(1, 2)  # [B, Hq+2Hkv, S, D]
+        qk, v = qkv.split((a.n_heads + a.n_kv_heads, a.n_kv_heads), dim=1)
+        qk = qk * cos + _rotate_half(qk) * sin  # q and k heads in one pass
+        q, k = qk.split((a.n_heads, a.n_kv_heads), dim=1)
         if write_at is not None:
             if past is None:
                 raise ValueError("write_at needs a preallocated `past` buffer")

@@ -3,11 +3,11 @@ config.json, model.safetensors, generation_config.json and the tokenizer files.
 
     export_policy(model, tokenizer, out_dir, dtype=torch.bfloat16, generation={"temperature": 1.0})
 
-Our parameter names already are HF's (`model.layers.{i}.self_attn.q_proj.weight`, ...), so the weights are written
-as they are; a tied head is not written (HF ties it from `tie_word_embeddings`). HF tokenizers are saved with
-`save_pretrained`; the tiny models' `ByteTokenizer` becomes an equivalent `tokenizers` byte-level tokenizer
-(ids 0..255 = bytes, 256/257/258 = <bos>/<eos>/<pad>). The directory is written under a temporary name and renamed,
-so a reader never sees half an export.
+Our fused projections are split back into HF's names (`self_attn.{q,k,v}_proj`, `mlp.{gate,up}_proj`; model/hf_names.py
+`to_hf`), the other weights keep their names; a tied head is not written (HF ties it from `tie_word_embeddings`). HF
+tokenizers are saved with `save_pretrained`; the tiny models' `ByteTokenizer` becomes an equivalent `tokenizers`
+byte-level tokenizer (ids 0..255 = bytes, 256/257/258 = <bos>/<eos>/<pad>). The directory is written under a temporary
+name and renamed, so a reader never sees half an export.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.tokenizer import ByteTokenizer, Tokenizer, TokenizerLike
 from worker.tlt.model.transformer import Transformer
 
@@ -90,7 +91,8 @@ def export_policy(
         config["eos_token_id"] = eos if len(eos) > 1 else eos[0]
     config["pad_token_id"] = tokenizer.pad_id
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    weights = {k: v.detach().to("cpu", dt).clone().contiguous() for k, v in model.state_dict().items()}
+    on_host = {k: v.detach().to("cpu", dt) for k, v in model.state_dict().items()}  # split on the host, not the GPU
+    weights = {k: v.clone().contiguous() for k, v in to_hf(on_host, args).items()}
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     gen: dict[str, Any] = {"eos_token_id": config.get("eos_token_id"), "pad_token_id": tokenizer.pad_id}
     if args.bos_token_id is not None:

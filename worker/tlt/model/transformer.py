@@ -1,7 +1,9 @@
 """Decoder-only transformer for the Llama / Qwen2 / Qwen3 families: one implementation for training and inference.
 
-Parameter names mirror HF transformers (`model.embed_tokens`, `model.layers.{i}.self_attn.q_proj`, ..., `lm_head`),
-so an HF state dict loads as is and exports need no renaming. Build on the meta device and load with
+Parameter names mirror HF transformers (`model.embed_tokens`, `model.layers.{i}.self_attn.o_proj`, ..., `lm_head`)
+except for two fused projections per layer: `self_attn.qkv_proj` (rows q | k | v) and `mlp.gate_up_proj` (rows
+gate | up), fewer and larger GEMMs for the launch-bound decode step (model/hf_names.py maps the names;
+`load_state_dict` takes HF names as well, exports write HF names). Build on the meta device and load with
 `load_state_dict(sd, assign=True)`, then call `init_rope(device)` (see `model/load.py`).
 
 Calls:
@@ -25,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from worker.tlt.model.args import ModelArgs
+from worker.tlt.model.hf_names import accept_hf_names
 
 
 class LayerCache(Protocol):
@@ -41,8 +44,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
-        # as HF: normalise in fp32, round to the input dtype, then scale (F.rms_norm is one fused kernel on CUDA)
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        # As HF: normalise in fp32, round to the input dtype, then scale. F.rms_norm without a weight does the first
+        # two itself (fp32 opmath, output in the input dtype; one fused kernel on CUDA), so no cast kernels around it.
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
@@ -67,18 +71,23 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin (HF's half-split layout) in three kernels: rotate_half(x) * sin equals
-    roll(x, D/2) * sin_signed with sin_signed = cat(-sin[:D/2], sin[D/2:])."""  # x [B, H, S, D]; cos, sin [B, 1, S, D]
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
+    """x * cos + rotate_half(x) * sin (HF's half-split layout) in three kernels and for any strides of x (the q and k
+    heads of the fused projection in one pass): with sin_signed = cat(-sin[:D/2], sin[D/2:]), the first half of the
+    output gains x[D/2:] * sin_signed[:D/2] and the second half x[:D/2] * sin_signed[D/2:]."""
+    # x [B, S, Hq + Hkv, D] (any strides); cos, sin_signed [B, S, 1, D]
+    half = x.shape[-1] // 2
+    out = x * cos
+    out[..., :half].addcmul_(x[..., half:], sin_signed[..., :half])
+    out[..., half:].addcmul_(x[..., :half], sin_signed[..., half:])
+    return out
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, in_dim: int | None = None) -> None:  # in_dim: input width (default H)
         super().__init__()
         self.n_heads, self.n_kv, self.hd = args.n_heads, args.n_kv_heads, args.hd
-        self.q_proj = nn.Linear(args.dim, args.n_heads * args.hd, bias=args.qkv_bias)
-        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.hd, bias=args.qkv_bias)
-        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.hd, bias=args.qkv_bias)
+        self.qkv_proj = nn.Linear(in_dim or args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.hd,
+                                  bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.n_heads * args.hd, args.dim, bias=False)
         self.q_norm = RMSNorm(args.hd, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.hd, args.norm_eps) if args.qk_norm else None
@@ -86,49 +95,51 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [B, S, H]
-        cos: torch.Tensor,  # [B, 1, S, D]
-        sin: torch.Tensor,  # [B, 1, S, D] sign-folded (see apply_rope)
+        cos: torch.Tensor,  # [B, S, 1, D]
+        sin: torch.Tensor,  # [B, S, 1, D] sign-folded (see apply_rope)
         kv: tuple[torch.Tensor, torch.Tensor] | None,  # K, V cache of this layer, each [slots, Hkv, T, D]
-        write_flat: torch.Tensor | None,  # [B*Hkv*S] flat row index into cache.view(-1, D)
+        write_at: tuple[torch.Tensor, torch.Tensor] | None,  # cache row [B, 1] and column [B, S] of each new K/V
         mask: torch.Tensor | None,  # [B, 1, G*S, Tk] additive (0 = attend, -inf = not) (None: plain causal)
         rows: slice,  # cache rows this batch occupies
     ) -> torch.Tensor:  # [B, S, H]
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.n_heads, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.n_kv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.n_kv, self.hd).transpose(1, 2)
+        nq, nkv, d = self.n_heads, self.n_kv, self.hd
+        qkv = self.qkv_proj(x).view(b, s, nq + 2 * nkv, d)  # [B, S, Hq + 2 Hkv, D]
+        qk, v = qkv.split((nq + nkv, nkv), dim=2)  # views
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        g = self.n_heads // self.n_kv
+            qk = torch.cat((self.q_norm(qk[:, :, :nq]), self.k_norm(qk[:, :, nq:])), dim=2)
+        qk = apply_rope(qk, cos, sin)  # q and k heads in one pass
+        q_bshd, k_bshd = qk.split((nq, nkv), dim=2)  # [B, S, Hq | Hkv, D] views
+        q, k, v_bhsd = q_bshd.transpose(1, 2), k_bshd.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, D] views
+        g = nq // nkv
         if kv is None:
             if g > 1:
-                k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1)
+                k, v_bhsd = k.repeat_interleave(g, dim=1), v_bhsd.repeat_interleave(g, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v_bhsd, is_causal=s > 1)
         else:
-            assert write_flat is not None and mask is not None
+            assert write_at is not None and mask is not None
             ck, cv = kv
-            d = self.hd
-            ck.view(-1, d).index_copy_(0, write_flat, k.reshape(-1, d).to(ck.dtype))
-            cv.view(-1, d).index_copy_(0, write_flat, v.reshape(-1, d).to(cv.dtype))
+            # cache[row, :, col] = K/V [B, S, Hkv, D]: one indexed write from any strides (index_copy_ would need a
+            # contiguous copy of the fused projection's slices first)
+            ck[write_at[0], :, write_at[1]] = k_bshd.to(ck.dtype)
+            cv[write_at[0], :, write_at[1]] = v.to(cv.dtype)
             tk = mask.shape[-1]
             keys, vals = ck[rows, :, :tk], cv[rows, :, :tk]  # [B, Hkv, Tk, D] views, no copy
             # GQA without copying the cache: fold the G query heads of each KV head into the query length.
-            qg = q.reshape(b, self.n_kv, g * s, d)
-            out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask).reshape(b, self.n_heads, s, d)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.hd))
+            qg = q.reshape(b, nkv, g * s, d)
+            out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask).reshape(b, nq, s, d)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, nq * d))
 
 
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False)  # rows gate | up
         self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, S, H]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [B, S, I] views
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -142,19 +153,19 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [B, S, H]
-        cos: torch.Tensor,  # [B, 1, S, D]
-        sin: torch.Tensor,  # [B, 1, S, D]
+        cos: torch.Tensor,  # [B, S, 1, D]
+        sin: torch.Tensor,  # [B, S, 1, D]
         kv: tuple[torch.Tensor, torch.Tensor] | None,
-        write_flat: torch.Tensor | None,  # [B*Hkv*S]
+        write_at: tuple[torch.Tensor, torch.Tensor] | None,  # cache row [B, 1], column [B, S]
         mask: torch.Tensor | None,  # [B, 1, G*S, Tk]
         rows: slice,
     ) -> torch.Tensor:  # [B, S, H]
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, write_flat, mask, rows)
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, write_at, mask, rows)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class _Body(nn.Module):
-    """Holds the HF-named `model.*` parameters."""
+    """Holds the `model.*` parameters."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -172,6 +183,7 @@ class Transformer(nn.Module):
         self.gradient_checkpointing = False
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        accept_hf_names(self)
 
     def init_rope(self, device: torch.device | str | None = None, max_seq_len: int | None = None) -> None:
         """(Re)compute the RoPE tables [T, D] in fp32 on `device` (needed after building on meta)."""
@@ -223,21 +235,18 @@ class Transformer(nn.Module):
         b, s = input_ids.shape
         if positions is None:
             positions = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
-        cos = self.rope_cos[positions].unsqueeze(1)
-        sin = self.rope_sin[positions].unsqueeze(1)
+        cos = self.rope_cos[positions].unsqueeze(2)  # [B, S, 1, D]
+        sin = self.rope_sin[positions].unsqueeze(2)
         x = self.model.embed_tokens(input_ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         rows = cache_rows if cache_rows is not None else slice(0, b)
-        write_flat, mask = None, None
+        write_at, mask = None, None
         if cache is not None:
             if attn_mask is None:
                 raise ValueError("a cached forward needs attn_mask [B, S, Tk]")
             hkv = self.args.n_kv_heads
-            t = cache.k[0].shape[2]
-            widx = positions if write_idx is None else write_idx
             row_ids = torch.arange(rows.start, rows.start + b, device=input_ids.device)
-            heads = torch.arange(hkv, device=input_ids.device)
-            write_flat = ((row_ids[:, None, None] * hkv + heads[None, :, None]) * t + widx[:, None, :]).reshape(-1)
+            write_at = (row_ids[:, None], positions if write_idx is None else write_idx)  # [B, 1], [B, S]
             g = self.args.n_heads // hkv
             tk = attn_mask.shape[-1]
             # additive mask built once per forward (SDPA would convert a bool mask in every layer)
@@ -251,7 +260,7 @@ class Transformer(nn.Module):
             if self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, None, None, None, rows, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, kv, write_flat, mask, rows)
+                x = layer(x, cos, sin, kv, write_at, mask, rows)
         h = self.model.norm(x)
         if not compute_logits:
             return h.new_empty(0), h, captured
