@@ -22,10 +22,17 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
 
+VARIANTS = {  # name -> (compile, compile mode)
+    "plain": (False, None),
+    "compiled": (True, None),
+    "autotune": (True, "max-autotune-no-cudagraphs"),  # inductor's Triton GEMM templates, epilogue fusion
+}
 
-def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], compiled: bool, steps: int) -> dict:
+
+def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], variant: str, steps: int) -> dict:
+    compiled, mode = VARIANTS[variant]
     engine = Engine(model, eos_ids=eos, config=EngineConfig(max_len=len(prompt) + steps + 64, max_slots=1,
-                                                            compile=compiled))
+                                                            compile=compiled, compile_mode=mode))
     params = SamplingParams(temperature=1.0, top_k=50, max_new_tokens=steps + 32)
     engine.prefill([(0, 0)], [Request(prompt, params)])
     for _ in range(3):  # capture (and compile) outside the timings
@@ -55,7 +62,7 @@ def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], compile
         for _ in range(replays):
             graphs.run(1, tk, engine._mode)
         torch.cuda.synchronize()
-    return {"compiled": compiled, "loop_ms_per_token": loop_ms, "replay_ms": replay_ms,
+    return {"variant": variant, "loop_ms_per_token": loop_ms, "replay_ms": replay_ms,
             "tokens_per_s": 1e3 / loop_ms, "kernels_per_step": kernels,
             "replay_kernels": kernel_table(prof, replays)}
 
@@ -91,6 +98,7 @@ def kernel_table(prof: profile, steps: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--variants", default="plain,compiled,autotune", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default="bench/results/decode_profile_h200.md")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
@@ -98,14 +106,18 @@ def main() -> None:
         raise SystemExit("decode_profile needs CUDA")
     model, tok = load_gguf(smollm2_gguf_path(), torch.device("cuda"), torch.bfloat16)
     prompt = tok.encode("Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.")
-    rows = [measure(model, prompt, tuple(tok.eos_ids), c, args.steps) for c in (False, True)]
+    rows = []
+    for v in args.variants.split(","):
+        t0 = time.perf_counter()
+        rows.append(measure(model, prompt, tuple(tok.eos_ids), v, args.steps))
+        rows[-1]["setup_s"] = time.perf_counter() - t0  # capture + compile (+ autotuning)
     lines = [f"Batch-1 decode, SmolLM2-135M bf16, {torch.cuda.get_device_name(0)}, torch {torch.__version__}", "",
-             "| step | decode loop ms/token | graph replay ms (GPU) | tok/s | kernels per step (eager) |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {'compiled' if r['compiled'] else 'plain'} | {r['loop_ms_per_token']:.3f} | {r['replay_ms']:.3f} | "
-              f"{r['tokens_per_s']:.0f} | {r['kernels_per_step']} |" for r in rows]
+             "| step | decode loop ms/token | graph replay ms (GPU) | tok/s | kernels per step (eager) | setup s |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['loop_ms_per_token']:.3f} | {r['replay_ms']:.3f} | "
+              f"{r['tokens_per_s']:.0f} | {r['kernels_per_step']} | {r['setup_s']:.0f} |" for r in rows]
     for r in rows:
-        name = "compiled" if r["compiled"] else "plain"
+        name = r["variant"]
         lines += ["", f"Kernels inside one replayed step ({name}), per step:", "",
                   "| category | kernels | GPU us | top kernels (us, count) |", "|---|---|---|---|"]
         lines += [f"| {g['category']} | {g['count']:.0f} | {g['us']:.0f} | "

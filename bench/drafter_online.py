@@ -37,6 +37,7 @@ import torch
 
 from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
+from worker.tlt.drafter.export import export_drafter
 from worker.tlt.drafter.measure import ARMS, run_arm
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.online import OnlineDrafter
@@ -197,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=64, help="drafter context entries per propose")
     ap.add_argument("--slowdown-reps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--export-warm", default="", help="export the warmed-up drafter to this directory")
     ap.add_argument("--out", default="")
     ap.add_argument("--json-out", default="", help="default: --out with a .json suffix")
     a = ap.parse_args(argv)
@@ -222,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     max_len = max(len(p) for p in warm_p + eval_p) + a.new_tokens + 8
     warm = warm_up(od, model, eos, warm_p, a, max_len)
     log.info("warm-up: %s", warm)
+    if a.export_warm:  # a warm start for other runs (train_bench.py --drafter-warm-start), as the drafter job makes
+        export_drafter(od.train_drafter, a.export_warm)
 
     cfg = od.train_drafter.cfg
     dt = model.head_weight.dtype  # served in the target's dtype, as OnlineDrafter's engine copy

@@ -140,6 +140,10 @@ def render(res: dict[str, Any]) -> str:
 
 
 def write(res: dict[str, Any], out: Path, json_out: Path) -> str:
+    if res["trl_step_s"] is None:  # the peer may run alongside on another GPU: pick its figure up once it lands
+        peers = Path(res["peers_candidate"])
+        res["trl_step_s"], res["trl_steps_s"] = trl_step_s(peers)
+        res["peers_json"] = str(peers) if res["trl_step_s"] is not None else None
     table = render(res)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table)
@@ -170,7 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers-json", default=None, help="default: peers.json next to --out, when present")
     ap.add_argument("--out", default="bench/results/train_h200.md")
     ap.add_argument("--json-out", default=None, help="default: --out with .json")
+    ap.add_argument("--render-only", action="store_true",
+                    help="rewrite --out from its JSON (e.g. once the peers' peers.json exists); no runs")
     a = ap.parse_args(argv)
+    if a.render_only:
+        json_path = Path(a.json_out) if a.json_out else Path(a.out).with_suffix(".json")
+        sys.stdout.write(write(json.loads(json_path.read_text()), Path(a.out), json_path))
+        return 0
     if a.quick:
         a.prompts, a.samples, a.max_new_tokens, a.long_tail_max_new, a.steps = 2, 4, 8, 16, 2
         a.sd_on_below = a.prompts * a.samples + 1  # the tiny run has no tail: switch SD on after the patience
@@ -188,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(0) if a.model == "smollm2" else "cpu", "torch": torch.__version__,
         "model": "SmolLM2-135M-Instruct bf16 (fp32 master weights)" if a.model == "smollm2" else "tiny-llama (CPU)",
         "args": vars(a), "settings": {}, "trl_step_s": trl, "trl_steps_s": trl_steps,
-        "peers_json": str(peers) if trl is not None else None, "notes": [],
+        "peers_json": str(peers) if trl is not None else None, "peers_candidate": str(peers), "notes": [],
     }
     settings = {"main": a.max_new_tokens}
     if a.long_tail_max_new:

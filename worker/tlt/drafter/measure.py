@@ -72,7 +72,8 @@ def run_arm(target: Transformer, drafter: EagleDrafter | None, prompts: list[lis
                                                           capture_layers=layers), spec=spec,
                  proposer=prop, hidden_hook=prop.observe if prop is not None else None)
     try:
-        eng.generate([Request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))])  # warm-up (graphs)
+        eng.warmup(len(prompts), max_len, params=params)  # CUDA graphs of every batch bucket and arm shape (no-op on CPU)
+        eng.generate([Request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))])  # warm-up (allocator)
         spent[0] = 0.0
         out = eng.generate([Request(p, params) for p in prompts])
     finally:

@@ -112,11 +112,13 @@ class StepOut:
 
 class DecodeStep:
     """The decode body over the engine's model, KV cache, row state and generator (module docstring).
-    `compile_max_batch` > 0 compiles head and tail for batches up to it (`compiler`: a torch.compile backend);
+    `compile_max_batch` > 0 compiles head and tail for batches up to it (`compiler`: a torch.compile backend,
+    `compile_mode` its mode: never one with CUDA graphs of its own, as rollout/graphs.py captures the step);
     `capture_layers`: the step's hidden output also carries those layers' inputs (`hook_rows`)."""
 
     def __init__(self, model: Transformer, cache: KVCache, rows: RowState, gen: torch.Generator, *,
-                 compile_max_batch: int = 0, compiler: str = "inductor", capture_layers: tuple[int, ...] = ()) -> None:
+                 compile_max_batch: int = 0, compiler: str = "inductor", compile_mode: str | None = None,
+                 capture_layers: tuple[int, ...] = ()) -> None:
         self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
         self.capture_layers = capture_layers
         self.compile_max_batch = compile_max_batch
@@ -129,8 +131,8 @@ class DecodeStep:
             dyn = torch._dynamo.config
             dyn.recompile_limit = max(dyn.recompile_limit, 64)
             # default mode, not "reduce-overhead": we capture the graphs ourselves (rollout/graphs.py)
-            self._head_c = torch.compile(self.head, dynamic=False, backend=compiler)
-            self._tail_c = torch.compile(self.tail, dynamic=False, backend=compiler)
+            self._head_c = torch.compile(self.head, dynamic=False, backend=compiler, mode=compile_mode)
+            self._tail_c = torch.compile(self.tail, dynamic=False, backend=compiler, mode=compile_mode)
 
     def compiled(self, batch: int) -> bool:
         return batch <= self.compile_max_batch

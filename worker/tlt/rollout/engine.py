@@ -138,7 +138,7 @@ class Engine:
         on_cuda = self.device.type == "cuda"
         self.step = DecodeStep(model, self.cache, self.rows, self.gen,
                                compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0,
-                               capture_layers=config.capture_layers)
+                               compile_mode=config.compile_mode, capture_layers=config.capture_layers)
         # one memory pool for every graph of this engine (the verify graphs share it)
         self.graph_pool: object | None = torch.cuda.graph_pool_handle() if on_cuda and config.cuda_graphs else None
         self.graphs: DecodeGraphs | None = None
