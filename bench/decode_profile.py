@@ -106,27 +106,26 @@ def main() -> None:
         raise SystemExit("decode_profile needs CUDA")
     model, tok = load_gguf(smollm2_gguf_path(), torch.device("cuda"), torch.bfloat16)
     prompt = tok.encode("Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.")
-    rows = []
-    for v in args.variants.split(","):
+    rows: list[dict] = []
+    for v in args.variants.split(","):  # the table is rewritten after each variant: a cut run keeps its rows
         t0 = time.perf_counter()
         rows.append(measure(model, prompt, tuple(tok.eos_ids), v, args.steps))
         rows[-1]["setup_s"] = time.perf_counter() - t0  # capture + compile (+ autotuning)
+        text = render(rows)
+        Path(args.out).write_text(text)
+        Path(args.json_out or str(Path(args.out).with_suffix(".json"))).write_text(json.dumps(rows, indent=1))
+    print(text)
+
+
+def render(rows: list[dict]) -> str:
     lines = [f"Batch-1 decode, SmolLM2-135M bf16, {torch.cuda.get_device_name(0)}, torch {torch.__version__}", "",
              "| step | decode loop ms/token | graph replay ms (GPU) | tok/s | kernels per step (eager) | setup s |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['loop_ms_per_token']:.3f} | {r['replay_ms']:.3f} | "
               f"{r['tokens_per_s']:.0f} | {r['kernels_per_step']} | {r['setup_s']:.0f} |" for r in rows]
     for r in rows:
-        name = r["variant"]
-        lines += ["", f"Kernels inside one replayed step ({name}), per step:", "",
+        lines += ["", f"Kernels inside one replayed step ({r['variant']}), per step:", "",
                   "| category | kernels | GPU us | top kernels (us, count) |", "|---|---|---|---|"]
         lines += [f"| {g['category']} | {g['count']:.0f} | {g['us']:.0f} | "
                   + "; ".join(f"{n} ({us:.0f}, {c:.0f})" for us, c, n in g["top"]) + " |" for g in r["replay_kernels"]]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    Path(args.out).write_text(text)
-    Path(args.json_out or str(Path(args.out).with_suffix(".json"))).write_text(json.dumps(rows, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return "\n".join(lines) + "\n"

@@ -10,8 +10,10 @@ body is one replay. Outside it, per step: the proposal is copied into static buf
 nodes past a row's width are padding, parents -1, count 1), the randomness is redrawn into static buffers from the
 engine's generator (so every replay samples afresh), and the caller reads the packed result once.
 
-Capture runs the body twice on a side stream first (allocator, lazy kernels); those runs really commit, so the row
-state is snapshotted before and restored after; the K/V they write sit at columns the replay overwrites.
+Capture runs the body twice first, on the proposal already copied in (allocator, lazy kernels); those runs really
+commit, so the row state is snapshotted before and restored after; the K/V they write sit at columns the replay
+overwrites. (On empty inputs, as `warmup()` uses, every row counts as padding and gets scratch K/V at columns 0..W-1:
+harmless only while no row is live, which warmup() checks.)
 
     graphs = VerifyGraphs.for_engine(engine)      # None off CUDA or with cuda_graphs off
     graphs.warmup(engine, 48, [(7, 6, 1)], mode)   # (width, depth, topk) per arm, before generate()
@@ -22,6 +24,7 @@ Run the GPU test: `python -m pytest tests/spec/test_spec_verify_graphs.py -q -m 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -92,8 +95,14 @@ class VerifyGraphs:
         if b != batch or n > width:
             raise ValueError(f"proposal [{b}, {n}] does not fit [{batch}, {width}]")
         has_q = prop.draft_probs is not None and engine._mode != GREEDY
-        entry = self._entry(engine, (engine.bucket(batch), width, depth, topk, engine._mode, has_q))
+        key = (engine.bucket(batch), width, depth, topk, engine._mode, has_q)
+        entry = self._entries.get(key)
+        fresh = entry is None
+        if entry is None:
+            entry = _Entry(self._buffers(engine, key))
         inp = entry.inp
+        # fill first: a capture warms the body up on these inputs (with n_rows = 0 it would write its scratch
+        # K/V into columns 0.. of live rows)
         inp.tokens.zero_()
         inp.tokens[:b, :n] = prop.tokens
         inp.parents.fill_(-1)
@@ -106,6 +115,8 @@ class VerifyGraphs:
         if inp.uniforms is not None and inp.noise is not None:  # fresh draws for this replay
             inp.uniforms.uniform_(generator=engine.gen)
             inp.noise.exponential_(generator=engine.gen)
+        if fresh:
+            self._entries[key] = self._capture(engine, key, entry)
         assert entry.graph is not None
         entry.graph.replay()
         assert entry.out is not None
@@ -113,9 +124,10 @@ class VerifyGraphs:
 
     # ------------------------------------------------------------------------------------------------ internals
     def _entry(self, engine: Engine, key: Key) -> _Entry:
+        """The graph of `key`, captured now on empty inputs if missing (warm-up only: every row must be empty)."""
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._capture(engine, key)
+            entry = self._entries[key] = self._capture(engine, key, _Entry(self._buffers(engine, key)))
         return entry
 
     def _buffers(self, engine: Engine, key: Key) -> SpecInputs:
@@ -132,15 +144,27 @@ class VerifyGraphs:
             noise=torch.ones(rows, vocab, device=dev) if sampled else None,
         )
 
-    def _capture(self, engine: Engine, key: Key) -> _Entry:
+    def _capture(self, engine: Engine, key: Key, entry: _Entry) -> _Entry:
         rows, width, depth, topk, mode, _ = key
         t0 = time.perf_counter()
-        entry = _Entry(self._buffers(engine, key))
         tk = engine.cache.max_len
 
         def body() -> SpecOut:
             return verify_commit(engine, entry.inp, depth=depth, topk=topk, mode=mode, tk=tk, chain=topk == 1)
 
+        # warm-up (allocator, lazy kernels) on the filled inputs, on a side stream on CUDA; the runs really commit,
+        # so the row state is put back; their K/V land in columns the replay rewrites
+        saved = engine.rows.snapshot()
+        cuda = engine.device.type == "cuda"
+        side = torch.cuda.Stream() if cuda else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            for _ in range(2):
+                body()
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+        engine.rows.restore(saved)
         self._record(engine, entry, body)
         self.capture_seconds += time.perf_counter() - t0
         log.debug("captured verify graph %s", key)
@@ -150,14 +174,6 @@ class VerifyGraphs:
         """Capture `body` into entry.graph (static outputs into entry.out)."""
         torch.cuda.synchronize()
         before = torch.cuda.memory_reserved()
-        saved = engine.rows.snapshot()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream().wait_stream(side)
-        engine.rows.restore(saved)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         entry.graph = torch.cuda.CUDAGraph()
