@@ -1,7 +1,8 @@
 """All queries and commits of the control plane (routes, the worker and the CLI call these; none commits elsewhere),
 one module per concern, re-exported here so callers write `from backend import crud; crud.get_job(...)`:
 
-- jobs.py: create (idempotent), get/list with ownership, `transition()` (every state change), heartbeats, recovery
+- jobs.py: create (idempotent), get with ownership, `transition()` (every state change), heartbeats, recovery
+- job_views.py: what the API shows of jobs (JobPublic's fields and progress, one query): get and list
 - telemetry.py: metrics, histograms, events, logs, samples, history queries and the SSE cursors
 - artifacts.py: artifacts and datasets
 - tokens.py: users and API tokens
@@ -18,9 +19,11 @@ from backend.crud.artifacts import (
     register_artifact,
 )
 from backend.crud.common import Conflict, NotFound
+from backend.crud.job_views import job_view, list_jobs
 from backend.crud.jobs import (
     Beat,
     add_event,
+    check_job_visible,
     count_jobs_by_status,
     create_job,
     decode_cursor,
@@ -28,7 +31,6 @@ from backend.crud.jobs import (
     get_job,
     heartbeat,
     job_status,
-    list_jobs,
     request_cancel,
     retry_job,
     stale_jobs,
@@ -58,10 +60,11 @@ from backend.crud.tokens import create_token, get_or_create_user, list_tokens, r
 
 __all__ = [
     "STEP_TIME_METRIC", "Beat", "Conflict", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",
-    "count_jobs_by_status", "create_dataset", "create_job", "create_token", "decode_cursor", "downsample",
-    "encode_cursor", "finite_or_none", "get_artifact", "get_dataset", "get_job", "get_or_create_user", "heartbeat",
-    "job_progress", "job_status", "list_artifacts", "list_datasets", "list_events", "list_histograms", "list_jobs",
-    "list_logs", "list_samples", "list_tokens", "mark_artifacts_deleted", "metric_history", "metric_names",
-    "metrics_cursor", "new_metrics", "register_artifact", "request_cancel", "retry_job", "revoke_token",
-    "stale_jobs", "stream_heads", "transition", "upsert_histogram", "upsert_metrics", "user_for_token",
+    "check_job_visible", "count_jobs_by_status", "create_dataset", "create_job", "create_token", "decode_cursor",
+    "downsample", "encode_cursor", "finite_or_none", "get_artifact", "get_dataset", "get_job", "get_or_create_user",
+    "heartbeat", "job_progress", "job_status", "job_view", "list_artifacts", "list_datasets", "list_events",
+    "list_histograms", "list_jobs", "list_logs", "list_samples", "list_tokens", "mark_artifacts_deleted",
+    "metric_history", "metric_names", "metrics_cursor", "new_metrics", "register_artifact", "request_cancel",
+    "retry_job", "revoke_token", "stale_jobs", "stream_heads", "transition", "upsert_histogram", "upsert_metrics",
+    "user_for_token",
 ]

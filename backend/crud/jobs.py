@@ -1,4 +1,5 @@
-"""Jobs: create (idempotent), read with ownership, list with a cursor, and every state change.
+"""Jobs: create (idempotent), read with ownership, the list cursor, and every state change (the API's list and
+views of jobs: job_views.py).
 
 Every state change of a job goes through `transition()`: a compare-and-set UPDATE on the status (so a cancel from the
 API and a finish from the worker cannot both win) plus a job_events row, in one transaction.
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -20,10 +21,6 @@ from backend.crud.common import Conflict, NotFound
 from backend.lifecycle import FINAL, JobStatus
 from backend.models import Job, JobEvent, User, utcnow
 from worker.tlt.config import JobSpec
-
-
-def _visible(stmt: Select, user: User) -> Select:
-    return stmt if user.is_admin else stmt.where(Job.owner_id == user.id)
 
 
 def create_job(session: Session, owner: User, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, bool]:
@@ -62,31 +59,29 @@ def _same_spec(job: Job, spec_json: dict[str, Any]) -> Job:
     return job
 
 
+# The per-request reads, built once (building a select costs more CPU than SQLite spends answering it): by id, and
+# by id for its owner only (a non-admin user). Executed with {"job_id": ..., "owner_id": ...}.
+_JOB_BY_ID = select(Job).where(Job.id == bindparam("job_id"))
+_OWN_JOB_BY_ID = _JOB_BY_ID.where(Job.owner_id == bindparam("owner_id"))
+_JOB_ID_BY_ID = select(Job.id).where(Job.id == bindparam("job_id"))
+_OWN_JOB_ID_BY_ID = _JOB_ID_BY_ID.where(Job.owner_id == bindparam("owner_id"))
+
+
 def get_job(session: Session, user: User | None, job_id: int) -> Job:
     """The job, if `user` may see it (its owner or an admin; user None = internal caller). Else NotFound."""
-    stmt = select(Job).where(Job.id == job_id)
-    job = session.scalar(_visible(stmt, user) if user is not None else stmt)
+    stmt = _JOB_BY_ID if user is None or user.is_admin else _OWN_JOB_BY_ID
+    job = session.scalar(stmt, {"job_id": job_id, "owner_id": None if user is None else user.id})
     if job is None:
         raise NotFound(f"job {job_id} not found")
     return job
 
 
-def list_jobs(
-    session: Session, user: User, *, status: str | None = None, owner: str | None = None,
-    cursor: str | None = None, limit: int = 50,
-) -> tuple[Sequence[Job], str | None]:
-    """Newest first. `cursor` is opaque (the previous page's next_cursor)."""
-    stmt = _visible(select(Job), user)
-    if status:
-        stmt = stmt.where(Job.status == status)
-    if owner:
-        stmt = stmt.join(User, Job.owner_id == User.id).where(User.name == owner)
-    if cursor:
-        stmt = stmt.where(Job.id < decode_cursor(cursor))
-    jobs = session.scalars(stmt.order_by(Job.id.desc()).limit(limit + 1)).unique().all()
-    more = len(jobs) > limit
-    jobs = jobs[:limit]
-    return jobs, (encode_cursor(jobs[-1].id) if more else None)
+def check_job_visible(session: Session, user: User, job_id: int) -> None:
+    """NotFound unless the job exists and `user` may see it, as get_job, reading only the id (routes that serve a
+    job's telemetry need the check, not the row and its JSON spec)."""
+    stmt = _JOB_ID_BY_ID if user.is_admin else _OWN_JOB_ID_BY_ID
+    if session.execute(stmt, {"job_id": job_id, "owner_id": user.id}).first() is None:
+        raise NotFound(f"job {job_id} not found")
 
 
 def encode_cursor(job_id: int) -> str:

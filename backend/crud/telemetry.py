@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from backend.crud.common import _insert
@@ -117,9 +117,22 @@ def list_histograms(
     return session.scalars(select(Histogram).where(Histogram.id.in_(ids)).order_by(*order)).all()
 
 
+# Statements every read of a job runs, built once (building a select costs more CPU than SQLite spends answering it).
+_EVENTS_AFTER = (select(JobEvent).where(JobEvent.job_id == bindparam("job_id"), JobEvent.id > bindparam("after_id"))
+                 .order_by(JobEvent.id).limit(bindparam("limit")))
+_METRICS_CURSOR = select(func.max(Metric.id)).where(Metric.job_id == bindparam("job_id"))
+# A job's progress as two correlated LIMIT-1 subqueries (columns of a select from jobs), each an index probe
+# (uq_metrics_job_step_name backwards; ix_metrics_job_name_step for timing_s/step), so the cost does not grow with
+# the number of metric rows. The job views (crud/jobs.py) select them too.
+LAST_STEP = (select(Metric.step).where(Metric.job_id == Job.id).order_by(Metric.step.desc()).limit(1)
+             .scalar_subquery().label("last_step"))
+LAST_STEP_TIME = (select(Metric.value).where(Metric.job_id == Job.id, Metric.name == STEP_TIME_METRIC)
+                  .order_by(Metric.step.desc()).limit(1).scalar_subquery().label("last_step_time_s"))
+_PROGRESS = select(Job.id, LAST_STEP, LAST_STEP_TIME).where(Job.id.in_(bindparam("job_ids", expanding=True)))
+
+
 def list_events(session: Session, job_id: int, after_id: int = 0, limit: int = 1000) -> Sequence[JobEvent]:
-    stmt = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after_id)
-    return session.scalars(stmt.order_by(JobEvent.id).limit(limit)).all()
+    return session.scalars(_EVENTS_AFTER, {"job_id": job_id, "after_id": after_id, "limit": limit}).all()
 
 
 def add_logs(session: Session, job_id: int, attempt: int, lines: Sequence[str], stream: str = "log") -> None:
@@ -148,20 +161,15 @@ def metrics_cursor(session: Session, job_id: int) -> int:
     history query so that every row up to it is in that history (a row committed in between comes twice, never
     zero times). Like the stream, this assumes a job's rows commit in id order (one writer per job: the worker's
     DbReporter); an upsert that overwrites a stored step keeps its old id. One index probe (ix_metrics_job_id_id)."""
-    return session.scalar(select(func.max(Metric.id)).where(Metric.job_id == job_id)) or 0
+    return session.scalar(_METRICS_CURSOR, {"job_id": job_id}) or 0
 
 
 def job_progress(session: Session, job_ids: Sequence[int]) -> dict[int, JobProgress]:
-    """{job id: JobProgress} for a page of jobs in ONE query: per job two correlated LIMIT-1 subqueries, each an
-    index probe (uq_metrics_job_step_name backwards; ix_metrics_job_name_step for timing_s/step), so the cost does
-    not grow with the number of metric rows. Jobs without metrics map to JobProgress()."""
+    """{job id: JobProgress} for a page of jobs in ONE query (_PROGRESS: two index probes per job, whatever the
+    number of metric rows). Jobs without metrics map to JobProgress()."""
     if not job_ids:
         return {}
-    last_step = (select(Metric.step).where(Metric.job_id == Job.id)
-                 .order_by(Metric.step.desc()).limit(1).scalar_subquery())
-    step_time = (select(Metric.value).where(Metric.job_id == Job.id, Metric.name == STEP_TIME_METRIC)
-                 .order_by(Metric.step.desc()).limit(1).scalar_subquery())
-    rows = session.execute(select(Job.id, last_step, step_time).where(Job.id.in_(list(job_ids))))
+    rows = session.execute(_PROGRESS, {"job_ids": list(job_ids)})
     return {jid: JobProgress(step, finite_or_none(t)) for jid, step, t in rows}
 
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, status
 from fastapi.responses import StreamingResponse
 
 from backend import artifact_store, crud
-from backend.api.deps import ArtifactId, CurrentUser, JobId, SessionDep, SettingsDep
+from backend.api.deps import ArtifactId, CurrentUser, JobId, ReleasingRoute, SessionDep, SettingsDep
 from backend.schemas import ArtifactPublic, errors
 
 
@@ -23,7 +23,7 @@ def _disposition(name: str) -> str:
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
-router = APIRouter(tags=["artifacts"], responses=errors(403, 404, 409, 410, 416))
+router = APIRouter(tags=["artifacts"], responses=errors(403, 404, 409, 410, 416), route_class=ReleasingRoute)
 
 
 @router.get("/jobs/{job_id}/artifacts", response_model=list[ArtifactPublic])
@@ -31,7 +31,7 @@ def list_artifacts(
     job_id: JobId, session: SessionDep, user: CurrentUser,
     kind: Annotated[Literal["policy", "drafter", "checkpoint"] | None, Query()] = None,
 ):
-    crud.get_job(session, user, job_id)
+    crud.check_job_visible(session, user, job_id)
     return crud.list_artifacts(session, job_id, kind)
 
 

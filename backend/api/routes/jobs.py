@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 
 from backend import crud
-from backend.api.deps import CurrentUser, DispatcherDep, JobId, SessionDep, SettingsDep, SubmitAllowed
+from backend.api.deps import CurrentUser, DispatcherDep, JobId, ReleasingRoute, SessionDep, SettingsDep, SubmitAllowed
 from backend.core.dispatch import EnqueueError
 from backend.lifecycle import JobStatus
 from backend.models import Job
 from backend.schemas import JobCreate, JobPublic, Page, errors
 
-router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(404, 409, 429, 503))
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(404, 409, 429, 503), route_class=ReleasingRoute)
 
 
-def _public(session: SessionDep, jobs: Sequence[Job]) -> list[JobPublic]:
-    """JobPublic with each job's progress (latest step, step time): one query for the whole page."""
-    progress = crud.job_progress(session, [j.id for j in jobs])
-    return [JobPublic.model_validate(j).model_copy(update=asdict(progress.get(j.id, crud.JobProgress())))
-            for j in jobs]
+def _public(session: SessionDep, job_id: int) -> JobPublic:
+    """The job as the API shows it (with its progress), read after a write: one query."""
+    return JobPublic.model_validate(crud.job_view(session, None, job_id))
 
 
 def _enqueue(session: SessionDep, dispatcher: DispatcherDep, job: Job) -> None:
@@ -55,7 +51,7 @@ def create_job(
         _enqueue(session, dispatcher, job)
     else:
         response.status_code = status.HTTP_200_OK
-    return _public(session, [job])[0]
+    return _public(session, job.id)
 
 
 @router.get("", response_model=Page[JobPublic])
@@ -68,16 +64,16 @@ def list_jobs(
 ) -> Page[JobPublic]:
     """Newest first; users see their own jobs, admins everyone's (filter with `owner`)."""
     try:
-        jobs, nxt = crud.list_jobs(session, user, status=status_, owner=owner, cursor=cursor,
-                                   limit=min(limit, settings.page_size_max))
+        views, nxt = crud.list_jobs(session, user, status=status_, owner=owner, cursor=cursor,
+                                    limit=min(limit, settings.page_size_max))
     except ValueError as e:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e)) from e
-    return Page[JobPublic](items=_public(session, jobs), next_cursor=nxt)
+    return Page[JobPublic](items=[JobPublic.model_validate(v) for v in views], next_cursor=nxt)
 
 
 @router.get("/{job_id}", response_model=JobPublic)
 def get_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> JobPublic:
-    return _public(session, [crud.get_job(session, user, job_id)])[0]
+    return JobPublic.model_validate(crud.job_view(session, user, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
@@ -87,7 +83,7 @@ def cancel_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> JobPubl
     job = crud.get_job(session, user, job_id)
     if job.status != JobStatus.cancelling:  # cancelling twice is not an error
         job = crud.request_cancel(session, job, reason=f"cancelled by {user.name}")
-    return _public(session, [job])[0]
+    return _public(session, job.id)
 
 
 @router.post("/{job_id}/retry", response_model=JobPublic)
@@ -95,4 +91,4 @@ def retry_job(job_id: JobId, session: SessionDep, user: CurrentUser, dispatcher:
     """A failed or cancelled job goes back to queued (its attempt counter continues; it resumes from a checkpoint)."""
     job = crud.retry_job(session, crud.get_job(session, user, job_id))
     _enqueue(session, dispatcher, job)
-    return _public(session, [job])[0]
+    return _public(session, job.id)

@@ -102,7 +102,7 @@ async def stream(
     # On the loop, not in a worker thread: the session already holds the connection authentication used, and a
     # request holding a connection must never queue for a thread (threads waiting for a connection would deadlock it).
     try:
-        crud.get_job(session, user, job_id)  # NotFound: 404
+        crud.check_job_visible(session, user, job_id)  # NotFound: 404
     finally:
         session.close()  # give the connection back now: a stream lives for minutes; reads use short sessions
     sub = Subscriber(job_id, cursor, Mailbox(settings.sse_queue_max))

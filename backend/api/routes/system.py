@@ -10,12 +10,12 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import text
 
 from backend import crud
-from backend.api.deps import CurrentUser, SessionDep
+from backend.api.deps import CurrentUser, ReleasingRoute, SessionDep
 from backend.lifecycle import JobStatus
 from worker.tlt.config import PRESETS, JobSpec
 
 health_router = APIRouter(tags=["system"])
-api_router = APIRouter(tags=["system"])
+api_router = APIRouter(tags=["system"], route_class=ReleasingRoute)
 
 
 @health_router.get("/healthz")

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from backend import crud
-from backend.api.deps import AfterId, AfterStep, CurrentUser, JobId, SessionDep, SettingsDep
+from backend.api.deps import AfterId, AfterStep, CurrentUser, JobId, ReleasingRoute, SessionDep, SettingsDep
 from backend.schemas import (
     EventPublic,
     HistogramPublic,
@@ -20,14 +20,14 @@ from backend.schemas import (
 )
 from backend.sse_fanout import format_cursor
 
-router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"], responses=errors(404))
+router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"], responses=errors(404), route_class=ReleasingRoute)
 HIST_MAX = 10_000  # largest `points` / `limit` of GET /histograms (a row is ~1 KB of JSON)
 
 
 @router.get("/events", response_model=list[EventPublic])
 def events(job_id: JobId, session: SessionDep, user: CurrentUser, after_id: AfterId = 0):
     """Every status transition (with worker and attempt) and informational event, oldest first."""
-    crud.get_job(session, user, job_id)
+    crud.check_job_visible(session, user, job_id)
     return crud.list_events(session, job_id, after_id)
 
 
@@ -39,7 +39,7 @@ def metrics(
     points: Annotated[int | None, Query(ge=1, le=100_000, description="downsample each series to this many")] = None,
 ) -> MetricHistory:
     """History of each series, and `stream_cursor` to open GET /stream from without replaying these rows."""
-    crud.get_job(session, user, job_id)
+    crud.check_job_visible(session, user, job_id)
     wanted = [n for item in names or [] for n in item.split(",") if n]
     cursor = format_cursor((crud.metrics_cursor(session, job_id), 0, 0))  # before the history: no row falls between
     hist = crud.metric_history(session, job_id, wanted or None, after_step, points)
@@ -53,7 +53,7 @@ def metrics(
 
 @router.get("/metrics/names", response_model=list[str])
 def metric_names(job_id: JobId, session: SessionDep, user: CurrentUser) -> list[str]:
-    crud.get_job(session, user, job_id)
+    crud.check_job_visible(session, user, job_id)
     return crud.metric_names(session, job_id)
 
 
@@ -67,7 +67,7 @@ def histograms(
         "only the newest this many (a window ending at the last step), after thinning"))] = None,
 ):
     """Whole per-step histograms (e.g. response_length), for drawing the long tail; oldest first."""
-    crud.get_job(session, user, job_id)
+    crud.check_job_visible(session, user, job_id)
     return crud.list_histograms(session, job_id, name, after_step, points=points, limit=limit)
 
 
@@ -76,7 +76,7 @@ def logs(
     job_id: JobId, session: SessionDep, user: CurrentUser, settings: SettingsDep,
     after_id: AfterId = 0, limit: Annotated[int, Query(ge=1)] = 1000,
 ):
-    crud.get_job(session, user, job_id)
+    crud.check_job_visible(session, user, job_id)
     return crud.list_logs(session, job_id, after_id, min(limit, 10 * settings.page_size_max))
 
 
@@ -86,5 +86,5 @@ def samples(
     after_step: AfterStep = None, limit: Annotated[int, Query(ge=1)] = 100,
 ):
     """A few (prompt, response, reward) examples per step."""
-    crud.get_job(session, user, job_id)
+    crud.check_job_visible(session, user, job_id)
     return crud.list_samples(session, job_id, after_step, min(limit, settings.page_size_max))
