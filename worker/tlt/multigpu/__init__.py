@@ -5,6 +5,7 @@
     rollout_shard.py  prompts sharded by rank, per-rank sampling streams, trajectory summaries gathered
     harvest.py        a rank whose shard is done trains the drafter until all are done; drafter broadcast
     update.py         gradient all-reduce (DDP-style) with the global loss normaliser and global clip
+    zero.py           ZeRO stage 1 (`resources.zero_stage: 1`): AdamW state sharded across ranks, weights replicated
     metrics.py        merge the ranks' step metrics; per-GPU timeline intervals
     loop.py           apply all of it to a single-GPU GRPOTrainer and step the ranks in lock-step
 

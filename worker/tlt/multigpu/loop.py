@@ -2,7 +2,7 @@
 parallelism to it from outside, and step it in lock-step with the other ranks.
 
     trainer, val = build_trainer(spec, reporter)
-    dp = apply_data_parallel(trainer, ctx)           # sharded rollout + harvest + DP update + drafter broadcast
+    dp = apply_data_parallel(trainer, ctx)           # sharded rollout + harvest + DP update (+ ZeRO-1) + drafter
     dist_train_loop(spec, trainer, dp, val, run_dir, reporter, ctx, resume=True)
 
 Every rank runs every collective in the same order: the step (rollout gather, gradient all-reduce, drafter
@@ -17,12 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu.context import DistContext
 from worker.tlt.multigpu.harvest import DistDrafterHook, Harvester
 from worker.tlt.multigpu.metrics import merge_step_metrics
 from worker.tlt.multigpu.rollout_shard import ShardedRollout
 from worker.tlt.multigpu.update import DataParallelUpdate, check_replicas, loss_share
+from worker.tlt.multigpu.zero import consolidate, optimizer_state_bytes, shard_optimizer
 from worker.tlt.reporting import Reporter
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.run_dir import resume_from, save_checkpoint
@@ -57,14 +60,20 @@ def apply_data_parallel(trainer: GRPOTrainer, ctx: DistContext) -> DataParallel:
     trainer.rollout = rollout
     if drafter is not None:
         trainer.drafter = DistDrafterHook(ctx, drafter, rollout)
+    if spec.resources.zero_stage == 1:
+        shard_optimizer(trainer)  # before the update's hook goes on the optimizer
     update = DataParallelUpdate(ctx, trainer, rollout)
     return DataParallel(ctx, rollout, update, drafter)
 
 
 def dist_step(trainer: GRPOTrainer, dp: DataParallel) -> tuple[dict[str, float], list[dict], list[dict[str, float]]]:
     """One RL step on every rank. Returns (this rank's metrics, its sample rows, every rank's metrics) with the
-    gradient norm and loss of the data-parallel update in place of the trainer's local ones."""
+    gradient norm and loss of the data-parallel update in place of the trainer's local ones, and this rank's
+    optimizer state size (halved per rank by ZeRO-1 on 2 ranks) and, on CUDA, its peak memory."""
     metrics, samples, _ = trainer.step()
+    metrics["perf/optimizer_state_mib"] = optimizer_state_bytes(trainer.optimizer) / 2**20
+    if dp.ctx.device.type == "cuda":  # the allocator's high-water mark so far (KV cache, rollout and update)
+        metrics["perf/peak_mem_mib"] = torch.cuda.max_memory_allocated(dp.ctx.device) / 2**20
     metrics["actor/grad_norm"] = dp.update.last_grad_norm
     metrics["actor/pg_loss"] *= loss_share(trainer.loss_cfg.loss_type, dp.rollout.last_gather, dp.ctx.rank)
     return metrics, samples, dp.ctx.all_gather_objects(metrics)
@@ -84,6 +93,7 @@ def dist_train_loop(spec: JobSpec, trainer: GRPOTrainer, dp: DataParallel, val: 
 
     def checkpoint() -> None:
         check_replicas(ctx, trainer.model)
+        consolidate(trainer.optimizer)  # ZeRO-1: every rank sends its shard of the AdamW state to rank 0
         if ctx.is_main:
             path = save_checkpoint(trainer, ckpt_root, spec.save_total_limit)
             reporter.artifact("checkpoint", path, step)

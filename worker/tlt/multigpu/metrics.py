@@ -7,7 +7,8 @@ Rules: response lengths, their histogram and tokens/s are recomputed from all ra
 combined exactly from each rank's count, mean and unbiased std; sums for counts and the (pre-scaled) loss; the
 slowest rank for timings; token-weighted means for per-token actor/rollout statistics; metrics every rank already
 agrees on (harvest/*, drafter/*, actor/grad_norm, actor/lr, val/*) pass through; anything else is a mean weighted by
-the rank's number of responses.
+the rank's number of responses. perf/optimizer_state_mib (ZeRO-1 shards it) and perf/peak_mem_mib (CUDA) are the
+largest rank's, and each rank's as perf/gpu{r}/optimizer_state_mib and perf/gpu{r}/peak_mem_mib.
 
 Timeline (`timeline/gpu{r}/{rollout,drafter,idle,reward,update,sync}_s`): the step's phases of GPU r in order,
 seconds. rollout = its own shard, drafter = harvested training, idle = waiting for the other ranks untrained,
@@ -30,7 +31,8 @@ SUMMED = ("actor/pg_loss", "actor/num_groups_used")
 PASS_THROUGH_PREFIXES = ("harvest/", "drafter/", "val/")
 PASS_THROUGH = ("actor/grad_norm", "actor/lr")
 TOKEN_WEIGHTED_PREFIXES = ("actor/", "rollout/")
-MAXED = ("rollout/logp_abs_diff_max",)
+MAXED = ("rollout/logp_abs_diff_max", "perf/optimizer_state_mib", "perf/peak_mem_mib")  # memory: the fullest rank
+PER_GPU = ("perf/optimizer_state_mib", "perf/peak_mem_mib")  # also per rank: perf/gpu{r}/optimizer_state_mib, ...
 
 
 def combine_mean_std(counts: Sequence[int], means: Sequence[float], stds: Sequence[float]) -> tuple[float, float]:
@@ -85,4 +87,8 @@ def merge_step_metrics(
     out["perf/tokens_per_s"] = float(lengths.sum()) / max(out.get("timing_s/gen", 0.0), 1e-9)
     out["dist/world_size"] = float(len(per_rank))
     out.update(timeline(per_rank, summaries))
+    for name in PER_GPU:
+        for r, m in enumerate(per_rank):
+            if name in m:
+                out[name.replace("/", f"/gpu{r}/", 1)] = m[name]
     return out, length_histogram(lengths, algo.max_completion_length)

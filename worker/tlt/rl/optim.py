@@ -22,6 +22,7 @@ transformers schedules of the same names).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -107,17 +108,17 @@ class MasterWeights:
             m.copy_(t)
 
 
-def build_optimizer(params: list[torch.nn.Parameter], algo: AlgorithmConfig) -> torch.optim.AdamW:
-    """AdamW; fused on CUDA (one kernel over all tensors, step counters on the device, so the step never waits on
-    the host), the multi-tensor (foreach) path on CPU."""
+def adamw_kwargs(params: list[torch.nn.Parameter], algo: AlgorithmConfig) -> dict[str, Any]:
+    """AdamW's hyper-parameters: fused on CUDA (one kernel over all tensors, step counters on the device, so the
+    step never waits on the host), the multi-tensor (foreach) path on CPU. Shared with the ZeRO-sharded optimizer
+    (multigpu/zero.py), which builds one AdamW per rank over its shard of `params`."""
     on_cuda = bool(params) and all(p.is_cuda for p in params)
-    return torch.optim.AdamW(
-        params,
-        lr=algo.learning_rate,
-        weight_decay=algo.weight_decay,
-        fused=True if on_cuda else None,
-        foreach=None if on_cuda else True,
-    )
+    return {"lr": algo.learning_rate, "weight_decay": algo.weight_decay,
+            "fused": True if on_cuda else None, "foreach": None if on_cuda else True}
+
+
+def build_optimizer(params: list[torch.nn.Parameter], algo: AlgorithmConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, **adamw_kwargs(params, algo))
 
 
 def build_scheduler(opt: torch.optim.Optimizer, algo: AlgorithmConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
