@@ -20,6 +20,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from worker.tlt.adaptive import AdaptiveSd, BanditConfig, SwitchConfig, arms_table, make_bandit
 from worker.tlt.rollout.decode_step import GREEDY
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
@@ -117,11 +118,31 @@ def test_warmup_captures_every_shape() -> None:
                  spec=SpecConfig("on", "chain", depth=4), proposer=NGramProposer())
     graphs = EagerVerifyGraphs()
     attach(eng, graphs)
-    graphs.warmup(eng, 8, [(5, 4, 1)], GREEDY)
+    eng._warmup_verify(8, GREEDY)  # what Engine.warmup does on CUDA: one shape per batch bucket here
     captured = graphs.keys()
     assert {(k[0], k[1], k[2], k[3]) for k in captured} == {(b, 5, 4, 1) for b in (1, 2, 4, 8)}
     assert [s.tokens for s in eng.generate(reqs).sequences] == plain
     assert graphs.keys() == captured  # nothing captured during the rollout
+
+
+def test_adaptive_warmup_captures_each_buckets_own_arms() -> None:
+    """The adaptive engine's warm-up captures, per batch bucket, only the arms of the batches in that bucket (a wide
+    small-batch tree is not captured at batch 32), and a learned drafter's arms with its q in sampled modes."""
+    table = arms_table(["ngram", "small"])
+    ctl = AdaptiveSd(SwitchConfig(mode="adaptive", on_below=16), make_bandit(table, BanditConfig()))
+    eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=32),
+                 adaptive=ctl, proposers={"ngram": NGramProposer(), "small": SmallModelProposer(DRAFTER)})
+    graphs = EagerVerifyGraphs()
+    attach(eng, graphs)
+    mode = ("uniform", 1.0, 1.0, 0)
+    eng._warmup_verify(32, mode)
+    keys = graphs.keys()
+    want = {(eng.bucket(n), a.verify_tokens, min(a.depth, a.verify_tokens - 1), a.topk, a.drafter != "ngram")
+            for n in range(1, 25) for a in ctl.arms_for(n) if a.is_sd}  # off_at default: 1.5 x on_below = 24
+    assert {(k[0], k[1], k[2], k[3], k[5]) for k in keys} == want
+    widest = max(a.verify_tokens for a in ctl.arms_for(1))
+    assert widest > max(a.verify_tokens for a in ctl.arms_for(24))
+    assert not any(k[0] == eng.bucket(24) and k[1] == widest for k in keys)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------
@@ -171,7 +192,7 @@ def test_smollm2_verify_step_time_graphed_vs_eager() -> None:
             g = VerifyGraphs.for_engine(eng)
             assert g is not None
             attach(eng, g)
-            g.warmup(eng, 16, [(7, 6, 1)], GREEDY)  # captures before timing
+            g.warmup(eng, {b: [(7, 6, 1, False)] for b in (1, 2, 4, 8, 16)}, GREEDY)  # captures before timing
         eng.generate(reqs)  # warm-up (n-gram, allocator)
         torch.cuda.synchronize()
         t0 = time.perf_counter()

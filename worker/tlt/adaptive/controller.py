@@ -107,6 +107,16 @@ class AdaptiveSd:
                     continue
         return arms
 
+    def arms_for(self, active: int) -> list[Arm]:
+        """The arms a step with this many active sequences can run (the fixed arm and its bucket's bandit arms)."""
+        arms = [self.fixed_arm]
+        if self.bandit is not None:
+            try:
+                arms += self.bandit.arms(self.scheme.bucket(active))
+            except KeyError:  # a table without this bucket
+                pass
+        return arms
+
     def set_drafters(self, drafters: Sequence[DrafterKind]) -> None:
         """The drafters changed (e.g. the learned one is loaded): new arms are explored, kept ones keep their data."""
         if self.bandit is not None:

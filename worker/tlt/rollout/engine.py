@@ -216,19 +216,24 @@ class Engine:
         return time.perf_counter() - t0
 
     def _warmup_verify(self, max_batch: int, mode: Mode) -> None:
-        """Capture the verify graphs of every SD shape this engine can run: the controller's arms up to the batch at
-        which its switch turns SD off again, or the fixed SpecConfig at every batch."""
+        """Capture the verify graphs of every SD shape this engine can run, per batch bucket: the controller's arms of
+        the batches in that bucket, up to the batch at which its switch turns SD off again, or the fixed SpecConfig
+        at every batch. Learned drafters send their q (sampled modes), the n-gram drafter does not."""
         assert self.verify_graphs is not None
+        plan: dict[int, set[tuple[int, int, int, bool]]] = {}
         if self.adaptive is not None:
-            shapes = sorted({(a.verify_tokens, a.depth, a.topk) for a in self.adaptive.all_arms() if a.is_sd})
             sw = self.adaptive.switch.config
             max_batch = min(max_batch, sw.off_at or math.ceil(1.5 * sw.on_below))
+            for n in range(1, max_batch + 1):
+                plan.setdefault(self.bucket(n), set()).update(
+                    (a.verify_tokens, a.depth, a.topk, a.drafter != "ngram") for a in self.adaptive.arms_for(n)
+                    if a.is_sd)
         elif self.proposer is not None and self.spec.mode == "on" and (topk := proposer_topk(self.proposer)):
-            shapes = [(self.spec.num_nodes, self.spec.depth, topk)]
-        else:
-            return
-        if shapes:
-            self.verify_graphs.warmup(self, max_batch, shapes, mode)
+            q = not isinstance(self.proposer, NGramProposer)
+            for n in range(1, max_batch + 1):
+                plan.setdefault(self.bucket(n), set()).add((self.spec.num_nodes, self.spec.depth, topk, q))
+        if any(plan.values()):
+            self.verify_graphs.warmup(self, {b: sorted(shapes) for b, shapes in plan.items()}, mode)
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _decode_tk(self, batch: int, hi: int) -> int:

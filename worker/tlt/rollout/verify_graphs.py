@@ -16,7 +16,7 @@ overwrites. (On empty inputs, as `warmup()` uses, every row counts as padding an
 harmless only while no row is live, which warmup() checks.)
 
     graphs = VerifyGraphs.for_engine(engine)      # None off CUDA or with cuda_graphs off
-    graphs.warmup(engine, 48, [(7, 6, 1)], mode)   # (width, depth, topk) per arm, before generate()
+    graphs.warmup(engine, {8: [(7, 6, 1, True)]}, mode)   # per batch bucket: (width, depth, topk, q)
     out = graphs.run(engine, proposal, batch, width=7, depth=6, topk=1)   # SpecOut of static tensors
 
 Run the GPU test: `python -m pytest tests/spec/test_spec_verify_graphs.py -q -m gpu`.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,18 +71,15 @@ class VerifyGraphs:
     def keys(self) -> list[Key]:
         return list(self._entries)
 
-    def warmup(self, engine: Engine, max_batch: int, shapes: Sequence[tuple[int, int, int]], mode: Mode,
-               has_q: Sequence[bool] = (False, True)) -> float:
-        """Capture every (engine batch bucket <= max_batch, (width, depth, topk), drafter probs or not) graph for the
-        sampling `mode`, ahead of a timed run (every row empty). Returns the seconds spent."""
+    def warmup(self, engine: Engine, plan: Mapping[int, Sequence[tuple[int, int, int, bool]]], mode: Mode) -> float:
+        """Capture ahead of a timed run (every row empty), per engine batch bucket, the graphs of the shapes in
+        `plan[bucket]`: (width, depth, topk, drafter sends q) for the sampling `mode`. Returns the seconds spent."""
         if engine.n_active:
             raise RuntimeError("warm up the verify graphs before generate(), with every row empty")
         t0 = time.perf_counter()
-        buckets = sorted({engine.bucket(b) for b in (*engine.config.batch_buckets, max_batch) if b <= max_batch})
-        for b in buckets:
-            for width, depth, topk in shapes:
-                for q in has_q if mode != GREEDY else (False,):
-                    self._entry(engine, (b, width, min(depth, width - 1), topk, mode, q))
+        for b, shapes in sorted(plan.items()):
+            for width, depth, topk, q in shapes:
+                self._entry(engine, (b, width, min(depth, width - 1), topk, mode, q and mode != GREEDY))
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
