@@ -65,7 +65,10 @@ export class SchemaForm {
         nullable ? h("option", { value: "" }, "(none)") : null,
         ...inner.enum.map((v) => h("option", { value: String(v) }, String(v))));
       input = sel;
-      field = { error, get: () => (sel.value === "" && nullable ? null : sel.value), set: (v) => { sel.value = v == null ? "" : String(v); } };
+      const options = inner.enum;
+      // the option's own value (an integer enum must not be posted as a string), read by index
+      field = { error, get: () => (sel.value === "" && nullable ? null : options[sel.selectedIndex - (nullable ? 1 : 0)]),
+                set: (v) => { sel.value = v == null ? "" : String(v); } };
     } else if (inner.type === "boolean") {
       const cb = h("input", { type: "checkbox", name: path });
       input = cb;

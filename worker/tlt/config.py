@@ -135,7 +135,7 @@ class Resources(_Strict):
     queue: str | None = None  # Celery queue; default chosen from gpus
     # gpus > 1: 0 = replicated AdamW state (plain data parallel), 1 = ZeRO stage 1, AdamW state sharded across ranks
     # (multigpu/zero.py; stages 2/3 would shard the weights the colocated rollout engine reads whole)
-    zero_stage: int = Field(0, ge=0, le=1)
+    zero_stage: Literal[0, 1] = 0
 
 
 class JobSpec(_Strict):
