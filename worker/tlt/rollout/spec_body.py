@@ -26,7 +26,7 @@ import torch
 
 from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows
 from worker.tlt.spec.sampling import processed_probs
-from worker.tlt.spec.tree import ancestor_mask
+from worker.tlt.spec.tree import ancestor_mask, depths_from_ancestors
 from worker.tlt.spec.types import DraftProposal
 from worker.tlt.spec.verify import verify_greedy, verify_sampling
 
@@ -70,7 +70,7 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
     in_batch = row_i < inp.n_rows
     lens = torch.where(in_batch, st.lens[:r], 0)
     anc = ancestor_mask(inp.parents)  # [R, W, W] ancestor-or-self
-    node_depth = anc.sum(dim=-1) - 1  # [R, W]
+    node_depth = depths_from_ancestors(anc)  # [R, W]
     pos = lens[:, None] + node_depth
     widx = lens[:, None] + node_i[None, :]
     mask = (torch.arange(tk, device=dev)[None, None, :] < lens[:, None, None]).expand(r, w, tk).clone()

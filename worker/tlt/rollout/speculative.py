@@ -69,11 +69,10 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
         width = max(nodes, n_nodes)
         d = min(depth, width - 1)
         out = graphs.run(engine, prop, batch, width=width, depth=d, topk=topk)
-        rows_out = engine.bucket(batch)
+        rr = engine.bucket(batch)  # rows of the packed result
     else:
-        # a drafter whose config fixes topk bounds the branching and depth: no host sync in the verifier
         d = min(depth, n_nodes - 1)
-        if topk is None:  # read the structure once (host syncs); the body needs static bounds
+        if topk is None:  # no fixed branching: read the tree's bounds once (host syncs); the body needs them static
             d = max(int(node_depths(prop.parents).max()), 0) if n_nodes > 1 else 0
             kids = children_table(prop.parents, prop.counts)
             k = max(int(kids.shape[2]), 1)
@@ -87,7 +86,7 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
                          torch.full((1,), batch, dtype=torch.int64, device=engine.device), u, noise)
         out = verify_commit(engine, inp, depth=d, topk=k, mode=engine._mode,
                             tk=engine._tk(engine.n_active, n_nodes), chain=is_chain)
-        rows_out = batch
+        rr = batch
     if engine.hidden_hook is not None:  # root + the accepted nodes that were kept (the last kept token is the new root)
         kept = out.kept[:batch]
         hid = out.hidden[:batch]
@@ -95,7 +94,6 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
                             hid.gather(1, kept[..., None].expand(-1, -1, hid.shape[-1])), out.n[:batch])
     d_max = max(d, 1)
     packed = out.packed.tolist()  # the step's one device -> host read (layout: rollout/spec_body.py)
-    rr = rows_out
     n_host, done_host = packed[:batch], packed[rr : rr + batch]
     acc_host, dr_host = packed[2 * rr : 2 * rr + d_max], packed[2 * rr + d_max : 2 * rr + 2 * d_max]
     active_rows, verify_nodes = packed[2 * rr + 2 * d_max : 2 * rr + 2 * d_max + 2]

@@ -46,7 +46,12 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:  # parents [B, N] int6
 
 def node_depths(parents: torch.Tensor) -> torch.Tensor:  # parents [B, N] -> [B, N] int64
     """Depth of each node: 0 for the root (and for padding, whose parent is -1)."""
-    return ancestor_mask(parents).sum(dim=-1).to(torch.int64) - 1
+    return depths_from_ancestors(ancestor_mask(parents))
+
+
+def depths_from_ancestors(anc: torch.Tensor) -> torch.Tensor:  # ancestor_mask [B, N, N] -> [B, N] int64
+    """node_depths from an ancestor mask already at hand (a node's ancestors-or-self, less itself)."""
+    return anc.sum(dim=-1).to(torch.int64) - 1
 
 
 def children_table(
