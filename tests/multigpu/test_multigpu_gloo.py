@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.multigpu.ranks import Quiet, params_of, spawn_ranks
 from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
@@ -51,20 +51,6 @@ def toy_spec(**over: Any) -> JobSpec:
     return JobSpec.model_validate(data)
 
 
-class Quiet:
-    """A Reporter that keeps everything in memory."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("metrics", "histogram", "log", "artifact", "samples"):
-            return lambda *args: self.calls.append((name, args))
-        raise AttributeError(name)
-
-    def should_stop(self) -> bool:
-        return False
-
 
 def update_batch(loss_type: str) -> tuple[GRPOTrainer, list[UpdateSeq]]:
     """A fresh trainer (same seed, same weights in every process) and a fixed batch of 6 ragged sequences."""
@@ -92,8 +78,6 @@ def capture_grads(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
     return grads
 
 
-def params_of(m: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in m.state_dict().items()}
 
 
 def delay(inner: Any, seconds: float) -> Any:
@@ -153,10 +137,7 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("dist")
-    mp.start_processes(_ranks, args=(f"tcp://127.0.0.1:{launch.free_port()}", str(out)), nprocs=WORLD,
-                       join=True, start_method="spawn")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_ranks, tmp_path_factory.mktemp("dist"), WORLD)
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], exact: bool = True) -> None:

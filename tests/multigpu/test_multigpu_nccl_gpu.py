@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 
 def test_two_gpu_job_with_drafter(tmp_path: Path) -> None:
-    from tests.multigpu.test_multigpu_gloo import Quiet, toy_spec  # `python -m pytest`: the repo root is on sys.path
+    from tests.multigpu.ranks import Quiet  # `python -m pytest`: the repo root is on sys.path
+    from tests.multigpu.test_multigpu_gloo import toy_spec
 
     spec = toy_spec(model={"dtype": "bfloat16"}, resources={"gpus": 2}, max_steps=3, save_steps=3,
                     rollout={"speculative": "adaptive", "sd_on_below": 8, "cuda_graphs": True},
@@ -39,7 +40,8 @@ def test_two_gpu_job_with_drafter(tmp_path: Path) -> None:
 def test_two_gpu_job_with_zero1_resumes(tmp_path: Path) -> None:
     """ZeRO-1 on NCCL: bf16 policy with fp32 masters, fused AdamW sharded over the 2 GPUs (its step counters must come
     back on the GPU when a checkpoint is loaded), the consolidated state written by rank 0 and resumed by both."""
-    from tests.multigpu.test_multigpu_gloo import Quiet, toy_spec
+    from tests.multigpu.ranks import Quiet
+    from tests.multigpu.test_multigpu_gloo import toy_spec
 
     def spec(steps: int) -> JobSpec:
         return toy_spec(model={"dtype": "bfloat16"}, resources={"gpus": 2, "zero_stage": 1}, max_steps=steps,

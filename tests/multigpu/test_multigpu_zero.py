@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from tests.multigpu.ranks import Quiet, params_of, spawn_ranks
 from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
@@ -49,23 +49,6 @@ def toy_spec(zero_stage: int, **over: Any) -> JobSpec:
     })
 
 
-class Quiet:
-    """A Reporter that keeps only the log lines."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def log(self, line: str) -> None:
-        self.lines.append(line)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("metrics", "histogram", "artifact", "samples"):
-            return lambda *args: None
-        raise AttributeError(name)
-
-    def should_stop(self) -> bool:
-        return False
-
 
 def batches() -> list[list[UpdateSeq]]:
     """Two fixed batches of 6 ragged sequences (the same in every process)."""
@@ -91,8 +74,6 @@ def local_update(trainer: GRPOTrainer, ctx: DistContext, b: int) -> None:
     trainer.update(batches()[b][slice(*shard_bounds(6, ctx.rank, WORLD))])  # steps the LR schedule too
 
 
-def params_of(m: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in m.state_dict().items()}
 
 
 def consolidated(trainer: GRPOTrainer, ctx: DistContext) -> dict[str, Any]:
@@ -138,10 +119,7 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("zero")
-    mp.start_processes(_ranks, args=(f"tcp://127.0.0.1:{launch.free_port()}", str(out)), nprocs=WORLD,
-                       join=True, start_method="spawn")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_ranks, tmp_path_factory.mktemp("zero"), WORLD)
 
 
 def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
@@ -196,7 +174,7 @@ def test_launched_job_checkpoints_and_resumes_exactly(tmp_path: Path) -> None:
     launch.run(toy_spec(1, max_steps=1), split, Quiet(), world=WORLD)  # type: ignore[arg-type]
     resumed = Quiet()
     launch.run(toy_spec(1), split, resumed, world=WORLD)  # type: ignore[arg-type]
-    assert any("resumed from checkpoint step-1" in line for line in resumed.lines)  # not a run from scratch
+    assert any("resumed from checkpoint step-1" in args[0] for name, args in resumed.calls if name == "log")  # not a run from scratch
     a, b = whole / "checkpoints" / "step-2", split / "checkpoints" / "step-2"
     assert_close(load_file(str(b / "model.safetensors")), load_file(str(a / "model.safetensors")), atol=0.0)
     oa, ob = (torch.load(p / "optimizer.pt", weights_only=False) for p in (a, b))

@@ -69,6 +69,12 @@ def run(model, reqs: list[Request], spec: SpecConfig | None, proposer, slots: in
     return [s.tokens for s in eng.generate(reqs).sequences], eng
 
 
+def proposer_for(drafter: str, spec: SpecConfig) -> NGramProposer | SmallModelProposer:
+    topk = spec.topk if spec.method == "tree" else 1
+    return NGramProposer(NGramConfig(topk=topk)) if drafter == "ngram" else SmallModelProposer(
+        DRAFTER, SmallModelConfig(topk=topk))
+
+
 CASES = [  # (sequences, slots, spec, drafter)
     (5, 16, SpecConfig("on", "chain", depth=6), "ngram"),  # bucket 8 > 5 active: free pad rows; short n-gram drafts
     (12, 12, SpecConfig("on", "chain", depth=4), "small"),  # continuous batching shrinks the batch inside a bucket
@@ -80,9 +86,7 @@ CASES = [  # (sequences, slots, spec, drafter)
 def test_graph_path_on_cpu_equals_plain_greedy(n: int, slots: int, spec: SpecConfig, drafter: str) -> None:
     reqs = [Request(p * 2, SamplingParams(temperature=0.0, max_new_tokens=20 + 3 * i))
             for i, p in enumerate(random_prompts(n, seed=n))]
-    topk = spec.topk if spec.method == "tree" else 1
-    prop = NGramProposer(NGramConfig(topk=topk)) if drafter == "ngram" else SmallModelProposer(
-        DRAFTER, SmallModelConfig(topk=topk))
+    prop = proposer_for(drafter, spec)
     plain, _ = run(TARGET, reqs, None, None, slots, None)
     graphed, eng = run(TARGET, reqs, spec, prop, slots, EagerVerifyGraphs)
     assert graphed == plain
@@ -100,9 +104,7 @@ def test_sampled_graph_path_with_top_k_1_equals_plain_greedy(n: int, slots: int,
     reqs = [Request(p * 2, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=20 + 3 * i))
             for i, p in enumerate(random_prompts(n, seed=n + 1))]
     greedy = [Request(r.prompt, SamplingParams(temperature=0.0, max_new_tokens=r.params.max_new_tokens)) for r in reqs]
-    topk = spec.topk if spec.method == "tree" else 1
-    prop = NGramProposer(NGramConfig(topk=topk)) if drafter == "ngram" else SmallModelProposer(
-        DRAFTER, SmallModelConfig(topk=topk))
+    prop = proposer_for(drafter, spec)
     plain, _ = run(TARGET, greedy, None, None, slots, None)
     graphed, eng = run(TARGET, reqs, spec, prop, slots, EagerVerifyGraphs)
     assert graphed == plain
