@@ -16,7 +16,8 @@ The local API gets TLT_SUBMIT_RATE_PER_MIN=0 (the per-token limit would turn the
 The rate phase's client is `--client raw` (default): keep-alive HTTP/1.1 over asyncio with httptools (C) parsing
 the responses, ~5x less CPU per request than httpx (pure-Python h11), which on a 2-core box took CPU from the API it
 measured; `--client httpx` measures with httpx. The SSE phase always uses httpx. "generator CPU ms/req" is this
-process's CPU per request.
+process's CPU per request. With a local Postgres `--database-url` the rows add the CPU of its backends serving the
+API per request, its transactions per request and the connections opened in the phase (see database_usage).
 Issue 10's targets: p99 < 50 ms at 200 req/s, zero errors, 1,000 SSE clients.
 """
 
@@ -55,6 +56,9 @@ class Stats:
     load_avg: float = 0.0  # the machine's 1-minute load average at the end (other work on the box skews latency)
     server_cpu_s: float | None = None  # CPU seconds the local API process used in the phase (None: remote API)
     client_cpu_s: float = 0.0  # CPU seconds this process (the load generator) used in the phase
+    db_cpu_s: float | None = None  # CPU seconds of the local Postgres's backends serving the API (None: not measured)
+    db_xacts: int | None = None  # transactions Postgres counted for the API's database in the phase
+    db_connects: int | None = None  # connections opened to it in the phase (pool churn; their CPU is not counted)
 
     def add(self, kind: str, ms: float, ok: bool) -> None:
         self.latencies_ms.setdefault(kind, []).append(ms)
@@ -88,6 +92,26 @@ def process_cpu_s(pid: int | None) -> float | None:
 
 
 SERVER_PID: int | None = None  # the local API's pid, set by local_api
+DB_URL = ""  # the local API's Postgres database (psycopg URL), set by local_api; "" for SQLite or a remote API
+
+
+def database_usage() -> tuple[float, int, int] | None:
+    """(CPU seconds of the backends connected to DB_URL's database, its transaction count, its connections opened
+    so far), when it is a Postgres on this machine. The CPU is that of the backends alive at the time: the API's pool
+    keeps its connections, so it counts all of its database work unless connections were opened and closed in
+    between (then it undercounts; the connections column shows it). Postgres shares the cores with the API, which is
+    what makes 200 req/s hard on a small box."""
+    if not DB_URL:
+        return None
+    import psycopg
+    with psycopg.connect(DB_URL, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute("SELECT xact_commit + xact_rollback, sessions FROM pg_stat_database "
+                           "WHERE datname = current_database()").fetchone()
+    cpu = sum(c for c in (process_cpu_s(pid) for pid in pids) if c is not None)
+    return cpu, int(row[0]) if row else 0, int(row[1]) if row else 0
 
 
 @contextlib.contextmanager
@@ -102,6 +126,9 @@ def local_api(home: Path, database_url: str = "", broker_url: str = "") -> Itera
            "TLT_DATABASE_URL": database_url, "TLT_BROKER_URL": broker_url}
     settings = Settings(home=home, database_url=database_url, broker_url=broker_url)
     settings.ensure_dirs()
+    if database_url.startswith("postgresql"):
+        global DB_URL
+        DB_URL = "postgresql://" + database_url.split("://", 1)[1]
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     with make_session_factory(engine)() as s:
@@ -278,7 +305,7 @@ async def rate_phase(url: str, token: str, rate: float, duration: float, seed: i
                 raise RuntimeError(f"could not submit a job: HTTP {code} {body[:200]!r}")
             job_ids.append(json.loads(body)["id"])
         tasks: list[asyncio.Task[None]] = []
-        cpu0, own0 = process_cpu_s(SERVER_PID), _own_cpu_s()
+        cpu0, own0, db0 = process_cpu_s(SERVER_PID), _own_cpu_s(), database_usage()
         start, n = time.perf_counter(), int(rate * duration)
         for i in range(n):
             due = start + i / rate
@@ -296,6 +323,10 @@ async def rate_phase(url: str, token: str, rate: float, duration: float, seed: i
     cpu1 = process_cpu_s(SERVER_PID)
     stats.server_cpu_s = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     stats.client_cpu_s = _own_cpu_s() - own0
+    db1 = database_usage()
+    if db0 is not None and db1 is not None:
+        stats.db_cpu_s, stats.db_xacts = db1[0] - db0[0], db1[1] - db0[1] - 1  # less our own first read's
+        stats.db_connects = db1[2] - db0[2] - 1
     return stats
 
 
@@ -374,18 +405,25 @@ async def sse_phase(url: str, token: str, clients: int, hold_s: float) -> SsePha
 
 def rate_rows(results: list[tuple[float, Stats]]) -> list[str]:
     rows = ["| rate req/s | n | p50 ms | p90 ms | p99 ms | max ms | errors | generator late ms | load avg "
-            "| API CPU ms/req | generator CPU ms/req |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| API CPU ms/req | generator CPU ms/req | Postgres CPU ms/req | Postgres xacts/req | Postgres connects |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for rate, stats in results:
         vs = [v for kind in stats.latencies_ms.values() for v in kind]
         rows.append(f"| {rate:g} | {len(vs)} | {pct(vs, 50):.1f} | {pct(vs, 90):.1f} | {pct(vs, 99):.1f} | "
                     f"{max(vs, default=float('nan')):.1f} | {sum(stats.errors.values())} | {stats.late_ms:.0f} | "
                     f"{stats.load_avg:.1f} | {_per_req_ms(stats, len(vs))} | "
-                    f"{1000 * stats.client_cpu_s / max(1, len(vs)):.2f} |")
+                    f"{1000 * stats.client_cpu_s / max(1, len(vs)):.2f} | {_db_per_req(stats, len(vs))} |")
     return rows
 
 
 def _per_req_ms(stats: Stats, n: int) -> str:
     return "-" if stats.server_cpu_s is None or not n else f"{1000 * stats.server_cpu_s / n:.2f}"
+
+
+def _db_per_req(stats: Stats, n: int) -> str:
+    if stats.db_cpu_s is None or stats.db_xacts is None or not n:
+        return "- | - | -"
+    return f"{1000 * stats.db_cpu_s / n:.2f} | {stats.db_xacts / n:.2f} | {stats.db_connects}"
 
 
 def kind_rows(stats: Stats) -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 
-from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
@@ -99,6 +98,6 @@ def test_token_check_gives_its_connection_back(cp_backend) -> None:
     thread would wait for a connection held by requests that wait for a thread)."""
     token = cp_backend.token("erin")
     with cp_backend.session() as s:
-        user = get_current_user(s, HTTPAuthorizationCredentials(scheme="Bearer", credentials=token))
+        user = get_current_user(s, token)
         assert user.name == "erin" and not s.in_transaction()
         assert cp_backend.engine.pool.checkedout() == 0
