@@ -9,8 +9,8 @@ which is what kept speculative decoding slower than plain decoding there.
 
 Rows 0..n_rows-1 are the batch; rows n_rows..R-1 (a graph's padding up to its batch bucket) write their scratch
 K/V at columns 0..W-1, attend only themselves and commit nothing. Nodes past a row's `counts` are padding the
-verifier never reads (their parents are -1). Randomness comes in as pre-drawn buffers (`uniforms`, `noise`), so a
-graph replays fresh draws that the caller refills from the engine's generator.
+verifier never reads (their parents are -1). Randomness: eagerly the verifier draws from the engine's generator; a
+graph reads pre-drawn buffers (`uniforms`, `noise`) that the caller refills from that generator before each replay.
 
 Packed output (int64): [n (R) | done (R) | accepted at depth k (D) | drafted at depth k (D) | active rows, verify
 nodes (2) | tokens (R x (D+1))]: n = tokens emitted per row after truncation, done = finished flags after the commit;
@@ -43,8 +43,8 @@ class SpecInputs:
     counts: torch.Tensor  # [R] int64 valid nodes per row
     draft_probs: torch.Tensor | None  # [R, W, V] drafter q per node (None: deterministic drafter)
     n_rows: torch.Tensor  # [1] int64 rows of the batch (the rest are padding)
-    uniforms: torch.Tensor | None  # [R, depth * topk] U(0, 1) acceptance draws (sampled modes)
-    noise: torch.Tensor | None  # [R, V] Exp(1) draws of the final token (sampled modes)
+    uniforms: torch.Tensor | None  # [R, depth * topk] U(0, 1) acceptance draws (a graph's; None: drawn in the body)
+    noise: torch.Tensor | None  # [R, V] Exp(1) draws of the final token (a graph's; None: drawn in the body)
 
     def proposal(self) -> DraftProposal:
         return DraftProposal(self.tokens, self.parents, self.counts, self.draft_probs)
@@ -87,8 +87,8 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
         else:
             temp, top_p, top_k = st.temp[:r], st.top_p[:r], st.top_k[:r]
         probs = processed_probs(logits, temp, top_p, top_k)
-        res = verify_sampling(prop, probs, max_depth=depth, max_children=topk, uniforms=inp.uniforms,
-                              noise=inp.noise)
+        res = verify_sampling(prop, probs, engine.gen, max_depth=depth, max_children=topk, uniforms=inp.uniforms,
+                              noise=inp.noise)  # None: drawn from the engine's generator (eager); a graph's are refilled
     n_acc = res.num_emitted - 1
     acc_nodes = res.accepted_nodes[:, :depth].clamp_min(0)  # [R, D]
     if not chain:  # a chain's accepted nodes already sit at lens+1.. (node i at column lens+i)
@@ -105,11 +105,3 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
     kept = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes], dim=1)
     return SpecOut(packed, hook_rows(hidden, cap, layers), kept, n)
 
-
-def verify_draws(rows: int, depth: int, topk: int, vocab: int, device: torch.device,
-                 gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh acceptance uniforms [R, depth * topk] and final-token Exp(1) noise [R, V] (the eager path's draws; a
-    graph refills same-shaped static buffers with the same calls)."""
-    u = torch.empty(rows, max(depth, 1) * max(topk, 1), device=device).uniform_(generator=gen)
-    noise = torch.empty(rows, vocab, device=device).exponential_(generator=gen)
-    return u, noise

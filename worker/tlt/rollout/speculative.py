@@ -24,7 +24,7 @@ import torch
 
 from worker.tlt.adaptive.arms import Arm
 from worker.tlt.rollout.adaptive_loop import proposer_topk, set_proposer_topk
-from worker.tlt.rollout.spec_body import SpecInputs, verify_commit, verify_draws
+from worker.tlt.rollout.spec_body import SpecInputs, verify_commit
 from worker.tlt.rollout.types import StepStats
 from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.sampling import SamplingParams as RowParams
@@ -80,10 +80,8 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
             is_chain = bool(chained.all())
         else:
             k, is_chain = topk, topk == 1
-        vocab = engine.model.head_weight.shape[0]
-        u, noise = (None, None) if engine._all_greedy() else verify_draws(batch, d, k, vocab, engine.device, engine.gen)
         inp = SpecInputs(prop.tokens, prop.parents, prop.counts, prop.draft_probs,
-                         torch.full((1,), batch, dtype=torch.int64, device=engine.device), u, noise)
+                         torch.full((1,), batch, dtype=torch.int64, device=engine.device), None, None)
         out = verify_commit(engine, inp, depth=d, topk=k, mode=engine._mode,
                             tk=engine._tk(engine.n_active, n_nodes), chain=is_chain)
         rr = batch
