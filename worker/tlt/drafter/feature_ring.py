@@ -65,9 +65,14 @@ class FeatureRing:
             grown[: self.rows.shape[0]] = self.rows
             self.rows = grown
         f = self.feature_dim
-        # later rows win on duplicate ring cells (a sequence writing more than `context` rows in one call)
-        self.rows.view(-1, f).index_copy_(0, to_device_no_sync(flat, self.device),
-                                          hidden[:, :f].detach().to(self.device, torch.float32))
+        src = hidden[:, :f].detach()
+        # A sequence bringing more than `context` rows in one call (a long prefill) maps several rows to one ring
+        # cell; CUDA's index_copy_ lets any of them win, so only the last writer of each cell is written.
+        cells, last_rev = np.unique(flat[::-1], return_index=True)
+        if len(cells) < n:
+            keep = np.sort(n - 1 - last_rev)
+            flat, src = flat[keep], src[to_device_no_sync(keep, src.device)]
+        self.rows.view(-1, f).index_copy_(0, to_device_no_sync(flat, self.device), src.to(self.device, torch.float32))
 
     def pack(self, ctx: DraftContext, rows: int) -> np.ndarray:
         """Host-side inputs of `rows` >= B rows (padding rows zero), one int64 array [rows, 2W + 2]:
