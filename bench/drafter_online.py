@@ -1,7 +1,7 @@
 """Online vs frozen drafter while the policy trains (issue 5): accept length, tail tokens/s, spot-training slowdown.
 
     python bench/drafter_online.py --out bench/results/drafter_online_h200.md \
-        --json-out bench/results/drafter_online_h200.json                       # SmolLM2 + GSM8K, H200, ~4 min
+        --json-out bench/results/drafter_online_h200.json                       # SmolLM2 + GSM8K, H200, ~5 min
     python bench/drafter_online.py --model tiny --quick --device cpu --out /tmp/o.md --json-out /tmp/o.json  # smoke
 
 What runs (the product's own pieces, nothing re-implemented):
@@ -17,19 +17,30 @@ What runs (the product's own pieces, nothing re-implemented):
    rollout's tail: batch <= 8), T=1: accept length (tokens emitted per verify, chain k=6 and the tree d=6 k=4 v=32)
    and decode tokens/s with SD vs SD off. The frozen drafter keeps its warm-up weights; it still reads the policy's
    live embedding and head (TLT's drafter shares them), so its drop is the trainable part going stale.
-4. Spot-training slowdown: the same RL rollout (same prompts, seeds) with the engine's tail hook vs without,
-   alternating, --slowdown-reps each after one warm-up run; the relative wall-time difference of the medians.
-Prints and writes one markdown table (--out) with notes, and everything as JSON (--json-out). On the H200 runner:
+4. Spot-training slowdown: a rollout sized like the GRPO main setting, so that it has a tail (--slowdown-prompts x
+   --slowdown-samples, <= --slowdown-new-tokens, SD switch on below --slowdown-sd-on-below as in TLT), built by the
+   product's `make_rollout` with its own drafter loaded from the trained one. With the engine's tail hook vs without,
+   alternating, --slowdown-reps each after one dropped warm-up run; every run starts from the same drafter state
+   (weights, buffer, generators), the same bandit state (the RL loop's) and the same seeds, so with and without
+   decode the same responses (checked: `same_responses`; timing noise can still steer the bandit). Per run: wall
+   time of the rollout and of its tail (the first switch-on step to the end), switch-on step seconds (the hook's
+   credit: EngineConfig.tail_budget of them), hook seconds and drafter steps in the tail; with no step in the tail
+   the figure reads INVALID. The cost of one drafter step is timed apart, to show whether the credit pays for one.
+Prints and writes two markdown tables (--out; drafters per RL point, slowdown per pair) with notes, and everything
+as JSON (--json-out). On the H200 runner:
 `bench/h200.sh drafter_online` (writes drafter_online.md and drafter_online.json under $OUT).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
+import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +53,17 @@ from worker.tlt.drafter.measure import ARMS, run_arm
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.rl.engine_adapter import make_rollout
+from worker.tlt.rollout.adaptive_loop import TailBudget, TailHook
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
 
 log = logging.getLogger("drafter_online")
 CHAIN, TREE = "chain k=6", "tree d=6 k=4 v=32"
 QUICK = {"warmup_prompts": 4, "warmup_steps": 4, "new_tokens": 12, "prompts": 2, "samples": 2, "spot_steps": 2,
-         "points": "0,2", "eval_batch": 2, "slowdown_reps": 1, "context": 16}
+         "points": "0,2", "eval_batch": 2, "slowdown_reps": 1, "context": 16,
+         "slowdown_prompts": 2, "slowdown_samples": 4, "slowdown_new_tokens": 24,  # 8 < 32 active: all tail
+         "buffer_gb": 0.01}
 
 
 class LogReporter:
@@ -118,34 +133,156 @@ def measure_point(model: Any, props: dict[tuple[str, str], EagleProposer], promp
     return row
 
 
+class MeteredTail(TailBudget):
+    """The engine's TailBudget that also times the tail, hook or not: the switch-on step seconds it is shown (the
+    base of the hook's credit) and when the first of them started."""
+
+    def __init__(self, hook: TailHook | None, fraction: float, cap_s: float, clock: Callable[[], float]) -> None:
+        super().__init__(hook, fraction, cap_s, clock)
+        self.on_s = 0.0
+        self.first_on: float | None = None
+
+    def reset(self) -> None:
+        super().reset()
+        self.on_s, self.first_on = 0.0, None
+
+    def earn_and_spend(self, step_seconds: float) -> None:
+        if self.first_on is None:
+            self.first_on = self.clock() - step_seconds
+        self.on_s += step_seconds
+        super().earn_and_spend(step_seconds)
+
+
+def drafter_step_s(od: OnlineDrafter, reps: int = 5) -> float:
+    """Median wall time of one spot-training step called as the tail hook calls it (one step, synchronized), but
+    with the buffer's window index already built; nan when the buffer holds no training pair."""
+    times = []
+    with torch.enable_grad():
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            if od.trainer.train(lambda: False, 1, idle_s=0.0) == 0:
+                return float("nan")
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def slowdown(trainer: Any, od: OnlineDrafter, a: argparse.Namespace) -> dict[str, Any]:
-    """The same RL rollout with the tail hook (spot training between tail steps) and without."""
-    engine = trainer.rollout.engine
+    """The TLT-sized rollout with the tail hook (spot training between tail steps) and without (module docstring)."""
+    sized = argparse.Namespace(**{**vars(a), "prompts": a.slowdown_prompts, "samples": a.slowdown_samples,
+                                  "new_tokens": a.slowdown_new_tokens, "sd_on_below": a.slowdown_sd_on_below})
+    rollout = make_rollout(job_spec(sized), trainer.model, trainer.tokenizer, trainer.model.head_weight.device)
+    engine, sod = rollout.engine, rollout.drafter
+    assert sod is not None and engine.tail.hook is not None, "the adaptive engine with the online drafter"
     hook = engine.tail.hook
-    reqs = [Request(list(p.ids), SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens, n=a.samples))
-            for p in trainer.sampler.rows[: a.prompts]]
-    runs: dict[str, list[float]] = {"with": [], "without": []}
-    hook_s: list[float] = []
-    spot = 0
+    engine.tail = tail = MeteredTail(hook, engine.tail.fraction, engine.tail.cap_s, engine.tail.clock)
+    state = copy.deepcopy(od.state_dict())  # the trained drafter: weights, optimizer, buffer, generators
+    ctl, learned = engine.adaptive, trainer.rollout.engine.adaptive
+    assert ctl is not None
+    bandit = copy.deepcopy((learned or ctl).state_dict())  # what the RL loop's bandit learned (arms, random stream)
+
+    def restore() -> None:  # deep copies: loading may alias the snapshot's tensors, which training then mutates
+        sod.load_state_dict(copy.deepcopy(state))
+        sod.begin_rollout(trainer.step_count)  # the newest weights to the engine, a fresh tail-training cap
+        ctl.load_state_dict(copy.deepcopy(bandit))  # the bandit learns within a run: each starts where RL left it
+
+    reqs = [Request(list(p.ids), SamplingParams(temperature=a.temperature, max_new_tokens=a.slowdown_new_tokens,
+                                                n=a.slowdown_samples))
+            for p in trainer.sampler.rows[: a.slowdown_prompts]]
+    runs: list[dict[str, Any]] = []
+    first: list[list[int]] | None = None
+    same = True
     order = ["with"] + ["without", "with"] * a.slowdown_reps  # the first run warms up (captures) and is dropped
     for i, mode in enumerate(order):
-        engine.tail.hook = hook if mode == "with" else None
+        restore()
+        tail.hook = hook if mode == "with" else None
         engine.gen.manual_seed(a.seed + 1000)
-        od.begin_rollout(trainer.step_count)  # a fresh tail-training budget, the newest weights to the engine
-        od.proposer.gen.manual_seed(a.seed + 1001)
-        steps0 = od.trainer.steps
+        sod.proposer.gen.manual_seed(a.seed + 1001)
+        steps0 = sod.trainer.steps
         out = engine.generate(reqs)
+        end = tail.clock()
+        tokens = [s.tokens for s in out.sequences]
+        first = first if first is not None else tokens
+        same = same and tokens == first
         if i == 0:
             continue
-        runs[mode].append(out.seconds)
-        if mode == "with":
-            hook_s.append(out.sd_metrics.get("perf/tail_hook_s", 0.0))
-            spot += od.trainer.steps - steps0
-    engine.tail.hook = hook
-    t_with, t_without = statistics.median(runs["with"]), statistics.median(runs["without"])
+        runs.append({"mode": mode, "rollout_s": out.seconds, "on_s": tail.on_s, "credit_s": tail.fraction * tail.on_s,
+                     "tail_s": end - tail.first_on if tail.first_on is not None else 0.0, "hook_s": tail.used_s,
+                     "hook_calls": tail.calls, "drafter_steps": sod.trainer.steps - steps0})
+    restore()
+    step_s = drafter_step_s(sod)
+    pairs = []
+    for off, on in zip(runs[0::2], runs[1::2], strict=True):
+        pairs.append({**{f"{k}_with": v for k, v in on.items() if k != "mode"},
+                      "rollout_s_without": off["rollout_s"], "tail_s_without": off["tail_s"],
+                      "slowdown": on["rollout_s"] / off["rollout_s"] - 1.0,
+                      "tail_slowdown": on["tail_s"] / off["tail_s"] - 1.0 if off["tail_s"] > 0 else None})
+    w, wo = [r for r in runs if r["mode"] == "with"], [r for r in runs if r["mode"] == "without"]
+
+    def med(rs: list[dict[str, Any]], key: str) -> float:
+        return statistics.median(r[key] for r in rs)
+
+    # in the hook a step also rebuilds the buffer's window index (every capture drops it): dearer than alone
+    in_hook = [r["hook_s"] / r["drafter_steps"] for r in w if r["drafter_steps"] > 0]
+    t_with, t_without, tail_with, tail_without = (med(w, "rollout_s"), med(wo, "rollout_s"), med(w, "tail_s"),
+                                                  med(wo, "tail_s"))
     return {"rollout_s_without": t_without, "rollout_s_with": t_with, "slowdown": t_with / t_without - 1.0,
-            "tail_hook_s": statistics.median(hook_s), "spot_steps_in_tail": spot / max(len(runs["with"]), 1),
+            "tail_s_without": tail_without, "tail_s_with": tail_with,
+            "tail_slowdown": tail_with / tail_without - 1.0 if tail_without > 0 else None,
+            "tail_hook_s": med(w, "hook_s"), "spot_steps_in_tail": med(w, "drafter_steps"),
+            "valid": all(r["drafter_steps"] > 0 for r in w), "credit_s": med(w, "credit_s"), "on_s": med(w, "on_s"),
+            "drafter_step_s": step_s, "hook_step_s": statistics.median(in_hook) if in_hook else float("nan"),
+            "tail_budget": tail.fraction, "step_cap": a.spot_steps,
+            "same_responses": same, "sequences": a.slowdown_prompts * a.slowdown_samples, "pairs": pairs,
             "runs": runs}
+
+
+INVALID = "INVALID: 0 drafter steps ran in the tail"
+
+
+def pct(x: float | None, steps: float) -> str:
+    """A slowdown as a signed percentage, or INVALID when no drafter step ran (the hook was never exercised)."""
+    if steps <= 0:
+        return INVALID
+    return "n/a (no tail)" if x is None else f"{100 * x:+.1f}%"
+
+
+def slowdown_lines(slow: dict[str, Any], a: argparse.Namespace) -> list[str]:
+    lines = [
+        "| pair | rollout s without | rollout s with | rollout slowdown | tail s without | tail s with "
+        "| tail slowdown | hook s | hook calls | drafter steps in tail | switch-on s | credit earned s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, p in enumerate(slow["pairs"], start=1):
+        n = p["drafter_steps_with"]
+        lines.append(
+            f"| {i} | {p['rollout_s_without']:.3f} | {p['rollout_s_with']:.3f} | {pct(p['slowdown'], n)} "
+            f"| {p['tail_s_without']:.3f} | {p['tail_s_with']:.3f} | {pct(p['tail_slowdown'], n)} "
+            f"| {p['hook_s_with']:.3f} | {p['hook_calls_with']} | {n} | {p['on_s_with']:.3f} "
+            f"| {p['credit_s_with']:.3f} |")
+    n = slow["spot_steps_in_tail"] if slow["valid"] else 0
+    credit, alone, hooked = slow["credit_s"], slow["drafter_step_s"], slow["hook_step_s"]
+    step = alone if math.isnan(hooked) else hooked
+    timed = not math.isnan(step) and step > 0
+    lines += [
+        "",
+        f"Spot-training slowdown of the RL rollout ({slow['sequences']} sequences = {a.slowdown_prompts} prompts x "
+        f"{a.slowdown_samples} samples, <= {a.slowdown_new_tokens} new tokens, SD switch on below "
+        f"{a.slowdown_sd_on_below} active; median of {a.slowdown_reps} alternating pairs after a dropped warm-up): "
+        f"{slow['rollout_s_without']:.3f} s without the tail hook, {slow['rollout_s_with']:.3f} s with it "
+        f"({pct(slow['slowdown'], n)}); the tail alone (first switch-on step to the end) {slow['tail_s_without']:.3f}"
+        f" s -> {slow['tail_s_with']:.3f} s ({pct(slow['tail_slowdown'], n)}); hook {slow['tail_hook_s']:.3f} s, "
+        f"{slow['spot_steps_in_tail']:.0f} drafter steps in the tail per rollout (cap {slow['step_cap']}).",
+        f"Hook credit: {100 * slow['tail_budget']:g}% of {slow['on_s']:.3f} s of switch-on steps = {credit:.3f} s "
+        f"earned per rollout; one drafter step costs "
+        + (f"{1000 * hooked:.1f} ms in the hook, " if not math.isnan(hooked) else "")
+        + f"{1000 * alone:.1f} ms alone"
+        + (f" -> the credit pays for {credit / step:.1f} steps." if timed else ".")
+        + (" The credit never pays for one drafter step: any step that ran is an overrun, and the figure measures "
+           "that overrun, not the budget." if timed and credit < step else "")
+        + ("" if slow["same_responses"] else " WARNING: with and without decoded different responses; the runs "
+           "are not comparable."),
+    ]
+    return lines
 
 
 def table(points: list[dict[str, Any]], slow: dict[str, Any], warm: dict[str, float], a: argparse.Namespace) -> str:
@@ -169,9 +306,8 @@ def table(points: list[dict[str, Any]], slow: dict[str, Any], warm: dict[str, fl
         f"{warm['steps']} drafter steps on {a.warmup_prompts} responses ({warm['buffer_rows']} rows; acc "
         f"{warm['acc']:.2f}). Each RL step: {a.prompts} prompts x {a.samples} samples, a GRPO update at lr "
         f"{a.policy_lr:g}, <= {a.spot_steps} online drafter steps. Policy drift = ||W - W0|| / ||W0||.",
-        f"Spot-training slowdown of the RL rollout: {slow['rollout_s_without']:.2f} s without the tail hook, "
-        f"{slow['rollout_s_with']:.2f} s with it ({100 * slow['slowdown']:+.1f}%; hook {slow['tail_hook_s']:.2f} s, "
-        f"{slow['spot_steps_in_tail']:.0f} drafter steps in the tail per rollout; median of {a.slowdown_reps}).",
+        "",
+        *slowdown_lines(slow, a),
     ]
     return "\n".join(lines) + "\n"
 
@@ -196,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sd-on-below", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--context", type=int, default=64, help="drafter context entries per propose")
-    ap.add_argument("--slowdown-reps", type=int, default=2)
+    ap.add_argument("--slowdown-prompts", type=int, default=8, help="slowdown rollout: prompts (GRPO main: 8)")
+    ap.add_argument("--slowdown-samples", type=int, default=8, help="slowdown rollout: responses per prompt")
+    ap.add_argument("--slowdown-new-tokens", type=int, default=1024, help="slowdown rollout: max new tokens")
+    ap.add_argument("--slowdown-sd-on-below", type=int, default=32, help="slowdown rollout: SD switch (TLT: 32)")
+    ap.add_argument("--slowdown-reps", type=int, default=3, help="alternating without/with pairs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export-warm", default="", help="export the warmed-up drafter to this directory")
     ap.add_argument("--out", default="")
