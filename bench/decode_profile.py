@@ -1,5 +1,6 @@
 """Where batch-1 decode time goes: GPU time of one captured decode step vs the host loop around it, and the number
-of kernels one step launches (eager), for our engine on SmolLM2 (plain and torch.compile'd step).
+of kernels one step launches (eager), for our engine on SmolLM2 (forward in fused Triton kernels, or in torch ops
+with and without torch.compile).
 
     python bench/decode_profile.py --out decode_profile.md
 
@@ -22,17 +23,19 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
 
-VARIANTS = {  # name -> (compile, compile mode)
-    "plain": (False, None),
-    "compiled": (True, None),
-    "autotune": (True, "max-autotune-no-cudagraphs"),  # inductor's Triton GEMM templates, epilogue fusion
+VARIANTS = {  # name -> (fused Triton forward, compile, compile mode)
+    "fused": (True, False, None),  # worker/tlt/kernels: 5 kernels per layer
+    "fused_compiled": (True, True, None),  # ... and the sampling tail compiled
+    "plain": (False, False, None),  # the forward in torch ops (cuBLAS GEMMs, SDPA)
+    "compiled": (False, True, None),
+    "autotune": (False, True, "max-autotune-no-cudagraphs"),  # inductor's Triton GEMM templates, epilogue fusion
 }
 
 
 def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], variant: str, steps: int) -> dict:
-    compiled, mode = VARIANTS[variant]
+    fused, compiled, mode = VARIANTS[variant]
     engine = Engine(model, eos_ids=eos, config=EngineConfig(max_len=len(prompt) + steps + 64, max_slots=1,
-                                                            compile=compiled, compile_mode=mode))
+                                                            compile=compiled, compile_mode=mode, fused_kernels=fused))
     params = SamplingParams(temperature=1.0, top_k=50, max_new_tokens=steps + 32)
     engine.prefill([(0, 0)], [Request(prompt, params)])
     for _ in range(3):  # capture (and compile) outside the timings
@@ -68,6 +71,7 @@ def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], variant
 
 
 CATEGORIES = (  # first match wins; by substrings of the kernel name
+    ("ours: fused layer kernels", ("_qkv_rope_kernel", "_attention_kernel", "_linear_residual", "_gate_up_kernel")),
     ("gemm", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "cublas", "splitk")),
     ("attention", ("fmha", "flash", "attention", "efficient")),
     ("triton (fused)", ("triton",)),
@@ -98,7 +102,7 @@ def kernel_table(prof: profile, steps: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--variants", default="plain,compiled,autotune", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="fused,plain,compiled", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default="bench/results/decode_profile_h200.md")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()

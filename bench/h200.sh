@@ -2,6 +2,7 @@
 # Runs the GPU tests and the benchmark tables on an H200 over a copy of this checkout (the lead's device runs).
 #   bench/h200.sh stage              # copy the first GGUF part (.stage/a) to /root/stage
 #   bench/h200.sh PART [PART ...]    # assemble the model, then: gputests | rollout | peers | any bench/NAME.py
+#                                    # (GPU_TESTS="tests/kernels tests/engine": only those gpu tests)
 # Expects carried: .whl/ (gguf, pydantic, trl, datasets, dill, multiprocess wheels), .stage/b (second GGUF part),
 # .device/hf_trl_peers.py (the peer script). Output goes to $OUT (one file per part).
 set -uo pipefail
@@ -21,7 +22,7 @@ T=${PART_TIMEOUT:-580}  # seconds per part, so that one slow part leaves the oth
 for part in "$@"; do
   echo "=== $part $(date +%T)"
   case $part in
-    gputests) timeout $T python3 -m pytest -m gpu tests -q --ignore=tests/backend --ignore=tests/integration --ignore=tests/ui --ignore=tests/hardening -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    gputests) timeout $T python3 -m pytest -m gpu ${GPU_TESTS:-tests} -q --ignore=tests/backend --ignore=tests/integration --ignore=tests/ui --ignore=tests/hardening -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
     rollout) R=${ROLLOUT_NAME:-rollout_h200}; timeout $T python3 bench/rollout_bench.py --out "$OUT/$R.md" --json-out "$OUT/$R.json" \
                ${ROLLOUT_ARGS:-} 2>&1 | tee "$OUT/$R.log" ;;
     peers) timeout $T python3 .device/hf_trl_peers.py --gguf "$GGUF" --data worker/tlt/data/gsm8k/train.jsonl \

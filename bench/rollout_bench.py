@@ -6,7 +6,8 @@
                                                                                       # ../shared/peers/hf_trl_peers.py
 Rows: decode tokens/s at batch 1, 8, 64 (every sequence decodes exactly --decode-tokens tokens, EOS ignored,
 T=1.0, top-k --top-k = HF generate's default 50, prefill included, best of 2 runs after a warm-up), for ours (whole
-decode step in one CUDA graph), ours + torch.compile (batch <= 8), and HF generate with the dynamic and the static
+decode step in one CUDA graph, the forward in fused Triton kernels: worker/tlt/kernels), ours with the forward in
+torch ops (cuBLAS, SDPA), the same + torch.compile (batch <= 8), and HF generate with the dynamic and the static
 cache; and the GSM8K rollout of --prompts x --samples (<= --max-new-tokens new tokens, T=1.0, top-k 50) for ours and
 HF dynamic, with the ratio and the length p50 / p90. Same model (SmolLM2-135M-Instruct GGUF, dequantised, bf16),
 same prompts (chat template + the GSM8K system prompt), same GPU, one process. Our decode CUDA graphs are captured
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hf", action="store_true", help="ours only")
     ap.add_argument("--no-hf-static", action="store_true", help="skip HF's static cache (it compiles per shape)")
     ap.add_argument("--peers-json", default=None, help="hf_trl_peers.py output: its rollout replaces our HF run")
+    ap.add_argument("--no-torch-forward", action="store_true",
+                    help="skip the decode rows with the forward in torch ops (fused Triton kernels off)")
     ap.add_argument("--no-compile", action="store_true",
                     help="skip the extra decode rows with our torch.compile'd step (batch <= 8; ~1 min compile each)")
     ap.add_argument("--sd-modes", default="off", help="rollout SD modes to compare, e.g. off,adaptive")
@@ -131,10 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         for b in batches:
             qs = gsm8k_questions(a.dataset, b)
             row = {"ours": bench_decode(model, tok, chat_prompts(tok, qs), a.decode_tokens, top_k=a.top_k)}
+            if not a.no_torch_forward:  # the same engine with the forward in torch ops (cuBLAS, SDPA) instead
+                row["ours_torch"] = bench_decode(model, tok, chat_prompts(tok, qs), a.decode_tokens, top_k=a.top_k,
+                                                 fused=False)
             if not a.no_compile and b <= 8:
                 try:
                     row["ours_compiled"] = bench_decode(model, tok, chat_prompts(tok, qs), a.decode_tokens,
-                                                        compile_step=True, top_k=a.top_k)
+                                                        compile_step=True, top_k=a.top_k, fused=False)
                 except Exception as e:  # noqa: BLE001 - reported in the table, the other rows still run
                     res["notes"].append(f"torch.compile at batch {b} failed: {type(e).__name__}: {e}"[:300])
                     print(res["notes"][-1], file=sys.stderr, flush=True)
@@ -172,33 +178,36 @@ def main(argv: list[str] | None = None) -> int:
 def render(res: dict, a: argparse.Namespace) -> str:
     lines = [f"Rollout engine vs HF generate — {res['device']}, torch {res['torch']}, SmolLM2-135M-Instruct bf16, "
              f"GSM8K prompts, T={a.temperature}, top-k {a.top_k}", "",
-             "| measure | ours (SD off) | ours + compile | HF dynamic | HF static | best ours / best HF |",
-             "|---|---|---|---|---|---|"]
+             "| measure | ours (SD off) | ours, torch forward | ours, torch forward + compile | HF dynamic | HF static "
+             "| best ours / best HF |",
+             "|---|---|---|---|---|---|---|"]
     for b, row in res["decode"].items():
-        for kind in ("ours", "ours_compiled"):
+        for kind in ("ours", "ours_torch", "ours_compiled"):
             if kind in row:
                 g = row[kind]
                 res["notes"].append(f"decode batch {b}, {kind}: {g['graphs']} graphs captured in "
                                     f"{g['capture_s']:.1f} s, {g['graph_mib']:.0f} MiB")
         ours = row["ours"]["tokens_per_s"]
+        ot = row.get("ours_torch", {}).get("tokens_per_s")
         oc = row.get("ours_compiled", {}).get("tokens_per_s")
         hd = row.get("hf_dynamic", {}).get("tokens_per_s")
         hs = row.get("hf_static", {}).get("tokens_per_s")
         best = max([x for x in (hd, hs) if x], default=None)
-        mine = max(ours, oc or 0.0)
-        lines.append(f"| decode tok/s, batch {b}, {a.decode_tokens} new tokens | {fmt(ours)} | {fmt(oc)} | {fmt(hd)} "
+        mine = max(ours, ot or 0.0, oc or 0.0)
+        lines.append(f"| decode tok/s, batch {b}, {a.decode_tokens} new tokens | {fmt(ours)} | {fmt(ot)} | {fmt(oc)} "
+                     f"| {fmt(hd)} "
                      f"| {fmt(hs)} | {fmt(mine / best) + 'x' if best else '—'} |")
     if "rollout_ours" in res:
         o, h = res["rollout_ours"], res.get("rollout_hf")
         what = f"rollout {a.prompts}x{a.samples}, <= {a.max_new_tokens} new"
-        lines.append(f"| {what}: seconds | {fmt(o['seconds'])} | — | {fmt(h['seconds']) if h else '—'} | — "
+        lines.append(f"| {what}: seconds | {fmt(o['seconds'])} | — | — | {fmt(h['seconds']) if h else '—'} | — "
                      f"| {fmt(h['seconds'] / o['seconds']) + 'x faster' if h else '—'} |")
         lines.append(f"| {what}: tokens (mean / p50 / p90 / max length) | {o['tokens']:,} ({o['len_mean']:.0f} / "
-                     f"{o['len_p50']:.0f} / {o['len_p90']:.0f} / {o['len_max']:.0f}) | — | "
+                     f"{o['len_p50']:.0f} / {o['len_p90']:.0f} / {o['len_max']:.0f}) | — | — | "
                      + (f"{h['tokens']:,} ({h['len_mean']:.0f} / {h['len_p50']:.0f} / {h['len_p90']:.0f} / "
                         f"{h['len_max']:.0f})" if h else "—")
                      + " | — | — |")
-        lines.append(f"| {what}: tokens/s | {fmt(o['tokens_per_s'])} | — | {fmt(h['tokens_per_s']) if h else '—'} | — "
+        lines.append(f"| {what}: tokens/s | {fmt(o['tokens_per_s'])} | — | — | {fmt(h['tokens_per_s']) if h else '—'} | — "
                      f"| {fmt(o['tokens_per_s'] / h['tokens_per_s']) + 'x' if h else '—'} |")
         res["notes"].append(f"rollout: our decode graphs (whole step): {o['graphs']} captured in {o['capture_s']:.1f} s "
                             f"before timing, {o.get('graph_mib', 0.0):.0f} MiB; prefill {o['prefill_s']:.2f} s of "
@@ -227,18 +236,18 @@ def sd_rows(runs: dict, a: argparse.Namespace) -> list[str]:
         if mode == "off":
             continue
         m = r.get("sd_metrics", {})
-        lines.append(f"| {what}, SD {mode}: seconds | {fmt(r['seconds'])} | — | — | — "
+        lines.append(f"| {what}, SD {mode}: seconds | {fmt(r['seconds'])} | — | — | — | — "
                      f"| {ratio(r['seconds'], off['seconds'], better_low=True)} |")
         for key, label in (("perf/tokens_per_s_tail", f"tail tok/s (< {a.sd_on_below} active)"),
                            ("perf/tokens_per_s_full", "full-batch tok/s")):
             lines.append(f"| {what}, SD off / {mode}: {label} | {fmt(off_m.get(key))} / {fmt(m.get(key))} | — | — "
-                         f"| — | {ratio(m.get(key), off_m.get(key))} |")
+                         f"| — | — | {ratio(m.get(key), off_m.get(key))} |")
         for b in r.get("buckets", []):
             lines.append(f"| {what}, SD off / {mode}: tok/s, {b['bucket']} active ({b['sd_on_steps']} of {b['steps']} "
-                         f"steps SD on) | {fmt(off_b.get(b['bucket']))} / {fmt(b['tokens_per_s'])} | — | — | — "
+                         f"steps SD on) | {fmt(off_b.get(b['bucket']))} / {fmt(b['tokens_per_s'])} | — | — | — | — "
                          f"| {ratio(b['tokens_per_s'], off_b.get(b['bucket']))} |")
         lines.append(f"| {what}, SD {mode}: accept length / SD-on fraction of steps | {fmt(m.get('sd/accept_len'))} / "
-                     f"{fmt(m.get('sd/on_fraction'))} | — | — | — | — |")
+                     f"{fmt(m.get('sd/on_fraction'))} | — | — | — | — | — |")
     return lines
 
 

@@ -100,11 +100,13 @@ def make_controller(sd: str, on_below: int = 32, seed: int = 0) -> AdaptiveSd | 
 
 
 def make_engine(model: Transformer, tok: TokenizerLike, max_len: int, slots: int, sd: str, sd_depth: int,
-                cuda_graphs: bool, compile_step: bool, seed: int, controller: AdaptiveSd | None = None) -> Engine:
+                cuda_graphs: bool, compile_step: bool, seed: int, controller: AdaptiveSd | None = None,
+                fused: bool | None = None) -> Engine:
     spec = SpecConfig("on", "chain", depth=sd_depth) if sd == "on" else SpecConfig()
     proposer = NGramProposer(NGramConfig(topk=1)) if sd == "on" else None
     proposers = {"ngram": NGramProposer(NGramConfig(topk=1))} if controller is not None else None
-    cfg = EngineConfig(max_len=max_len, max_slots=slots, cuda_graphs=cuda_graphs, compile=compile_step, seed=seed)
+    cfg = EngineConfig(max_len=max_len, max_slots=slots, cuda_graphs=cuda_graphs, compile=compile_step, seed=seed,
+                       fused_kernels=fused)
     return Engine(model, eos_ids=tok.eos_ids, config=cfg, spec=spec, proposer=proposer, adaptive=controller,
                   proposers=proposers)
 
@@ -190,12 +192,13 @@ def summarize(out: GenerationOutput, seconds: float) -> dict:
 
 def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int]], samples: int, max_new: int,
                   temperature: float, sd: str = "off", sd_depth: int = 4, cuda_graphs: bool = True,
-                  compile_step: bool = False, seed: int = 0, top_k: int = 50, sd_on_below: int = 32) -> dict:
+                  compile_step: bool = False, seed: int = 0, top_k: int = 50, sd_on_below: int = 32,
+                  fused: bool | None = None) -> dict:
     dev = model.head_weight.device
     max_len = max(len(p) for p in prompts) + max_new
     ctl = make_controller(sd, sd_on_below, seed)
     engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed,
-                         ctl)
+                         ctl, fused)
     params = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)
     engine.warmup(len(prompts) * samples, max_len, params=params)
     reqs = [Request(p, params) for p in prompts]
@@ -219,12 +222,13 @@ def graph_stats(engine: Engine) -> dict:
 
 
 def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]], max_new: int,
-                 cuda_graphs: bool = True, compile_step: bool = False, repeats: int = 2, top_k: int = 50) -> dict:
+                 cuda_graphs: bool = True, compile_step: bool = False, repeats: int = 2, top_k: int = 50,
+                 fused: bool | None = None) -> dict:
     """Every sequence decodes exactly max_new tokens (no EOS) at T=1.0 with `top_k`; best of `repeats` timed runs
     after a warm-up (graph capture, and compile with `compile_step`, happen before timing)."""
     dev = model.head_weight.device
     max_len = max(len(p) for p in prompts) + max_new
-    engine = make_engine(model, tok, max_len, len(prompts), "off", 0, cuda_graphs, compile_step, 0)
+    engine = make_engine(model, tok, max_len, len(prompts), "off", 0, cuda_graphs, compile_step, 0, fused=fused)
     params = SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=max_new, eos_ids=())
     engine.warmup(len(prompts), max_len, batches=[len(prompts)], params=params)  # no sequence ends early
     reqs = [Request(p, params) for p in prompts]

@@ -116,6 +116,8 @@ class RolloutConfig(_Strict):
     bandit: Literal["thompson", "ucb", "epsilon_greedy"] = "thompson"
     kv_cache_gb: float = Field(8.0, gt=0.0)  # KV cache memory budget on the device
     cuda_graphs: bool = True  # captured per (batch bucket, verify length) on CUDA only
+    # decode / verify forwards in fused Triton kernels (worker/tlt/kernels); None = wherever they run (CUDA + triton)
+    fused_kernels: bool | None = None
     seed: int = 0
 
 

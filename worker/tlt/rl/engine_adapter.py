@@ -179,7 +179,7 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
         hook = drafter.hidden_hook
     config = EngineConfig(
         max_len=max_len, max_slots=max(slots, 1), kv_cache_gb=ro.kv_cache_gb, cuda_graphs=ro.cuda_graphs,
-        seed=ro.seed + spec.seed, capture_layers=drafter.capture_layers if drafter is not None else (),
+        fused_kernels=ro.fused_kernels, seed=ro.seed + spec.seed, capture_layers=drafter.capture_layers if drafter is not None else (),
     )
     adaptive: AdaptiveSd | None = None
     proposers: dict[str, Proposer] = {}

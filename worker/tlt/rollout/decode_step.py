@@ -20,6 +20,7 @@ Run the tests: `python -m pytest tests/engine/test_engine_decode_step.py -q`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,14 +115,24 @@ class DecodeStep:
     """The decode body over the engine's model, KV cache, row state and generator (module docstring).
     `compile_max_batch` > 0 compiles head and tail for batches up to it (`compiler`: a torch.compile backend,
     `compile_mode` its mode: never one with CUDA graphs of its own, as rollout/graphs.py captures the step);
-    `capture_layers`: the step's hidden output also carries those layers' inputs (`hook_rows`)."""
+    `capture_layers`: the step's hidden output also carries those layers' inputs (`hook_rows`); `fused`: the cached
+    forward (`forward_hidden`, also the verify forward's) runs worker/tlt/kernels' Triton kernels, and only the tail
+    is compiled (dynamo would gain nothing on a forward that is already a few fused kernels per layer)."""
 
     def __init__(self, model: Transformer, cache: KVCache, rows: RowState, gen: torch.Generator, *,
                  compile_max_batch: int = 0, compiler: str = "inductor", compile_mode: str | None = None,
-                 capture_layers: tuple[int, ...] = ()) -> None:
+                 capture_layers: tuple[int, ...] = (), fused: bool = False) -> None:
         self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
         self.capture_layers = capture_layers
         self.compile_max_batch = compile_max_batch
+        self.fused = fused
+        # the cached forward: (ids, positions, cache, *, cache_rows, write_idx, attn_mask, logits_at, layers)
+        self.forward_hidden: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]]
+        self.forward_hidden = model.forward_hidden
+        if fused:
+            from worker.tlt.kernels.forward import fused_forward_hidden  # imports triton: only when asked for
+
+            self.forward_hidden = functools.partial(fused_forward_hidden, model)
         self._cols = torch.arange(cache.max_len, device=rows.lens.device)
         self._head_c: Callable[..., Any] = self.head
         self._tail_c: Callable[..., Any] = self.tail
@@ -131,7 +142,8 @@ class DecodeStep:
             dyn = torch._dynamo.config
             dyn.recompile_limit = max(dyn.recompile_limit, 64)
             # default mode, not "reduce-overhead": we capture the graphs ourselves (rollout/graphs.py)
-            self._head_c = torch.compile(self.head, dynamic=False, backend=compiler, mode=compile_mode)
+            if not fused:
+                self._head_c = torch.compile(self.head, dynamic=False, backend=compiler, mode=compile_mode)
             self._tail_c = torch.compile(self.tail, dynamic=False, backend=compiler, mode=compile_mode)
 
     def compiled(self, batch: int) -> bool:
@@ -142,8 +154,8 @@ class DecodeStep:
         ids = self.rows.last[:batch, None]  # [B, 1]
         pos = self.rows.lens[:batch, None]  # [B, 1]
         mask = self._cols[:tk][None, None, :] <= pos[:, :, None]  # [B, 1, tk]
-        logits, hidden, cap = self.model.forward_hidden(ids, pos, self.cache, write_idx=pos, attn_mask=mask,
-                                                        layers=self.capture_layers)
+        logits, hidden, cap = self.forward_hidden(ids, pos, self.cache, write_idx=pos, attn_mask=mask,
+                                                  layers=self.capture_layers)
         return logits[:, 0], hook_rows(hidden, cap, self.capture_layers)[:, 0]
 
     def head(self, batch: int, tk: int, mode: Mode) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:

@@ -49,6 +49,7 @@ import torch
 
 from worker.tlt.adaptive.arms import Arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.adaptive_loop import (
     Pending,
@@ -136,9 +137,10 @@ class Engine:
         self.gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._cols = torch.arange(t, device=self.device)
         on_cuda = self.device.type == "cuda"
+        fused = resolve_fused(config.fused_kernels, model.args, self.device, self.dtype)
         self.step = DecodeStep(model, self.cache, self.rows, self.gen,
                                compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0,
-                               compile_mode=config.compile_mode, capture_layers=config.capture_layers)
+                               compile_mode=config.compile_mode, capture_layers=config.capture_layers, fused=fused)
         # one memory pool for every graph of this engine (the verify graphs share it)
         self.graph_pool: object | None = torch.cuda.graph_pool_handle() if on_cuda and config.cuda_graphs else None
         self.graphs: DecodeGraphs | None = None

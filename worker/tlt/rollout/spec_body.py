@@ -76,8 +76,9 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
     mask = (torch.arange(tk, device=dev)[None, None, :] < lens[:, None, None]).expand(r, w, tk).clone()
     mask.scatter_(2, widx[:, None, :].expand(r, w, w), anc)
     layers = engine.hook_layers
-    logits, hidden, cap = engine.model.forward_hidden(inp.tokens, pos, cache, write_idx=widx, attn_mask=mask,
-                                                      layers=layers)
+    # the engine's cached forward: torch, or the fused Triton kernels (EngineConfig.fused_kernels)
+    logits, hidden, cap = engine.step.forward_hidden(inp.tokens, pos, cache, write_idx=widx, attn_mask=mask,
+                                                     layers=layers)
     prop = inp.proposal()
     if mode == GREEDY:
         res = verify_greedy(prop, logits, max_depth=depth, max_children=topk)

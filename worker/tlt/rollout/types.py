@@ -56,6 +56,10 @@ class EngineConfig:
     compile: bool = False  # torch.compile the decode step body of small batches before capture (CUDA only)
     compile_max_batch: int = 8  # batch buckets up to this are compiled (each once, at the full attention length)
     compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune-no-cudagraphs" (we capture ourselves)
+    # decode / verify forwards in 5 Triton kernels per layer (worker/tlt/kernels; prefill stays torch). None = on
+    # where it can run on CUDA; True = required (on CPU: Triton's interpreter, for tests); False = torch. With it
+    # on, `compile` compiles only the sampling tail of the decode step (the forward is already fused)
+    fused_kernels: bool | None = None
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
     attn_bucket: int = 256  # decode attends over columns 0..Tk-1, Tk rounded up to a multiple of this
     prefill_tokens: int = 16384  # padded prompt tokens per prefill forward

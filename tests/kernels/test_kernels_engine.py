@@ -1,0 +1,70 @@
+"""The engine with `EngineConfig.fused_kernels=True` (Triton's interpreter on CPU, tiny fp32 models): greedy decoding
+is token-identical to the torch forward's, and greedy speculative decoding (small-model chain, n-gram tree) with the
+fused verify forward is token-identical to plain greedy decoding. Plus when the fused path is refused or left off.
+Run: python -m pytest tests/kernels/test_kernels_engine.py -q"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.tlt.kernels import resolve_fused
+from worker.tlt.model.args import preset
+from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
+from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.spec.ngram import NGramConfig, NGramProposer
+from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
+
+
+def _generate(model: torch.nn.Module, reqs: list[Request], fused: bool, spec: SpecConfig | None = None,
+              proposer: object = None) -> list[list[int]]:
+    cfg = EngineConfig(max_len=64, max_slots=3, sync_every=3, fused_kernels=fused)
+    engine = Engine(model, eos_ids=(257,), config=cfg, spec=spec, proposer=proposer)  # type: ignore[arg-type]
+    assert engine.step.fused is fused
+    return [s.tokens for s in engine.generate(reqs).sequences]
+
+
+def _requests(n: int, seed: int, new: int) -> list[Request]:
+    return [Request(p, SamplingParams(temperature=0.0, max_new_tokens=new + i)) for i, p in
+            enumerate(random_prompts(n, seed=seed, hi=12))]
+
+
+@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3"])
+def test_fused_greedy_equals_torch(arch: str) -> None:
+    model = tiny_target(arch)
+    reqs = _requests(4, seed=1, new=8)  # 4 sequences, 3 slots: continuous batching moves rows
+    assert _generate(model, reqs, fused=True) == _generate(model, reqs, fused=False)
+
+
+def test_fused_speculative_chain_equals_plain() -> None:
+    model = tiny_target()
+    reqs = _requests(3, seed=2, new=10)
+    plain = _generate(model, reqs, fused=True)
+    drafter = SmallModelProposer(perturbed_copy(model, noise=0.15), SmallModelConfig(topk=1))
+    spec = _generate(model, reqs, fused=True, spec=SpecConfig("on", "chain", depth=3), proposer=drafter)
+    assert spec == plain
+
+
+def test_fused_speculative_tree_equals_plain() -> None:
+    model = tiny_target("tiny-qwen2")
+    reqs = [Request([5, 6, 7, 5, 6, 7, 5, 6] * 2, SamplingParams(temperature=0.0, max_new_tokens=12))]
+    plain = _generate(model, reqs, fused=True)
+    spec = _generate(model, reqs, fused=True, spec=SpecConfig("on", "tree", depth=2, topk=2, verify_tokens=5),
+                     proposer=NGramProposer(NGramConfig(topk=2)))
+    assert spec == plain
+
+
+def test_resolve_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    args = preset("tiny-llama")
+    assert resolve_fused(None, args, cpu, torch.float32) is False  # auto: CUDA only
+    assert resolve_fused(False, args, cpu, torch.float32) is False
+    assert resolve_fused(True, args, cpu, torch.float32) is True  # the interpreter (this folder's conftest)
+    with pytest.raises(ValueError, match="head_dim 24"):
+        resolve_fused(True, preset("tiny-llama", head_dim=24), cpu, torch.float32)
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_fused(True, args, cpu, torch.float64)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        resolve_fused(True, args, cpu, torch.float32)

@@ -1,0 +1,75 @@
+"""`fused_forward_hidden`: `Transformer.forward_hidden` for the engine's CACHED calls (decode and speculative verify)
+in five Triton kernels per layer instead of ~25 torch kernels:
+
+  1. input norm + q|k|v GEMM (+bias) (+q/k norm) + RoPE + K/V written into the cache  (kernels/qkv_rope.py)
+  2. attention over the cache row with the boolean mask, split in column chunks     (kernels/attention.py)
+  3. merge of the chunks + o_proj GEMM + residual                                    (kernels/attn_out.py)
+  4. post-attention norm + gate|up GEMM + silu(gate) * up                             (kernels/linear.py)
+  5. down GEMM + residual                                                            (kernels/linear.py)
+
+The embedding and the final norm stay in torch; the head is `linear_residual` without a residual. Same inputs and outputs as forward_hidden with a
+cache, for the small token counts of decode / verify (prefill keeps torch). Inference only: runs under no_grad, no
+host sync and no data-dependent allocation, so a CUDA graph can capture it. On CPU it runs in Triton's interpreter
+(TRITON_INTERPRET=1 set before this package is imported). Tests: `python -m pytest tests/kernels -q`.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+
+from worker.tlt.kernels.attention import cache_attention
+from worker.tlt.kernels.attn_out import attn_out_residual
+from worker.tlt.kernels.linear import linear_residual, norm_gate_up
+from worker.tlt.kernels.qkv_rope import qkv_rope_cache
+from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
+
+
+@torch.no_grad()
+def fused_forward_hidden(
+    model: Transformer,
+    input_ids: torch.Tensor,  # [B, S]
+    positions: torch.Tensor,  # [B, S] RoPE positions
+    cache: LayerCache,
+    *,
+    cache_rows: slice | None = None,  # cache rows of this batch (default 0..B-1)
+    write_idx: torch.Tensor | None = None,  # [B, S] cache column of each token (default = positions)
+    attn_mask: torch.Tensor,  # [B, S, Tk] bool
+    logits_at: torch.Tensor | None = None,  # [B, K]
+    layers: tuple[int, ...] = (),
+    compute_logits: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """(logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache."""
+    args = model.args
+    b, s = input_ids.shape
+    m, hdim = b * s, args.dim
+    row0 = cache_rows.start if cache_rows is not None and cache_rows.start is not None else 0
+    pos = positions.reshape(m).contiguous()
+    widx = pos if write_idx is None else write_idx.reshape(m).contiguous()
+    mask = attn_mask.contiguous()
+    x = model.model.embed_tokens(input_ids).reshape(m, hdim)
+    eps = args.norm_eps
+    captured: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(cast(list[DecoderLayer], model.model.layers)):
+        if i in layers:
+            captured[i] = x.view(b, s, hdim)
+        att, mlp = layer.self_attn, layer.mlp
+        ck, cv = cache.k[i], cache.v[i]
+        q = qkv_rope_cache(
+            x, layer.input_layernorm.weight, att.qkv_proj.weight, att.qkv_proj.bias,
+            att.q_norm.weight if att.q_norm is not None else None,
+            att.k_norm.weight if att.k_norm is not None else None,
+            model.rope_cos, model.rope_sin, pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps,
+        )
+        parts = cache_attention(q, ck, cv, mask, widx, row0=row0)
+        h = attn_out_residual(parts, att.o_proj.weight, x)
+        u = norm_gate_up(h, layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, eps)
+        x = linear_residual(u, mlp.down_proj.weight, h)
+    hidden = model.model.norm(x.view(b, s, hdim))
+    if not compute_logits:
+        return hidden.new_empty(0), hidden, captured
+    hl = hidden if logits_at is None else hidden.gather(1, logits_at[..., None].expand(-1, -1, hdim))
+    # the head in Triton too: cuBLAS would pick another kernel per batch size (logits no longer batch-invariant)
+    logits = linear_residual(hl.reshape(-1, hdim), model.head_weight, None)
+    return logits.view(*hl.shape[:-1], -1), hidden, captured

@@ -1,0 +1,97 @@
+"""Kernels 4-5 of a layer: `linear_residual` (r + a @ W^T: down_proj with its residual add; without r, the lm head:
+batch-invariant where cuBLAS picks a different kernel per batch size) and
+`norm_gate_up` (post-attention RMSNorm + gate|up projection + silu(gate) * up, each program computing matching
+gate and up column tiles). Outputs are rounded where torch would round them (the projection's output, then the
+add / the silu / the product), accumulation is fp32. Tests: `python -m pytest tests/kernels/test_kernels_layer.py -q`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from worker.tlt.kernels.common import BLOCK_M, block_k, block_n, dot_precision, normed_tile, rounded, row_rstd
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_residual_kernel(
+    a_ptr, w_ptr, r_ptr, out_ptr, M, N, K, stride_am, stride_wn, stride_rm, stride_om,
+    HAS_RESIDUAL: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
+                    other=0.0)  # [BK, BN]
+        acc += tl.dot(a, w, input_precision=DOT_PREC)
+    dt = out_ptr.dtype.element_ty
+    mn_mask = m_mask[:, None] & n_mask[None, :]
+    y = rounded(acc, dt)
+    if HAS_RESIDUAL:
+        y += tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mn_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dt), mask=mn_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _norm_gate_up_kernel(
+    x_ptr, ln_w_ptr, w_ptr, out_ptr, M, N, K, eps, stride_xm, stride_wn, stride_om,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    dt = out_ptr.dtype.element_ty
+    rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
+        wk_mask = (offs_k[:, None] < K) & n_mask[None, :]
+        w_g = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=wk_mask, other=0.0)
+        w_u = tl.load(w_ptr + (offs_n + N)[None, :] * stride_wn + offs_k[:, None], mask=wk_mask, other=0.0)
+        acc_g += tl.dot(xt, w_g, input_precision=DOT_PREC)
+        acc_u += tl.dot(xt, w_u, input_precision=DOT_PREC)
+    g = rounded(acc_g, dt)
+    act = rounded(g / (1.0 + tl.exp(-g)), dt)  # F.silu's output
+    out = act * rounded(acc_u, dt)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(dt),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
+    """r + a @ w^T (or a @ w^T): a [M, K], w [N, K], r [M, N] -> [M, N] (a new tensor: r may be a captured input)."""
+    m, k = a.shape
+    n = w.shape[0]
+    assert a.stride(1) == 1 and w.stride(1) == 1 and (r is None or r.stride(1) == 1)
+    out = torch.empty((m, n), device=a.device, dtype=a.dtype)
+    bn = block_n(n)
+    _linear_residual_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, bn))](
+        a, w, r if r is not None else out, out, m, n, k, a.stride(0), w.stride(0),
+        r.stride(0) if r is not None else 0, out.stride(0), HAS_RESIDUAL=r is not None, DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=block_k(k),
+    )
+    return out
+
+
+def norm_gate_up(x: torch.Tensor, ln_w: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """silu(g) * u with g | u = RMSNorm(x) @ w^T: x [M, H], ln_w [H], w [2I, H] (rows gate | up) -> [M, I]."""
+    m, k = x.shape
+    i = w.shape[0] // 2
+    assert x.stride(1) == 1 and w.stride(1) == 1
+    out = torch.empty((m, i), device=x.device, dtype=x.dtype)
+    bn = block_n(i)
+    _norm_gate_up_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(i, bn))](
+        x, ln_w, w, out, m, i, k, eps, x.stride(0), w.stride(0), out.stride(0),
+        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=block_k(k),
+    )
+    return out

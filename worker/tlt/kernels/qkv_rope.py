@@ -1,0 +1,108 @@
+"""Kernel 1 of a layer: input RMSNorm + fused q|k|v projection (+ bias, Qwen2) (+ per-head q/k RMSNorm, Qwen3) +
+RoPE, storing q [M, Hq*D] and writing K and V straight into the KV cache at (row, head, write column).
+
+One program per (block of 16 tokens, output head). HF's rotate_half RoPE pairs column d with d +- D/2, which a
+register tile cannot permute, so each program also computes the head with its weight rows rotated by D/2
+(`acc_rot[:, d] = acc[:, (d + D/2) % D]`, the same dot products in the same order: bit-identical); then
+out = y * cos + y_rot * sin_signed with the model's sign-folded sin table. Works for any power-of-2 head_dim >= 16.
+Tests: `python -m pytest tests/kernels/test_kernels_layer.py -q`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from worker.tlt.kernels.common import BLOCK_M, block_k, dot_precision, normed_tile, rounded, row_rstd
+
+
+@triton.jit(do_not_specialize=["M"])
+def _qkv_rope_kernel(
+    x_ptr, ln_w_ptr, w_ptr, b_ptr, qn_w_ptr, kn_w_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr,
+    q_ptr, ck_ptr, cv_ptr,
+    M, K, S, row0, eps,
+    stride_xm, stride_wn, stride_rope, stride_cr, stride_ch, stride_ct,
+    NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    h = tl.program_id(1)  # output head: q heads, then k heads, then v heads (rows of the fused weight)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    offs_d = tl.arange(0, D)
+    rows = h * D + offs_d
+    rows_rot = h * D + (offs_d + D // 2) % D
+    dt = q_ptr.dtype.element_ty
+    rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    acc_rot = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)  # [BM, BK]
+        k_mask = offs_k[:, None] < K
+        w = tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)  # [BK, D]
+        w_rot = tl.load(w_ptr + rows_rot[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)
+        acc += tl.dot(xt, w, input_precision=DOT_PREC)
+        acc_rot += tl.dot(xt, w_rot, input_precision=DOT_PREC)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
+        acc_rot += tl.load(b_ptr + rows_rot).to(tl.float32)[None, :]
+    y = rounded(acc, dt)  # the projection's output in the model dtype
+    y_rot = rounded(acc_rot, dt)
+    # head type as [D] vectors (rows of a q / v head): masks and selects stay tensors of one shape
+    is_q = rows < NQ * D
+    is_v = rows >= (NQ + NKV) * D
+    is_k = ~is_q & ~is_v
+    if QK_NORM:  # per-head RMSNorm over the D outputs (q_norm for q heads, k_norm for k heads)
+        rs = 1.0 / tl.sqrt(tl.sum(y * y, axis=1) / D + eps)
+        nw = tl.where(is_q, tl.load(qn_w_ptr + offs_d), tl.load(kn_w_ptr + offs_d)).to(tl.float32)
+        nw_rot = tl.where(is_q, tl.load(qn_w_ptr + (offs_d + D // 2) % D),
+                          tl.load(kn_w_ptr + (offs_d + D // 2) % D)).to(tl.float32)
+        yn = rounded(rounded(y * rs[:, None], dt) * nw[None, :], dt)
+        yn_rot = rounded(rounded(y_rot * rs[:, None], dt) * nw_rot[None, :], dt)
+        y = tl.where(is_v[None, :], y, yn)
+        y_rot = tl.where(is_v[None, :], y_rot, yn_rot)
+    pos = tl.load(pos_ptr + offs_m, mask=m_mask, other=0)
+    cos = rounded(tl.load(cos_ptr + pos[:, None] * stride_rope + offs_d[None, :], mask=m_mask[:, None], other=0.0), dt)
+    sin = rounded(tl.load(sin_ptr + pos[:, None] * stride_rope + offs_d[None, :], mask=m_mask[:, None], other=0.0), dt)
+    out = tl.where(is_v[None, :], y, rounded(y * cos, dt) + y_rot * sin)  # apply_rope's x*cos, then addcmul
+    tl.store(q_ptr + offs_m[:, None] * (NQ * D) + rows[None, :], out.to(dt), mask=m_mask[:, None] & is_q[None, :])
+    # K / V: cache[row0 + m // S, kv head, write_idx[m], :]
+    col = tl.load(widx_ptr + offs_m, mask=m_mask, other=0)
+    base = (row0 + offs_m // S).to(tl.int64) * stride_cr + col * stride_ct  # int64: caches pass 2**31 elements
+    kvh = tl.maximum(tl.where(h >= NQ + NKV, h - NQ - NKV, h - NQ), 0)  # q heads: masked, kept in range
+    cache_off = base[:, None] + kvh * stride_ch + offs_d[None, :]
+    tl.store(ck_ptr + cache_off, out.to(ck_ptr.dtype.element_ty), mask=m_mask[:, None] & is_k[None, :])
+    tl.store(cv_ptr + cache_off, out.to(cv_ptr.dtype.element_ty), mask=m_mask[:, None] & is_v[None, :])
+
+
+def qkv_rope_cache(
+    x: torch.Tensor,  # [M, H] hidden entering the layer (contiguous)
+    ln_w: torch.Tensor,  # [H] input_layernorm weight
+    w: torch.Tensor,  # [(Hq + 2 Hkv) * D, H] fused q|k|v weight
+    bias: torch.Tensor | None,  # [(Hq + 2 Hkv) * D] or None
+    q_norm: torch.Tensor | None,  # [D] (Qwen3) or None
+    k_norm: torch.Tensor | None,  # [D]
+    cos: torch.Tensor,  # [T, D] fp32 rope table
+    sin: torch.Tensor,  # [T, D] fp32 sign-folded
+    pos: torch.Tensor,  # [M] int64 RoPE positions
+    widx: torch.Tensor,  # [M] int64 cache column of each token
+    ck: torch.Tensor,  # [slots, Hkv, T, D] this layer's K cache (written)
+    cv: torch.Tensor,  # [slots, Hkv, T, D] V cache (written)
+    *, s: int, row0: int, n_heads: int, eps: float,
+) -> torch.Tensor:  # q [M, Hq * D] after RoPE
+    m, k = x.shape
+    n_kv, d = ck.shape[1], ck.shape[3]
+    assert ck.stride(3) == 1 and cv.stride() == ck.stride() and w.stride(1) == 1 and cos.stride(1) == 1
+    q = torch.empty((m, n_heads * d), device=x.device, dtype=x.dtype)
+    bk = block_k(k)
+    grid = (triton.cdiv(m, BLOCK_M), n_heads + 2 * n_kv)
+    _qkv_rope_kernel[grid](
+        x, ln_w, w, bias if bias is not None else w, q_norm if q_norm is not None else ln_w,
+        k_norm if k_norm is not None else ln_w, cos, sin, pos, widx, q, ck, cv,
+        m, k, s, row0, eps,
+        x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
+        NQ=n_heads, NKV=n_kv, D=d, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
+        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_K=bk,
+    )
+    return q
