@@ -34,13 +34,19 @@ VARIANTS = {  # name -> (fused Triton forward, compile, compile mode)
 
 def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], variant: str, steps: int) -> dict:
     fused, compiled, mode = VARIANTS[variant]
+
+    def phase(what: str) -> None:  # progress on stdout: a run cut by its time limit shows where it was
+        print(f"[{variant}] {time.strftime('%X')} {what}", flush=True)
+
     engine = Engine(model, eos_ids=eos, config=EngineConfig(max_len=len(prompt) + steps + 64, max_slots=1,
                                                             compile=compiled, compile_mode=mode, fused_kernels=fused))
     params = SamplingParams(temperature=1.0, top_k=50, max_new_tokens=steps + 32)
     engine.prefill([(0, 0)], [Request(prompt, params)])
+    phase("prefilled; capturing")
     for _ in range(3):  # capture (and compile) outside the timings
         engine.decode_step(1).sum()
     torch.cuda.synchronize()
+    phase("captured; timing the decode loop")
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.decode_step(1).sum()
@@ -56,6 +62,7 @@ def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], variant
     end.record()
     torch.cuda.synchronize()
     replay_ms = start.elapsed_time(end) / steps
+    phase(f"loop {loop_ms:.3f} ms/token, replay {replay_ms:.3f} ms; profiling")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # one eager step: what the graph holds
         engine.step(1, tk, engine._mode)
         torch.cuda.synchronize()
