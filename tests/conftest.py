@@ -17,6 +17,15 @@ from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """CPU runs execute the fused Triton kernels (worker/tlt/kernels) in Triton's interpreter, which must be on before
+    anything imports triton (its own tl.* helpers are decorated at import; torch may import triton early), so it is
+    switched on here, before any test module loads, unless this run selects the GPU tests (`-m gpu`)."""
+    expr = config.getoption("markexpr") or ""
+    if not ("gpu" in expr and "not gpu" not in expr):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
 PG_ADMIN = os.environ.get("TLT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TLT_TEST_REDIS", "redis://127.0.0.1:6379/13")
 # Tiny random models on CPU: one intra-op thread beats threads fighting over a shared 2-core box. Not the other

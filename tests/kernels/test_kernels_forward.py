@@ -18,7 +18,7 @@ ATOL = 2e-5
 @pytest.mark.parametrize("kind", ["decode", "tree"])
 def test_fused_forward_equals_torch(name: str, kind: str) -> None:
     model = model_of(name)
-    lens, row0, t = [5, 231, 12], 1, 260  # row 1 spans two attention chunks
+    lens, row0, t = [5, 231, 12], 1, 260  # row 1 walks 4 column blocks
     bt = decode_batch(lens, t, seed=2) if kind == "decode" else tree_batch(lens, [-1, 0, 1, 0, 3], t, seed=2)
     logits_at = None if kind == "decode" else torch.tensor([[0, 2, 4]] * 3)
     rows = slice(row0, row0 + len(lens))
@@ -51,10 +51,10 @@ def _row(bt: Batch, r: int) -> Batch:
 
 @pytest.mark.parametrize("kind", ["decode", "tree"])
 def test_batch_invariance(kind: str) -> None:
-    """Row 0 alone (mask width 160: 2 column chunks) gives the very same logits as inside a batch of 5 (width 300:
-    3 chunks), and the other rows' contents do not move it by a bit. (Row 0 only: Triton's CPU interpreter runs
-    tl.dot as a numpy matmul, whose BLAS result depends on a row's position inside the 16-row tile; on the GPU the
-    MMA does not, and tests/kernels/test_kernels_gpu.py checks every row.)"""
+    """Row 0 alone (mask width 160) gives the very same logits as inside a batch of 5 (mask width 300), and the
+    other rows' contents do not move it by a bit. (Row 0 only: Triton's CPU interpreter runs tl.dot as a numpy
+    matmul, whose BLAS result depends on a row's position inside the 16-row tile; on the GPU the MMA does not, and
+    tests/kernels/test_kernels_gpu.py checks every row.)"""
     model = model_of("qwen3")
     t = 300
     lens = [140, 20, 7, 241, 11]

@@ -1,7 +1,7 @@
 """Each fused kernel against its torch reference in fp32 (Triton's interpreter on CPU): the qkv+RoPE+cache-write
 kernel (Llama G=2 / G=1, Qwen2 bias, Qwen3 q/k norm; ragged positions, S>1, a cache_rows offset), attention over
-the cache in column chunks with ragged rows and tree masks, the chunk merge + o_proj + residual, the
-norm+gate|up+SiLU kernel, down_proj + residual and the head.
+the cache with ragged rows and tree masks (and with a non-default config), o_proj / down_proj + residual, the
+norm+gate|up+SiLU kernel and the head, each also under another launch config than the default.
 Run: python -m pytest tests/kernels/test_kernels_layer.py -q"""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.kernels.cases import ARCHS, T, model_of, random_cache, tree_batch
-from worker.tlt.kernels.attention import CHUNK, cache_attention, merge_partials
-from worker.tlt.kernels.attn_out import attn_out_residual
+from worker.tlt.kernels.attention import cache_attention
+from worker.tlt.kernels.common import Config
 from worker.tlt.kernels.linear import linear_residual, norm_gate_up
 from worker.tlt.kernels.qkv_rope import qkv_rope_cache
 from worker.tlt.model.transformer import DecoderLayer, apply_rope
@@ -75,35 +75,37 @@ def _ref_attention(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, mask: to
 def test_attention_matches_sdpa(name: str, parents: list[int]) -> None:
     model = model_of(name)
     a = model.args
-    lens, row0, tk = [0, 9, 150, 270], 1, 290  # row 0: an empty prefix (attends its own nodes only); 3 chunks
+    lens, row0, tk = [0, 9, 150, 270], 1, 290  # row 0: an empty prefix (attends its own nodes only)
     bt = tree_batch(lens, parents, tk, seed=7)
     b, s = bt.pos.shape
     cache = random_cache(model, slots=6, seed=2, t=300)
     q = torch.randn(b * s, a.n_heads * a.hd, generator=torch.Generator().manual_seed(3))
-    parts = cache_attention(q, cache.k[0], cache.v[0], bt.mask, bt.widx.reshape(-1), row0=row0)
-    assert parts.acc.shape[1] == -(-tk // CHUNK) > 1  # several column chunks, merged below
     ref = _ref_attention(q, cache.k[0], cache.v[0], bt.mask, row0, a.n_heads)
-    torch.testing.assert_close(merge_partials(parts), ref, atol=ATOL, rtol=0)
-    # the o_proj kernel merges the chunks itself
+    for cfg in (None, Config(block_n=32, block_k=0, num_warps=2, num_stages=1)):  # default BLOCK_N 64, then 32
+        out = cache_attention(q, cache.k[0], cache.v[0], bt.mask, bt.widx.reshape(-1), row0=row0, config=cfg)
+        torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+    # o_proj + residual on the attention output
     layer = cast(DecoderLayer, model.model.layers[0])
     x = torch.randn(b * s, a.dim, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         want = x + layer.self_attn.o_proj(ref)
-    torch.testing.assert_close(attn_out_residual(parts, layer.self_attn.o_proj.weight, x), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(linear_residual(out, layer.self_attn.o_proj.weight, x), want, atol=ATOL, rtol=0)
 
 
 def test_attention_ignores_columns_past_its_own() -> None:
     """A token never reads columns right of its write column, whatever the mask says (they are other nodes' K/V).
-    Its column sits in the 2nd chunk: the 1st is full, the 3rd empty."""
+    Its column (148) sits inside a column block: the walk stops mid-block, and the mask width does not matter."""
     model = model_of("llama-g2")
-    cache = random_cache(model, slots=2, seed=5, t=3 * CHUNK)
-    widx = torch.tensor([CHUNK + 20])
+    t = 384
+    cache = random_cache(model, slots=2, seed=5, t=t)
+    widx = torch.tensor([148])
     q = torch.randn(1, 64, generator=torch.Generator().manual_seed(1))
-    causal = torch.arange(3 * CHUNK)[None, None] <= CHUNK + 20
-    full = torch.ones(1, 1, 3 * CHUNK, dtype=torch.bool)
-    a = merge_partials(cache_attention(q, cache.k[0], cache.v[0], full, widx, row0=1))
-    b = merge_partials(cache_attention(q, cache.k[0], cache.v[0], causal, widx, row0=1))
-    assert torch.equal(a, b)
+    causal = torch.arange(t)[None, None] <= 148
+    full = torch.ones(1, 1, t, dtype=torch.bool)
+    a = cache_attention(q, cache.k[0], cache.v[0], full, widx, row0=1)
+    b = cache_attention(q, cache.k[0], cache.v[0], causal, widx, row0=1)
+    narrow = cache_attention(q, cache.k[0], cache.v[0], causal[:, :, :149].contiguous(), widx, row0=1)
+    assert torch.equal(a, b) and torch.equal(a, narrow)
     torch.testing.assert_close(a, _ref_attention(q, cache.k[0], cache.v[0], causal, 1, 4), atol=ATOL, rtol=0)
 
 
@@ -116,9 +118,13 @@ def test_projections_with_residual_and_swiglu(m: int) -> None:
     with torch.no_grad():
         ref_u = (lambda gu: F.silu(gu[0]) * gu[1])(layer.mlp.gate_up_proj(layer.post_attention_layernorm(h)).chunk(2, -1))
         ref_x = h + layer.mlp.down_proj(ref_u)
-    u = norm_gate_up(h, layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.weight, model.args.norm_eps)
-    torch.testing.assert_close(u, ref_u, atol=ATOL, rtol=0)
-    torch.testing.assert_close(linear_residual(u, layer.mlp.down_proj.weight, h), ref_x, atol=ATOL, rtol=0)
-    # without a residual: the lm head
-    logits = linear_residual(h, model.head_weight, None)
-    torch.testing.assert_close(logits, h @ model.head_weight.T, atol=ATOL, rtol=0)
+    other = Config(block_n=32, block_k=32, num_warps=2, num_stages=1)  # several K steps, other tiles
+    for cfg in (None, other):
+        u = norm_gate_up(h, layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.weight,
+                         model.args.norm_eps, config=cfg)
+        torch.testing.assert_close(u, ref_u, atol=ATOL, rtol=0)
+        torch.testing.assert_close(linear_residual(u, layer.mlp.down_proj.weight, h, config=cfg), ref_x, atol=ATOL,
+                                   rtol=0)
+        # without a residual: the lm head
+        logits = linear_residual(h, model.head_weight, None, config=cfg)
+        torch.testing.assert_close(logits, h @ model.head_weight.T, atol=ATOL, rtol=0)

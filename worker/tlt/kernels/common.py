@@ -1,13 +1,19 @@
 """Pieces shared by the fused decode kernels: the RMSNorm prologue (sum of squares over a row, then the normalised
 tile in the weight dtype, rounded as HF's RMSNorm rounds), the dtype round trip that mimics a torch op's output
-rounding, and the block-size rules.
+rounding, and the launch configs (tile sizes, warps, pipeline stages).
 
-Block sizes depend on the weight shape (N, K) only, never on the number of tokens M, so that every row's result is
-bit-identical whatever the batch (plain decode and speculative verify then agree exactly). Tests:
-`python -m pytest tests/kernels -q`.
+A kernel's config depends on the weight shape (N, K) only, never on the number of tokens M, so that every row's
+result is bit-identical whatever the batch (plain decode and speculative verify then agree exactly; the K tile
+fixes the order of the fp32 accumulation). `config_for` returns the entry of `TUNED` (this GPU's file
+written by `python bench/kernel_sweep.py --write-tuned`) or the default rule. Tests: `python -m pytest tests/kernels -q`.
 """
 
 from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -16,13 +22,66 @@ import triton.language as tl
 BLOCK_M = 16  # tl.dot needs M tiles >= 16; decode batches are padded up to it by masks
 
 
-def block_k(k: int) -> int:
-    return max(16, min(64, triton.next_power_of_2(k)))
+@dataclass(frozen=True)
+class Config:
+    block_n: int  # output columns per program (attention: cache columns per step; qkv_rope: ignored, one head)
+    block_k: int  # reduction columns per step (attention: ignored)
+    num_warps: int = 4
+    num_stages: int = 2  # software-pipelined loads in flight (1: none)
 
 
-def block_n(n: int) -> int:
-    # narrow column tiles: a decode GEMV is launch/latency-bound, so more programs (SMs) beat wider tiles
-    return 16 if n <= 1024 else 32
+# (kernel, N, K) -> Config: the sweep's winners for this GPU (bench/kernel_sweep.py --write-tuned writes
+# kernels/tuned/<GPU name>.json, read once per process on CUDA), else the default rule. Kernels: "qkv_rope"
+# (N = (Hq + 2 Hkv) * D, K = H), "attention" (N = G query heads per KV head, K = D), "linear_residual" (o_proj,
+# down_proj, head), "norm_gate_up" (N = I, K = H).
+TUNED: dict[tuple[str, int, int], Config] = {}
+TUNED_DIR = Path(__file__).with_name("tuned")
+_loaded_for: str | None = None
+
+
+def tuned_path(device_name: str) -> Path:
+    return TUNED_DIR / (re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json")
+
+
+def load_tuned(device_name: str) -> int:
+    """Fill TUNED from this GPU's file (entries "kernel,N,K": [block_n, block_k, num_warps, num_stages]) -> entries
+    read (0: no file for this GPU)."""
+    path = tuned_path(device_name)
+    if not path.exists():
+        return 0
+    entries = json.loads(path.read_text())
+    for key, v in entries.items():
+        kernel, n, k = key.split(",")
+        TUNED.setdefault((kernel, int(n), int(k)), Config(*v))
+    return len(entries)
+
+
+def save_tuned(device_name: str, table: dict[tuple[str, int, int], Config]) -> Path:
+    path = tuned_path(device_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = {f"{kn},{n},{k}": [c.block_n, c.block_k, c.num_warps, c.num_stages] for (kn, n, k), c in table.items()}
+    path.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def default_config(kernel: str, n: int, k: int) -> Config:
+    """The rule for shapes the sweep has not seen: wide K tiles (a decode GEMV is latency-bound by its sequential K
+    steps: K / BLOCK_K of them), narrow N tiles (more programs over the SMs)."""
+    if kernel == "attention":
+        return Config(block_n=64, block_k=k, num_warps=4, num_stages=2)
+    bk = max(16, min(256, triton.next_power_of_2(k)))
+    if kernel == "qkv_rope":  # two [BLOCK_K, D] weight tiles per step (the head and its rotation): half as deep
+        return Config(block_n=0, block_k=min(bk, 128), num_warps=4, num_stages=2)
+    bn = 16 if n <= 1024 else 32
+    return Config(block_n=bn, block_k=bk, num_warps=4, num_stages=2)
+
+
+def config_for(kernel: str, n: int, k: int, device: torch.device | None = None) -> Config:
+    global _loaded_for
+    if device is not None and device.type == "cuda" and _loaded_for is None:
+        _loaded_for = torch.cuda.get_device_name(device)
+        load_tuned(_loaded_for)
+    return TUNED.get((kernel, n, k)) or default_config(kernel, n, k)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

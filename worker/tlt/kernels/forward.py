@@ -2,14 +2,15 @@
 in five Triton kernels per layer instead of ~25 torch kernels:
 
   1. input norm + q|k|v GEMM (+bias) (+q/k norm) + RoPE + K/V written into the cache  (kernels/qkv_rope.py)
-  2. attention over the cache row with the boolean mask, split in column chunks     (kernels/attention.py)
-  3. merge of the chunks + o_proj GEMM + residual                                    (kernels/attn_out.py)
+  2. attention over the cache row with the boolean mask                             (kernels/attention.py)
+  3. o_proj GEMM + residual                                                          (kernels/linear.py)
   4. post-attention norm + gate|up GEMM + silu(gate) * up                             (kernels/linear.py)
   5. down GEMM + residual                                                            (kernels/linear.py)
 
-The embedding and the final norm stay in torch; the head is `linear_residual` without a residual. Same inputs and outputs as forward_hidden with a
-cache, for the small token counts of decode / verify (prefill keeps torch). Inference only: runs under no_grad, no
-host sync and no data-dependent allocation, so a CUDA graph can capture it. On CPU it runs in Triton's interpreter
+The embedding and the final norm stay in torch; the head is `linear_residual` without a residual. Same inputs and
+outputs as forward_hidden with a cache, for the small token counts of decode / verify (prefill, and calls over
+EngineConfig.fused_max_tokens tokens, keep torch: rollout/decode_step.py). Inference only: runs under no_grad, no host
+sync and no data-dependent allocation, so a CUDA graph can capture it. On CPU it runs in Triton's interpreter
 (TRITON_INTERPRET=1 set before this package is imported). Tests: `python -m pytest tests/kernels -q`.
 """
 
@@ -20,7 +21,6 @@ from typing import cast
 import torch
 
 from worker.tlt.kernels.attention import cache_attention
-from worker.tlt.kernels.attn_out import attn_out_residual
 from worker.tlt.kernels.linear import linear_residual, norm_gate_up
 from worker.tlt.kernels.qkv_rope import qkv_rope_cache
 from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
@@ -62,8 +62,8 @@ def fused_forward_hidden(
             att.k_norm.weight if att.k_norm is not None else None,
             model.rope_cos, model.rope_sin, pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps,
         )
-        parts = cache_attention(q, ck, cv, mask, widx, row0=row0)
-        h = attn_out_residual(parts, att.o_proj.weight, x)
+        a = cache_attention(q, ck, cv, mask, widx, row0=row0)
+        h = linear_residual(a, att.o_proj.weight, x)
         u = norm_gate_up(h, layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, eps)
         x = linear_residual(u, mlp.down_proj.weight, h)
     hidden = model.model.norm(x.view(b, s, hdim))

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.kernels.common import BLOCK_M, block_k, block_n, dot_precision, normed_tile, rounded, row_rstd
+from worker.tlt.kernels.common import BLOCK_M, Config, config_for, dot_precision, normed_tile, rounded, row_rstd
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -69,29 +69,36 @@ def _norm_gate_up_kernel(
              mask=m_mask[:, None] & n_mask[None, :])
 
 
-def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
-    """r + a @ w^T (or a @ w^T): a [M, K], w [N, K], r [M, N] -> [M, N] (a new tensor: r may be a captured input)."""
+def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, *,
+                    config: Config | None = None) -> torch.Tensor:
+    """r + a @ w^T (or a @ w^T): a [M, K], w [N, K], r [M, N] -> [M, N] (a new tensor: r may be a captured input).
+    config: the sweep's candidate (default: config_for)."""
     m, k = a.shape
     n = w.shape[0]
     assert a.stride(1) == 1 and w.stride(1) == 1 and (r is None or r.stride(1) == 1)
+    cfg = config or config_for("linear_residual", n, k, a.device)
     out = torch.empty((m, n), device=a.device, dtype=a.dtype)
-    bn = block_n(n)
-    _linear_residual_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, bn))](
+    _linear_residual_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n))](
         a, w, r if r is not None else out, out, m, n, k, a.stride(0), w.stride(0),
-        r.stride(0) if r is not None else 0, out.stride(0), HAS_RESIDUAL=r is not None, DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=block_k(k),
+        r.stride(0) if r is not None else 0, out.stride(0), HAS_RESIDUAL=r is not None,
+        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
 
-def norm_gate_up(x: torch.Tensor, ln_w: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """silu(g) * u with g | u = RMSNorm(x) @ w^T: x [M, H], ln_w [H], w [2I, H] (rows gate | up) -> [M, I]."""
+def norm_gate_up(x: torch.Tensor, ln_w: torch.Tensor, w: torch.Tensor, eps: float, *,
+                 config: Config | None = None) -> torch.Tensor:
+    """silu(g) * u with g | u = RMSNorm(x) @ w^T: x [M, H], ln_w [H], w [2I, H] (rows gate | up) -> [M, I].
+    config: the sweep's candidate (default: config_for)."""
     m, k = x.shape
     i = w.shape[0] // 2
     assert x.stride(1) == 1 and w.stride(1) == 1
+    cfg = config or config_for("norm_gate_up", i, k, x.device)
     out = torch.empty((m, i), device=x.device, dtype=x.dtype)
-    bn = block_n(i)
-    _norm_gate_up_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(i, bn))](
+    _norm_gate_up_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(i, cfg.block_n))](
         x, ln_w, w, out, m, i, k, eps, x.stride(0), w.stride(0), out.stride(0),
-        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=block_k(k),
+        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.kernels.common import BLOCK_M, block_k, dot_precision, normed_tile, rounded, row_rstd
+from worker.tlt.kernels.common import BLOCK_M, Config, config_for, dot_precision, normed_tile, rounded, row_rstd
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -90,12 +90,13 @@ def qkv_rope_cache(
     ck: torch.Tensor,  # [slots, Hkv, T, D] this layer's K cache (written)
     cv: torch.Tensor,  # [slots, Hkv, T, D] V cache (written)
     *, s: int, row0: int, n_heads: int, eps: float,
+    config: Config | None = None,  # the sweep's candidate (default: config_for; block_n unused: one head per program)
 ) -> torch.Tensor:  # q [M, Hq * D] after RoPE
     m, k = x.shape
     n_kv, d = ck.shape[1], ck.shape[3]
     assert ck.stride(3) == 1 and cv.stride() == ck.stride() and w.stride(1) == 1 and cos.stride(1) == 1
+    cfg = config or config_for("qkv_rope", w.shape[0], k, x.device)
     q = torch.empty((m, n_heads * d), device=x.device, dtype=x.dtype)
-    bk = block_k(k)
     grid = (triton.cdiv(m, BLOCK_M), n_heads + 2 * n_kv)
     _qkv_rope_kernel[grid](
         x, ln_w, w, bias if bias is not None else w, q_norm if q_norm is not None else ln_w,
@@ -103,6 +104,7 @@ def qkv_rope_cache(
         m, k, s, row0, eps,
         x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
         NQ=n_heads, NKV=n_kv, D=d, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
-        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_K=bk,
+        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return q

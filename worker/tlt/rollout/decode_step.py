@@ -116,23 +116,23 @@ class DecodeStep:
     `compile_max_batch` > 0 compiles head and tail for batches up to it (`compiler`: a torch.compile backend,
     `compile_mode` its mode: never one with CUDA graphs of its own, as rollout/graphs.py captures the step);
     `capture_layers`: the step's hidden output also carries those layers' inputs (`hook_rows`); `fused`: the cached
-    forward (`forward_hidden`, also the verify forward's) runs worker/tlt/kernels' Triton kernels, and only the tail
-    is compiled (dynamo would gain nothing on a forward that is already a few fused kernels per layer)."""
+    forward (`forward_hidden`, also the verify forward's) runs worker/tlt/kernels' Triton kernels for calls of at
+    most `fused_max_tokens` tokens (EngineConfig.fused_max_tokens; larger ones run torch), and only the tail is
+    compiled (dynamo would gain nothing on a forward that is already a few fused kernels per layer)."""
 
     def __init__(self, model: Transformer, cache: KVCache, rows: RowState, gen: torch.Generator, *,
                  compile_max_batch: int = 0, compiler: str = "inductor", compile_mode: str | None = None,
-                 capture_layers: tuple[int, ...] = (), fused: bool = False) -> None:
+                 capture_layers: tuple[int, ...] = (), fused: bool = False, fused_max_tokens: int = 128) -> None:
         self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
         self.capture_layers = capture_layers
         self.compile_max_batch = compile_max_batch
         self.fused = fused
-        # the cached forward: (ids, positions, cache, *, cache_rows, write_idx, attn_mask, logits_at, layers)
-        self.forward_hidden: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]]
-        self.forward_hidden = model.forward_hidden
+        self.fused_max_tokens = fused_max_tokens
+        self._fused_forward: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]] | None = None
         if fused:
             from worker.tlt.kernels.forward import fused_forward_hidden  # imports triton: only when asked for
 
-            self.forward_hidden = functools.partial(fused_forward_hidden, model)
+            self._fused_forward = functools.partial(fused_forward_hidden, model)
         self._cols = torch.arange(cache.max_len, device=rows.lens.device)
         self._head_c: Callable[..., Any] = self.head
         self._tail_c: Callable[..., Any] = self.tail
@@ -145,6 +145,19 @@ class DecodeStep:
             if not fused:
                 self._head_c = torch.compile(self.head, dynamic=False, backend=compiler, mode=compile_mode)
             self._tail_c = torch.compile(self.tail, dynamic=False, backend=compiler, mode=compile_mode)
+
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,  # [B, S]
+        positions: torch.Tensor,  # [B, S]
+        cache: KVCache,
+        **kw: Any,  # cache_rows, write_idx, attn_mask, logits_at, layers (Transformer.forward_hidden's)
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+        """The cached forward (decode and verify): the fused kernels up to `fused_max_tokens` tokens, else torch.
+        B * S is a shape, so a captured graph always takes the same side."""
+        if self._fused_forward is not None and input_ids.numel() <= self.fused_max_tokens:
+            return self._fused_forward(input_ids, positions, cache, **kw)
+        return self.model.forward_hidden(input_ids, positions, cache, **kw)
 
     def compiled(self, batch: int) -> bool:
         return batch <= self.compile_max_batch

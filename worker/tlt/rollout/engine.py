@@ -140,7 +140,8 @@ class Engine:
         fused = resolve_fused(config.fused_kernels, model.args, self.device, self.dtype)
         self.step = DecodeStep(model, self.cache, self.rows, self.gen,
                                compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0,
-                               compile_mode=config.compile_mode, capture_layers=config.capture_layers, fused=fused)
+                               compile_mode=config.compile_mode, capture_layers=config.capture_layers, fused=fused,
+                               fused_max_tokens=config.fused_max_tokens)
         # one memory pool for every graph of this engine (the verify graphs share it)
         self.graph_pool: object | None = torch.cuda.graph_pool_handle() if on_cuda and config.cuda_graphs else None
         self.graphs: DecodeGraphs | None = None
