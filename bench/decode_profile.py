@@ -11,6 +11,7 @@ time per token, decode is bound by the kernels inside the graph (their count and
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import time
 from pathlib import Path
@@ -107,6 +108,7 @@ def kernel_table(prof: profile, steps: int) -> list[dict]:
 
 
 def main() -> None:
+    faulthandler.enable()  # a crash in a native library prints where it happened (an earlier run died silently)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--variants", default="fused,plain,compiled", help=f"of {', '.join(VARIANTS)}")

@@ -132,7 +132,8 @@ def torch_call(st: Setup, kernel: str, m: int) -> Callable[[], Any]:
     x, pos, mask, q, u = layer_inputs(st, m)
     ck, cv = st.cache.k[0], st.cache.v[0]
     g, d = a.n_heads // a.n_kv_heads, a.hd
-    cos, sin = model.rope_cos[pos][:, None, None], model.rope_sin[pos][:, None, None]  # [M, 1, 1, D]
+    # [M, 1, 1, D] in the model dtype, as forward_hidden casts them
+    cos, sin = (model.rope_cos[pos][:, None, None].to(x.dtype), model.rope_sin[pos][:, None, None].to(x.dtype))
     add_mask = torch.zeros(m, 1, g, st.ctx, device=st.device, dtype=x.dtype).masked_fill(~mask[:, :, None], -torch.inf)
     rows = torch.arange(m, device=st.device)
 

@@ -194,6 +194,11 @@ def render(res: dict, a: argparse.Namespace) -> str:
         hs = row.get("hf_static", {}).get("tokens_per_s")
         best = max([x for x in (hd, hs) if x], default=None)
         mine = max(ours, ot or 0.0, oc or 0.0)
+        for kind in ("ours", "ours_torch"):
+            g = row.get(kind, {})
+            if g.get("replay_ms") is not None:
+                res["notes"].append(f"decode batch {b}, {kind}: {g['step_ms']:.3f} ms per step in the decode loop, "
+                                    f"{g['replay_ms']:.3f} ms GPU per replayed step")
         lines.append(f"| decode tok/s, batch {b}, {a.decode_tokens} new tokens | {fmt(ours)} | {fmt(ot)} | {fmt(oc)} "
                      f"| {fmt(hd)} "
                      f"| {fmt(hs)} | {fmt(mine / best) + 'x' if best else '—'} |")

@@ -241,7 +241,24 @@ def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]
         best = min(best, time.perf_counter() - t0)
     tokens = sum(len(s.tokens) for s in out.sequences)
     return {"batch": len(prompts), "new_tokens": max_new, "seconds": best, "tokens": tokens,
-            "tokens_per_s": tokens / best, "top_k": top_k, "compiled": compile_step, **graph_stats(engine)}
+            "tokens_per_s": tokens / best, "top_k": top_k, "compiled": compile_step,
+            "step_ms": 1e3 * best / max_new, "replay_ms": replay_ms(engine), **graph_stats(engine)}
+
+
+def replay_ms(engine: Engine, n: int = 50) -> float | None:
+    """GPU milliseconds of one decode step: back-to-back replays of the widest captured decode graph (noise refill
+    included), timed with CUDA events. Against the decode loop's ms per step it says how much the host adds."""
+    graphs = engine.graphs
+    if graphs is None or len(graphs) == 0:
+        return None
+    batch, tk, mode = max(graphs.keys(), key=lambda key: (key[0], key[1]))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        graphs.run(batch, tk, mode)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
 
 
 def main(argv: list[str] | None = None) -> int:

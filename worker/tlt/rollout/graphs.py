@@ -39,6 +39,9 @@ class DecodeGraphs:
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def keys(self) -> list[tuple[int, int, Mode]]:  # (batch, tk, mode) of the captured graphs
+        return list(self._graphs)
+
     @property
     def compile_max_batch(self) -> int:
         return self.step.compile_max_batch
