@@ -19,15 +19,21 @@ Modes: `tlt` = rollout.speculative adaptive (SD on below --sd-on-below active se
 EAGLE-1 drafter trained online), drafter spot training capped at --drafter-steps per RL step (the `h200-gsm8k-tlt`
 preset); `off` = speculative off, no drafter (`h200-gsm8k-sd-off`). Outputs are rewritten after every run, so a
 run cut short still leaves its finished rows.
+`--profile-update` (issue 6: is the update GPU- or host-bound?) runs the first mode of the first setting for one
+extra step and runs only that step's `update(...)` under torch.profiler (CPU + CUDA); the step is left out of the
+table's means and its kernel / CPU-op summary lands in the markdown and in the JSON's "update_profile".
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +50,15 @@ QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/reward", "timing_s/update",
 MODE_PRESETS = {"tlt": "h200-gsm8k-tlt", "off": "h200-gsm8k-sd-off"}
 
 
-def bench_spec(a: argparse.Namespace, mode: str, max_new: int) -> JobSpec:
-    """The mode's preset with the bench's sizes; the tiny CPU variant swaps model, data and device."""
+def bench_spec(a: argparse.Namespace, mode: str, max_new: int, extra_steps: int = 0) -> JobSpec:
+    """The mode's preset with the bench's sizes; the tiny CPU variant swaps model, data and device. `extra_steps`
+    are run after `--steps` (the profiled step); the presets' LR schedule is constant, so they change nothing else."""
     over: dict[str, Any] = {
         "algorithm": {"prompts_per_step": a.prompts, "num_generations": a.samples, "max_completion_length": max_new,
                       "temperature": a.temperature, "top_k": a.top_k},
         "rollout": {"sd_on_below": a.sd_on_below, "kv_cache_gb": a.kv_cache_gb},
         "drafter": {"max_train_steps_per_rl_step": a.drafter_steps},
-        "max_steps": a.steps, "seed": a.seed,
+        "max_steps": a.steps + extra_steps, "seed": a.seed,
     }
     if mode == "off":
         del over["drafter"]
@@ -68,20 +75,131 @@ def bench_spec(a: argparse.Namespace, mode: str, max_new: int) -> JobSpec:
     return JobSpec.model_validate(merge_spec(PRESETS[MODE_PRESETS[mode]], over))
 
 
-def run_mode(a: argparse.Namespace, mode: str, max_new: int) -> dict[str, Any]:
-    """`--steps` RL steps of one mode; per-step metrics and the mean of the quoted (after-the-first) steps."""
-    spec = bench_spec(a, mode, max_new)
+def run_mode(a: argparse.Namespace, mode: str, max_new: int, profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`--steps` RL steps of one mode; per-step metrics and the mean of the quoted (after-the-first) steps. With
+    `profile` (a dict to fill), one extra step runs with its update profiled; it is kept out of `steps` and the mean."""
+    extra = 1 if profile is not None else 0
+    spec = bench_spec(a, mode, max_new, extra)
     steps: list[dict[str, float]] = []
 
     def record(step: int, metrics: dict[str, float]) -> None:
-        steps.append({k: float(metrics[k]) for k in QUOTED if k in metrics})
-        print(f"{mode} <= {max_new} new, step {step}: {json.dumps(steps[-1])}", flush=True)
+        row = {k: float(metrics[k]) for k in QUOTED if k in metrics}
+        print(f"{mode} <= {max_new} new, step {step}: {json.dumps(row)}", flush=True)
+        if step > a.steps and profile is not None:
+            profile["step_metrics"] = row  # profiler overhead inside: never averaged
+        else:
+            steps.append(row)
 
-    build_s = run_trainer_steps(spec, BenchReporter(), record)
+    with profile_update_call(a.steps + 1, profile) if profile is not None else contextlib.nullcontext():
+        build_s = run_trainer_steps(spec, BenchReporter(), record)
     quoted = steps[1:] if len(steps) > 1 else steps
     mean = {k: statistics.fmean(s[k] for s in quoted) for k in quoted[0] if all(k in s for s in quoted)}
+    if profile is not None:
+        profile.update(mode=mode, max_new_tokens=max_new, step=a.steps + 1,
+                       unprofiled_update_s=mean.get("timing_s/update"))
     return {"mode": mode, "max_new_tokens": max_new, "build_s": build_s, "steps": steps, "quoted_steps": len(quoted),
             "mean": mean, "spec": spec.model_dump(mode="json")}
+
+
+@contextlib.contextmanager
+def profile_update_call(call_no: int, into: dict[str, Any]) -> Iterator[None]:
+    """Run the `call_no`-th (1-based) `GRPOTrainer.update` call under torch.profiler and put its summary in `into`.
+    The method is swapped on the class only while the block runs: run_trainer_steps builds the trainer itself, and
+    the product code stays as it is."""
+    from worker.tlt.rl.batch import plan_micro_batches
+    from worker.tlt.rl.trainer import GRPOTrainer
+
+    original = GRPOTrainer.update
+    calls = 0
+
+    def update(self: GRPOTrainer, seqs: list[Any]) -> dict[str, float]:
+        nonlocal calls
+        calls += 1
+        if calls != call_no:
+            return original(self, seqs)
+        cuda = torch.device(self.device).type == "cuda"
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        if cuda:
+            torch.cuda.synchronize()  # the rollout's queued work must not land in the update's window
+        with torch.profiler.profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            out = original(self, seqs)
+            if cuda:
+                torch.cuda.synchronize()
+            wall_s = time.perf_counter() - t0
+        lengths = [len(s) for s in seqs]
+        into.update(wall_s=wall_s, cuda=cuda, sequences=len(seqs), tokens=sum(lengths),
+                    response_tokens=sum(len(s.response_ids) for s in seqs),
+                    micro_batches=len(plan_micro_batches(lengths, self.algo.micro_batch_tokens)) if seqs else 0,
+                    **profile_summary(prof))
+        return out
+
+    GRPOTrainer.update = update  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GRPOTrainer.update = original  # type: ignore[method-assign]
+
+
+def profile_summary(prof: torch.profiler.profile, top_kernels: int = 15, top_cpu: int = 10) -> dict[str, Any]:
+    """GPU side: kernel count, summed kernel time, busy time (union of kernel + copy intervals, so overlapping
+    streams count once), top kernels by total time. Host side: top ops by self CPU time (launch overhead such as
+    cudaLaunchKernel shows up here when the update is host-bound)."""
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    is_copy = [e.name.startswith(("Memcpy", "Memset")) for e in device]
+    kernels = [e for e, c in zip(device, is_copy, strict=True) if not c]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        acc = by_name.setdefault(e.name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += e.time_range.elapsed_us()
+    busy_us, end = 0.0, float("-inf")
+    for e in sorted(device, key=lambda e: e.time_range.start):  # union of intervals
+        start, stop = max(e.time_range.start, end), e.time_range.end
+        busy_us += max(0.0, stop - start)
+        end = max(end, stop)
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top_kernels]
+    cpu = sorted((r for r in prof.key_averages() if r.self_cpu_time_total > 0), key=lambda r: -r.self_cpu_time_total)
+    return {
+        "kernels": len(kernels),
+        "kernel_s": sum(e.time_range.elapsed_us() for e in kernels) / 1e6,
+        "copies": len(device) - len(kernels),
+        "copy_s": sum(e.time_range.elapsed_us() for e, c in zip(device, is_copy, strict=True) if c) / 1e6,
+        "gpu_busy_s": busy_us / 1e6,
+        "top_kernels": [{"name": n[:80], "count": int(c), "total_ms": t / 1e3} for n, (c, t) in ranked],
+        "top_cpu_ops": [{"name": r.key[:80], "count": r.count, "self_cpu_ms": r.self_cpu_time_total / 1e3}
+                        for r in cpu[:top_cpu]],
+    }
+
+
+def render_profile(p: dict[str, Any]) -> list[str]:
+    """The update-profile section of the markdown (see profile_summary)."""
+    wall = p["wall_s"]
+    lines = [
+        f"### Update profile: {p['mode']}, <= {p['max_new_tokens']} new, step {p['step']} (an extra step, "
+        f"not in the means above)",
+        "",
+        f"- update: {p['sequences']} sequences, {p['tokens']} tokens ({p['response_tokens']} response), "
+        f"{p['micro_batches']} micro-batches; wall {fmt(wall, 3)} s under the profiler vs {fmt(p['unprofiled_update_s'], 3)} s "
+        "mean unprofiled (the profiler adds host overhead per op and launch, so read wall time from the table)",
+    ]
+    if not p["cuda"]:
+        return lines + ["- no CUDA: the update ran on the CPU, no kernels recorded", *cpu_ops_table(p), ""]
+    lines += [
+        f"- GPU: {p['kernels']} kernels, {fmt(p['kernel_s'], 3)} s summed kernel time; busy (union, incl. "
+        f"{p['copies']} copies / memsets taking {fmt(p['copy_s'], 3)} s) {fmt(p['gpu_busy_s'], 3)} s = "
+        f"{fmt(100 * p['gpu_busy_s'] / wall, 0)}% of the profiled wall (low = host-bound)",
+        "",
+        "| kernel (top 15 by total CUDA time) | count | total ms |",
+        "|---|---|---|",
+        *(f"| `{k['name']}` | {k['count']} | {fmt(k['total_ms'], 2)} |" for k in p["top_kernels"]),
+    ]
+    return lines + cpu_ops_table(p) + [""]
+
+
+def cpu_ops_table(p: dict[str, Any]) -> list[str]:
+    return ["", "| CPU op (top 10 by self CPU time) | count | self CPU ms |", "|---|---|---|",
+            *(f"| `{o['name']}` | {o['count']} | {fmt(o['self_cpu_ms'], 2)} |" for o in p["top_cpu_ops"])]
 
 
 def trl_step_s(peers_json: Path | None) -> tuple[float | None, list[float]]:
@@ -136,7 +254,9 @@ def render(res: dict[str, Any]) -> str:
     if trl is not None:
         notes.append(f"TRL step_time_s per step: {', '.join(fmt(t) for t in res['trl_steps_s'])} "
                      f"(from {res['peers_json']})")
-    return "\n".join(lines + [""] + [f"- {n}" for n in notes] + [""])
+    prof = res.get("update_profile") or {}
+    profile = [""] + render_profile(prof) if "wall_s" in prof else []  # absent until the profiled run ends
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes] + profile + [""])
 
 
 def write(res: dict[str, Any], out: Path, json_out: Path) -> str:
@@ -174,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers-json", default=None, help="default: peers.json next to --out, when present")
     ap.add_argument("--out", default="bench/results/train_h200.md")
     ap.add_argument("--json-out", default=None, help="default: --out with .json")
+    ap.add_argument("--profile-update", action="store_true",
+                    help="run the first mode of the first setting one extra step, its update under torch.profiler")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite --out from its JSON (e.g. once the peers' peers.json exists); no runs")
     a = ap.parse_args(argv)
@@ -205,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         settings["long-tail"] = a.long_tail_max_new
     for setting, max_new in settings.items():
         for mode in a.modes.split(","):
-            res["settings"].setdefault(setting, {})[mode] = run_mode(a, mode, max_new)
+            profile: dict[str, Any] | None = None
+            if a.profile_update and "update_profile" not in res:
+                profile = res["update_profile"] = {}
+            res["settings"].setdefault(setting, {})[mode] = run_mode(a, mode, max_new, profile)
             table = write(res, out, json_out)
     sys.stdout.write(table)
     return 0

@@ -1,6 +1,7 @@
 """bench/train_bench.py and bench/train_curves.py run end to end on CPU (tiny model, --quick): every setting and mode
 gets a row, TRL's step time comes from a peers.json and turns into ratio columns; the curves' overlap verdict
-separates a curve within seed noise from a shifted one.
+separates a curve within seed noise from a shifted one; --profile-update profiles one extra, unaveraged step's update
+and its summary counts kernels, GPU busy time (overlaps once) and ranks kernels and host ops.
 
 Run: python -m pytest tests/train/test_train_bench_cli.py -q
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,3 +70,75 @@ def test_overlap_verdict_separates_noise_from_a_shift() -> None:
     assert same["overlap"] and same["mean_ok"] and same["spread_ok"]
     shifted = verdict(off, [x + 0.1 for x in tlt], off2)
     assert not shifted["overlap"] and not shifted["mean_ok"]
+
+
+@pytest.mark.slow
+def test_train_bench_profile_update_is_an_extra_unquoted_step(tmp_path: Path) -> None:
+    bench = _load("train_bench")
+    out = tmp_path / "train.md"
+    argv = ["--model", "tiny", "--quick", "--long-tail-max-new", "0", "--profile-update", "--out", str(out)]
+    assert bench.main(argv) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    off, tlt = res["settings"]["main"]["off"], res["settings"]["main"]["tlt"]
+    assert len(off["steps"]) == len(tlt["steps"]) == 2 and off["quoted_steps"] == 1  # the profiled step not averaged
+    p = res["update_profile"]
+    assert (p["mode"], p["step"], p["cuda"], p["kernels"]) == ("off", 3, False, 0)
+    assert p["sequences"] == 8 and p["tokens"] > p["response_tokens"] > 0 and p["wall_s"] > 0
+    assert p["step_metrics"]["timing_s/update"] >= p["wall_s"]
+    assert p["unprofiled_update_s"] == pytest.approx(off["mean"]["timing_s/update"])
+    assert 0 < len(p["top_cpu_ops"]) <= 10 and any(o["name"] == "aten::mm" for o in p["top_cpu_ops"])
+    table = out.read_text()
+    assert "### Update profile: off, <= 8 new, step 3" in table and "no CUDA" in table
+
+
+@dataclass
+class _Range:
+    start: float
+    end: float
+
+    def elapsed_us(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class _Event:
+    name: str
+    time_range: _Range
+    device_type: torch.autograd.DeviceType = torch.autograd.DeviceType.CUDA
+
+
+@dataclass
+class _Avg:
+    key: str
+    count: int
+    self_cpu_time_total: float
+
+
+class _FakeProf:
+    def events(self) -> list[_Event]:
+        long = "void gemm_" + "x" * 100
+        return [
+            _Event(long, _Range(0, 400)),
+            _Event("softmax", _Range(100, 200)),  # overlaps the gemm on another stream: busy counts it once
+            _Event(long, _Range(1000, 1400)),
+            _Event("Memcpy HtoD (Pageable -> Device)", _Range(1400, 1500)),
+            _Event("aten::mm", _Range(0, 50), torch.autograd.DeviceType.CPU),
+        ]
+
+    def key_averages(self) -> list[_Avg]:
+        return [_Avg("aten::mm", 3, 50.0), _Avg("void gemm_", 2, 0.0), _Avg("cudaLaunchKernel", 40, 900.0)]
+
+
+def test_profile_summary_counts_kernels_busy_union_and_ranks() -> None:
+    bench = _load("train_bench")
+    s = bench.profile_summary(_FakeProf())
+    assert (s["kernels"], s["copies"]) == (3, 1)
+    assert s["kernel_s"] == pytest.approx(900e-6) and s["copy_s"] == pytest.approx(100e-6)
+    assert s["gpu_busy_s"] == pytest.approx(900e-6)  # [0, 400] + [1000, 1500]
+    top = s["top_kernels"]
+    assert [k["count"] for k in top] == [2, 1] and len(top[0]["name"]) == 80 and top[0]["total_ms"] == 0.8
+    assert [o["name"] for o in s["top_cpu_ops"]] == ["cudaLaunchKernel", "aten::mm"]  # zero self CPU dropped
+    p = {**s, "mode": "off", "max_new_tokens": 8, "step": 3, "wall_s": 0.0018, "cuda": True, "sequences": 8,
+         "tokens": 456, "response_tokens": 64, "micro_batches": 1, "unprofiled_update_s": 0.001}
+    text = "\n".join(bench.render_profile(p))
+    assert "3 kernels" in text and "= 50% of the profiled wall" in text and f"| `{top[0]['name']}` | 2 | 0.80 |" in text
