@@ -29,7 +29,7 @@ for part in "$@"; do
     rollout) R=${ROLLOUT_NAME:-rollout_h200}; timeout $T python3 bench/rollout_bench.py --out "$OUT/$R.md" --json-out "$OUT/$R.json" \
                ${ROLLOUT_ARGS:-} 2>&1 | tee "$OUT/$R.log" ;;
     peers) timeout $T python3 .device/hf_trl_peers.py --gguf "$GGUF" --data worker/tlt/data/gsm8k/train.jsonl \
-             --what "${PEERS_WHAT:-rollout,grpo}" --out "$OUT/peers.json" 2>&1 | tail -40 | tee "$OUT/peers.log" ;;
+             --what "${PEERS_WHAT:-rollout,grpo}" ${PEERS_ARGS:-} --out "$OUT/peers.json" 2>&1 | tail -40 | tee "$OUT/peers.log" ;;
     *) # bench/NAME.py --out NAME.md --json-out NAME.json, plus $ARGS_NAME (e.g. ARGS_train_bench="--steps 3")
        extra_var="ARGS_$part"; [ -f "bench/$part.py" ] && timeout $T python3 "bench/$part.py" --out "$OUT/$part.md" \
          --json-out "$OUT/$part.json" ${!extra_var:-} 2>&1 | tee "$OUT/$part.log" ;;

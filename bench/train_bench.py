@@ -55,7 +55,8 @@ def bench_spec(a: argparse.Namespace, mode: str, max_new: int, extra_steps: int 
     are run after `--steps` (the profiled step); the presets' LR schedule is constant, so they change nothing else."""
     over: dict[str, Any] = {
         "algorithm": {"prompts_per_step": a.prompts, "num_generations": a.samples, "max_completion_length": max_new,
-                      "temperature": a.temperature, "top_k": a.top_k},
+                      "temperature": a.temperature, "top_k": a.top_k,
+                      **({"micro_batch_tokens": a.micro_batch_tokens} if a.micro_batch_tokens else {})},
         "rollout": {"sd_on_below": a.sd_on_below, "kv_cache_gb": a.kv_cache_gb},
         "drafter": {"max_train_steps_per_rl_step": a.drafter_steps},
         "max_steps": a.steps + extra_steps, "seed": a.seed,
@@ -220,7 +221,8 @@ def render(res: dict[str, Any]) -> str:
     trl = res.get("trl_step_s")
     lines = [
         f"RL step time, ours (TLT / SD off) vs TRL GRPOTrainer — {res['device']}, torch {res['torch']}, "
-        f"{res['model']}, {a['prompts']} prompts x {a['samples']} samples, T={a['temperature']}, top-k {a['top_k']}",
+        f"{res['model']}, {a['prompts']} prompts x {a['samples']} samples, T={a['temperature']}, top-k {a['top_k']}"
+        + (f", update micro-batches of <= {a['micro_batch_tokens']} tokens" if a.get("micro_batch_tokens") else ""),
         "",
         "| setting | mode | step s | rollout s | reward s | update s | drafter s | tokens/s (rollout) "
         "| len mean / max (clip) | SD on / accept len | TRL / ours | SD off / TLT |",
@@ -290,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="tlt: drafter spot-training steps per RL step (default: the preset's)")
     ap.add_argument("--drafter-warm-start", default=None, help="tlt: an exported drafter directory to start from")
     ap.add_argument("--kv-cache-gb", type=float, default=24.0)
+    ap.add_argument("--micro-batch-tokens", type=int, default=0,
+                    help="algorithm.micro_batch_tokens of the update (0 = the spec's default); fewer, larger "
+                         "micro-batches launch fewer kernels (the update is host-bound: --profile-update)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peers-json", default=None, help="default: peers.json next to --out, when present")
     ap.add_argument("--out", default="bench/results/train_h200.md")
