@@ -120,3 +120,23 @@ def test_hf_dir_sharded_roundtrip(tmp_path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-5, rtol=1e-4)
     assert 257 in tokenizer.eos_ids
+
+
+def test_attention_never_asks_cudnn_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every SDPA call of the model (training forward, cached forward, recomputation under gradient checkpointing)
+    runs with cuDNN's backend off: it plans per shape on the host (see SDPA_BACKENDS)."""
+    import torch.nn.functional as F
+
+    seen: list[bool] = []
+    inner = F.scaled_dot_product_attention
+
+    def spy(*a, **k):  # type: ignore[no-untyped-def]
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return inner(*a, **k)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = random_model(preset("tiny-llama"), seed=0)
+    model.gradient_checkpointing = True
+    model.train()
+    model(torch.randint(0, 64, (2, 7))).sum().backward()
+    assert seen and not any(seen) and torch.backends.cuda.cudnn_sdp_enabled()

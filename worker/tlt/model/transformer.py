@@ -24,10 +24,17 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from worker.tlt.model.args import ModelArgs
 from worker.tlt.model.hf_names import accept_hf_names
+
+# SDPA backends, cuDNN's left out: on an H200 it built an execution plan on the host for every new shape (~5 ms per
+# forward and ~7 ms per backward call of each layer), so the update of varying-length micro-batches was host-bound
+# (bench/train_bench.py --profile-update: GPU busy 0.28 s of a 1.0 s update). Flash / memory-efficient attention have
+# no per-shape plan.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class LayerCache(Protocol):
@@ -115,7 +122,8 @@ class Attention(nn.Module):
         if kv is None:
             if g > 1:
                 k, v_bhsd = k.repeat_interleave(g, dim=1), v_bhsd.repeat_interleave(g, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v_bhsd, is_causal=s > 1)
+            with sdpa_kernel(SDPA_BACKENDS):
+                out = F.scaled_dot_product_attention(q, k, v_bhsd, is_causal=s > 1)
         else:
             assert write_at is not None and mask is not None
             ck, cv = kv
@@ -127,7 +135,8 @@ class Attention(nn.Module):
             keys, vals = ck[rows, :, :tk], cv[rows, :, :tk]  # [B, Hkv, Tk, D] views, no copy
             # GQA without copying the cache: fold the G query heads of each KV head into the query length.
             qg = q.reshape(b, nkv, g * s, d)
-            out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask).reshape(b, nq, s, d)
+            with sdpa_kernel(SDPA_BACKENDS):
+                out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask).reshape(b, nq, s, d)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, nq * d))
 
 
