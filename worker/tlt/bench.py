@@ -242,7 +242,17 @@ def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]
     tokens = sum(len(s.tokens) for s in out.sequences)
     return {"batch": len(prompts), "new_tokens": max_new, "seconds": best, "tokens": tokens,
             "tokens_per_s": tokens / best, "top_k": top_k, "compiled": compile_step,
-            "step_ms": 1e3 * best / max_new, "replay_ms": replay_ms(engine), **graph_stats(engine)}
+            "step_ms": 1e3 * best / max_new, "replay_ms": replay_ms(engine), "kernel_configs": kernel_configs(engine),
+            **graph_stats(engine)}
+
+
+def kernel_configs(engine: Engine) -> str:
+    """How the engine's cached forward ran: torch, or the fused kernels with tuned or default launch configs."""
+    if not engine.step.fused:
+        return "torch forward"
+    from worker.tlt.kernels.common import describe_configs
+
+    return "fused kernels, " + describe_configs(engine.device)
 
 
 def replay_ms(engine: Engine, n: int = 50) -> float | None:

@@ -76,11 +76,25 @@ def default_config(kernel: str, n: int, k: int) -> Config:
     return Config(block_n=bn, block_k=bk, num_warps=4, num_stages=2)
 
 
-def config_for(kernel: str, n: int, k: int, device: torch.device | None = None) -> Config:
+def describe_configs(device: torch.device) -> str:
+    """Which configs the kernels launch with on `device` (for benchmark notes: a run says whether it was tuned)."""
+    _load_for(device)
+    path = tuned_path(_loaded_for) if _loaded_for else None
+    if path is not None and path.exists():
+        return f"tuned ({path.name}, {len(TUNED)} shapes)"
+    return "the default rule (no tuned file for this GPU)"
+
+
+def _load_for(device: torch.device | None) -> None:
+    """Read this GPU's tuned file, once per process (the first CUDA launch)."""
     global _loaded_for
     if device is not None and device.type == "cuda" and _loaded_for is None:
         _loaded_for = torch.cuda.get_device_name(device)
         load_tuned(_loaded_for)
+
+
+def config_for(kernel: str, n: int, k: int, device: torch.device | None = None) -> Config:
+    _load_for(device)
     return TUNED.get((kernel, n, k)) or default_config(kernel, n, k)
 
 
