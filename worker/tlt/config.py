@@ -118,6 +118,9 @@ class RolloutConfig(_Strict):
     cuda_graphs: bool = True  # captured per (batch bucket, verify length) on CUDA only
     # decode / verify forwards in fused Triton kernels (worker/tlt/kernels); None = wherever they run (CUDA + triton)
     fused_kernels: bool | None = None
+    # free the KV cache (and the CUDA graphs that read it) for each policy update, at the cost of re-capturing the
+    # graphs every RL step: worth it when the update needs the memory (rollout/memory.py)
+    release_kv_for_update: bool = False
     seed: int = 0
 
 

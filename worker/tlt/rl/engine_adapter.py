@@ -28,6 +28,10 @@ Finished responses reach the caller's `on_finish` through the engine's own `on_f
 `Engine.generate` has that parameter (so rewards are scored while the tail still decodes), else after generate()
 returns; `streams_finished` says which.
 Validation rollouts (greedy) run plain decoding with the hook detached, so they never feed the drafter's buffer.
+Memory for the update (`rollout.release_kv_for_update`, issue #9): a training rollout ends by freeing the engine's KV
+cache and its graphs (rollout/memory.py), so the GRPO update that follows has that memory; the next call (training
+or validation) allocates it again first. Metrics of a training rollout: `perf/kv_released_gb` (freed at its end) and
+`timing_s/kv_restore` (allocating it back at its start; the graphs' re-capture lands in `timing_s/gen`).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class EngineRollout:
         self.engine, self.tokenizer, self.algo = engine, tokenizer, spec.algorithm
         self.drafter = drafter  # also the trainer's DrafterHook when set
         self.rollouts = 0  # training rollouts so far (the drafter buffer's step numbers)
+        self.release_kv = spec.rollout.release_kv_for_update  # free the engine's KV cache after training rollouts
 
     @property
     def generator(self) -> torch.Generator:
@@ -113,6 +118,10 @@ class EngineRollout:
             on_finish(s.request * n + s.sample, trajectory(s))
 
         stream = on_finish is not None and self.streams_finished
+        t0 = time.perf_counter()
+        if self.release_kv:  # released by the previous training rollout: allocated again before generating
+            self.engine.restore_memory()
+        restore_s = time.perf_counter() - t0
         if greedy:  # validation: plain decoding, nothing captured, the bandit untouched
             proposer, hook, ctl = self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive
             self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = None, None, None
@@ -131,7 +140,11 @@ class EngineRollout:
         if on_finish is not None and not stream:  # an engine without the callback: hand them over now
             for i, t in enumerate(trajs):
                 on_finish(i, t)
-        return trajs, sd_metrics(out)
+        metrics = sd_metrics(out)
+        if self.release_kv and not greedy:  # the policy update comes next: hand it the cache's memory
+            metrics["perf/kv_released_gb"] = self.engine.release_memory() / 2**30
+            metrics["timing_s/kv_restore"] = restore_s
+        return trajs, metrics
 
     @property
     def streams_finished(self) -> bool:

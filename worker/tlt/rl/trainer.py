@@ -19,6 +19,8 @@ How this departs from the GRPO paper (Shao et al. 2024), beyond the loss choices
   engine sees is the fp32 optimizer's, rounded once.
 - Weight sync is free: the rollout engine runs the very module being trained (colocated), so the update is visible
   to the next rollout with no copy; `timing_s/sync` measures only the engine's notification hook.
+- With `rollout.release_kv_for_update` the rollout frees the engine's KV cache (and its CUDA graphs) as it returns,
+  so the update runs with that memory; the next rollout allocates it again (rl/engine_adapter.py).
 """
 
 from __future__ import annotations
@@ -242,7 +244,7 @@ class GRPOTrainer:
         zero_std = (groups.max(1).values - groups.min(1).values) == 0  # [P]
         t_reward = time.perf_counter() - t0
 
-        t0 = time.perf_counter()  # 3. update
+        t0 = time.perf_counter()  # 3. update (the engine's KV cache already freed with rollout.release_kv_for_update)
         keep = ~zero_std if algo.dynamic_sampling else torch.ones_like(zero_std)
         seqs = [
             UpdateSeq(t.prompt.ids, t.response, float(adv[i]), t.logprobs)

@@ -31,6 +31,8 @@ hidden state at every position whose K/V entered the cache (prompt tokens, roots
 outputs the roots and hidden states too, so hooked runs replay the same graphs. With `EngineConfig.capture_layers`
 (EAGLE-3: (2, L//2, L-3)) the hook gets cat(hidden entering each of those layers, final-norm hidden) [N, (k+1)H]
 from the same forwards (rollout/decode_step.hook_rows); the decode and verify graphs then output that width.
+Memory (issue #9): `release_memory()` frees the KV cache and every graph that reads it while the engine is idle (the
+policy update), `restore_memory()` allocates it again; generate() refuses to run in between (rollout/memory.py).
 Host work per plain step: the sampling mode (GREEDY / uniform / MIXED) and the attention-length bound are cached
 and only recomputed after prefill, sync or a speculative step.
 Run the tests: `python -m pytest tests/engine -q`.
@@ -51,6 +53,7 @@ from worker.tlt.adaptive.arms import Arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout import memory
 from worker.tlt.rollout.adaptive_loop import (
     Pending,
     TailBudget,
@@ -142,12 +145,11 @@ class Engine:
                                compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0,
                                compile_mode=config.compile_mode, capture_layers=config.capture_layers, fused=fused,
                                fused_max_tokens=config.fused_max_tokens)
-        # one memory pool for every graph of this engine (the verify graphs share it)
-        self.graph_pool: object | None = torch.cuda.graph_pool_handle() if on_cuda and config.cuda_graphs else None
+        # one memory pool for every graph of this engine (the verify graphs share it); set by attach_graphs on CUDA
+        self.graph_pool: object | None = None
         self.graphs: DecodeGraphs | None = None
-        if self.graph_pool is not None:
-            self.graphs = DecodeGraphs(self.step, self.graph_pool)
-        self.verify_graphs = VerifyGraphs.for_engine(self) if self.graphs is not None else None
+        self.verify_graphs: VerifyGraphs | None = None
+        memory.attach_graphs(self)  # restore_memory() attaches fresh ones the same way
         # host mirrors of the rows 0..n_active-1
         self.n_active = 0
         self.row_seq: list[tuple[int, int]] = []  # (request, sample) per active row
@@ -169,7 +171,27 @@ class Engine:
 
     @property
     def slots(self) -> int:
-        return self.cache.slots
+        return self.rows.slots  # the cache's rows (also while it is released)
+
+    # ------------------------------------------------------------------------------------------------- memory
+    @property
+    def released(self) -> bool:
+        """True between release_memory() and restore_memory()."""
+        return memory.kv_released(self.cache)
+
+    def release_memory(self) -> int:
+        """Free the KV cache and every CUDA graph that reads it, between generate() calls -> bytes freed (the cache,
+        drafter caches, the graphs' pool growth). Idempotent (0 the second time)."""
+        return memory.release(self)
+
+    def restore_memory(self) -> None:
+        """Allocate the cache again (same shapes); graphs are captured again on first use. Idempotent."""
+        memory.restore(self)
+
+    def _require_memory(self) -> None:
+        if self.released:
+            raise RuntimeError("the engine's KV cache is released (Engine.release_memory); call restore_memory() "
+                               "before generating")
 
     @property
     def row_hi(self) -> np.ndarray:
@@ -201,6 +223,7 @@ class Engine:
         timed run, for requests sampled with `params` (default SamplingParams(): temperature 1, no filter) (CUDA with
         graphs only; a no-op otherwise); `batches` limits it to those batch sizes' buckets. Returns the seconds
         spent. Nothing is executed beyond the captures' warm-up runs, whose effects are undone."""
+        self._require_memory()
         if self.graphs is None or self.n_active:
             return 0.0
         p = params or SamplingParams()
@@ -386,6 +409,7 @@ class Engine:
     def generate(self, requests: Sequence[Request], on_finish: FinishCallback | None = None) -> GenerationOutput:
         """Run `requests` to completion; `on_finish(result)` is called once per sequence as soon as it leaves the
         batch (from `sync()`, before this returns; e.g. to compute rewards while the tail still decodes)."""
+        self._require_memory()
         t_start = time.perf_counter()
         for i, req in enumerate(requests):
             if not req.prompt:

@@ -12,7 +12,8 @@ Capture warms the body up twice on a side stream first (allocator, lazy kernels,
 commit tokens, so the row state is snapshotted before and restored after (the K/V they write sit at columns the
 next real step overwrites); they read the noise buffer, so the generator is not touched. The capture itself is not
 executed.
-`capture_seconds` and `pool_bytes` (reserved-memory growth over all captures) say what the graphs cost.
+`capture_seconds` and `pool_bytes` (reserved-memory growth over all captures) say what the graphs cost; `clear()`
+drops every graph and static buffer (the engine's `release_memory`, rollout/memory.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ class DecodeGraphs:
 
     def keys(self) -> list[tuple[int, int, Mode]]:  # (batch, tk, mode) of the captured graphs
         return list(self._graphs)
+
+    def clear(self) -> int:
+        """Drop every graph, its static outputs and the noise buffers -> the pool growth they had cost (bytes)."""
+        self._graphs.clear()
+        self._noise.clear()
+        freed, self.pool_bytes = self.pool_bytes, 0
+        return freed
 
     @property
     def compile_max_batch(self) -> int:

@@ -71,6 +71,12 @@ class VerifyGraphs:
     def keys(self) -> list[Key]:
         return list(self._entries)
 
+    def clear(self) -> int:
+        """Drop every graph with its static buffers (the engine's `release_memory`) -> the bytes they had cost."""
+        self._entries.clear()
+        freed, self.pool_bytes = self.pool_bytes, 0
+        return freed
+
     def warmup(self, engine: Engine, plan: Mapping[int, Sequence[tuple[int, int, int, bool]]], mode: Mode) -> float:
         """Capture ahead of a timed run (every row empty), per engine batch bucket, the graphs of the shapes in
         `plan[bucket]`: (width, depth, topk, drafter sends q) for the sampling `mode`. Returns the seconds spent."""
