@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024)
     ap.add_argument("--long-tail-max-new", type=int, default=4096, help="0 = skip the long-tail setting")
+    ap.add_argument("--skip-main", action="store_true", help="only the long-tail setting (its own device call)")
     ap.add_argument("--steps", type=int, default=3, help="RL steps per mode (the first is not quoted)")
     ap.add_argument("--modes", default="off,tlt")
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(a), "settings": {}, "trl_step_s": trl, "trl_steps_s": trl_steps,
         "peers_json": str(peers) if trl is not None else None, "peers_candidate": str(peers), "notes": [],
     }
-    settings = {"main": a.max_new_tokens}
+    settings = {} if a.skip_main else {"main": a.max_new_tokens}
     if a.long_tail_max_new:
         settings["long-tail"] = a.long_tail_max_new
     for setting, max_new in settings.items():
