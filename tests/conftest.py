@@ -5,7 +5,8 @@ after). Nothing is created unless a test asks for the fixture. Migrate with `bac
 Override the servers with TLT_TEST_PG_ADMIN (an admin URL of the `postgres` database) and TLT_TEST_REDIS.
 
 Also torch on one intra-op thread for the tiny-model directories (ONE_TORCH_THREAD_DIRS), and `one_thread` for their
-session fixtures. Engine test helpers live in worker/tlt/rollout/reference.py.
+session fixtures. Engine test helpers live in worker/tlt/rollout/reference.py. CPU runs execute the fused Triton
+kernels in Triton's interpreter (`pytest_configure`); `python -m pytest tests/kernels -m gpu` runs them compiled.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ REDIS_URL = os.environ.get("TLT_TEST_REDIS", "redis://127.0.0.1:6379/13")
 # Tiny random models on CPU: one intra-op thread beats threads fighting over a shared 2-core box. Not the other
 # directories: tests/train and tests/multigpu run SmolLM2 on CPU or load real models for GPU tests (every core helps),
 # and the API tests never import torch.
-ONE_TORCH_THREAD_DIRS = frozenset({"engine", "spec", "adaptive", "drafter"})
+ONE_TORCH_THREAD_DIRS = frozenset({"engine", "spec", "adaptive", "drafter", "kernels"})
 
 
 @contextmanager
