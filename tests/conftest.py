@@ -27,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not ("gpu" in expr and "not gpu" not in expr):
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
 PG_ADMIN = os.environ.get("TLT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TLT_TEST_REDIS", "redis://127.0.0.1:6379/13")
 # Tiny random models on CPU: one intra-op thread beats threads fighting over a shared 2-core box. Not the other

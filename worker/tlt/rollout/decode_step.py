@@ -126,7 +126,6 @@ class DecodeStep:
         self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
         self.capture_layers = capture_layers
         self.compile_max_batch = compile_max_batch
-        self.fused = fused
         self.fused_max_tokens = fused_max_tokens
         self._fused_forward: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]] | None = None
         if fused:
@@ -145,6 +144,10 @@ class DecodeStep:
             if not fused:
                 self._head_c = torch.compile(self.head, dynamic=False, backend=compiler, mode=compile_mode)
             self._tail_c = torch.compile(self.tail, dynamic=False, backend=compiler, mode=compile_mode)
+
+    @property
+    def fused(self) -> bool:  # the cached forward runs the fused kernels (up to fused_max_tokens tokens)
+        return self._fused_forward is not None
 
     def forward_hidden(
         self,
