@@ -101,6 +101,8 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
     await page.waitForSelector("[data-testid=live-step]:has-text('" + step + "')");
     await page.waitForSelector(`${chart("length-heatmap")}[data-last-step="${step}"]`);
     await page.waitForSelector(`${chart("length-histogram")}[data-step="${step}"]`);
+    // the log line comes as its own event, possibly after the metric: wait for it (same text as before)
+    await page.waitForSelector(`[data-testid=log-tail]:has-text("step ${step} reward 0.9877")`);
     assert.match(await page.innerText("[data-testid=log-tail]"), new RegExp(`step ${step} reward 0\\.9877`));
   });
 
