@@ -108,14 +108,21 @@ def warm_up(od: OnlineDrafter, model: Any, eos: tuple[int, ...], prompts: list[l
                                                          capture_layers=od.capture_layers),
                  hidden_hook=od.hidden_hook)
     t0 = time.perf_counter()
-    out = eng.generate([Request(p, SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens))
-                        for p in prompts])
+    new = a.warmup_new_tokens or a.new_tokens
+    out = eng.generate([Request(p, SamplingParams(temperature=a.temperature, max_new_tokens=new)) for p in prompts])
     t_gen = time.perf_counter() - t0
     t0 = time.perf_counter()
-    od.trainer.train(lambda: False, a.warmup_steps)
-    m = od.trainer.metrics()
+    curve = []  # (steps so far, acc / loss over the chunk): does more training still pay?
+    chunk = a.warmup_log_every or a.warmup_steps
+    done = 0
+    while done < a.warmup_steps:
+        od.trainer.train(lambda: False, min(chunk, a.warmup_steps - done))
+        done = min(done + chunk, a.warmup_steps)
+        m = od.trainer.metrics()
+        curve.append({"steps": done, "loss": m.get("drafter/loss", 0.0), "acc": m.get("drafter/acc", 0.0)})
+    log.info("warm-up curve: %s", curve)
     return {"gen_s": t_gen, "tokens": out.tokens, "buffer_rows": len(od.buffer), "train_s": time.perf_counter() - t0,
-            "steps": a.warmup_steps, "loss": m.get("drafter/loss", 0.0), "acc": m.get("drafter/acc", 0.0)}
+            "steps": a.warmup_steps, "loss": curve[-1]["loss"], "acc": curve[-1]["acc"], "curve": curve}
 
 
 def measure_point(model: Any, props: dict[tuple[str, str], EagleProposer], prompts: list[list[int]],
@@ -299,12 +306,14 @@ def table(points: list[dict[str, Any]], slow: dict[str, Any], warm: dict[str, fl
             f"| {p['online/chain/tokens_per_s']:.0f} ({p['online/chain/speedup']:.2f}x) "
             f"| {p['online/tree/tokens_per_s']:.0f} ({p['online/tree/speedup']:.2f}x) "
             f"| {p['frozen/chain/tokens_per_s']:.0f} ({p['frozen/chain/speedup']:.2f}x) |")
+    curve = ", ".join(f"{c['steps']}: {c['acc']:.2f}" for c in warm.get("curve", []))
     lines += [
         "",
         f"Model {a.model} ({a.device}), T={a.temperature}, eval batch {a.eval_batch} held-out prompts x "
         f"<= {a.new_tokens} new tokens (accept length = tokens emitted per sequence per verify). Warm-up: "
         f"{warm['steps']} drafter steps on {a.warmup_prompts} responses ({warm['buffer_rows']} rows; acc "
-        f"{warm['acc']:.2f}). Each RL step: {a.prompts} prompts x {a.samples} samples, a GRPO update at lr "
+        f"{warm['acc']:.2f}; acc after N steps: {curve}). Each RL step: {a.prompts} prompts x {a.samples} samples, "
+        f"a GRPO update at lr "
         f"{a.policy_lr:g}, <= {a.spot_steps} online drafter steps. Policy drift = ||W - W0|| / ||W0||.",
         "",
         *slowdown_lines(slow, a),
@@ -320,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke-test sizes (seconds on CPU with --model tiny)")
     ap.add_argument("--warmup-prompts", type=int, default=128)
     ap.add_argument("--warmup-steps", type=int, default=300)
+    ap.add_argument("--warmup-new-tokens", type=int, default=0, help="warm-up responses' max length (0: --new-tokens)")
+    ap.add_argument("--warmup-log-every", type=int, default=0, help="warm-up acc / loss every N steps (0: at the end)")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=8, help="prompts per RL step")
     ap.add_argument("--samples", type=int, default=4, help="responses per prompt")
@@ -361,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = model.head_weight.device
     warm_p = [list(p.ids) for p in trainer.sampler.rows[-a.warmup_prompts:]]
     eval_p = [list(p.ids) for p in val[: a.eval_batch]]
-    max_len = max(len(p) for p in warm_p + eval_p) + a.new_tokens + 8
+    max_len = max(len(p) for p in warm_p + eval_p) + max(a.new_tokens, a.warmup_new_tokens) + 8
     warm = warm_up(od, model, eos, warm_p, a, max_len)
     log.info("warm-up: %s", warm)
     if a.export_warm:  # a warm start for other runs (train_bench.py --drafter-warm-start), as the drafter job makes

@@ -44,7 +44,7 @@ from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.spec_file import merge_spec
 
 QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/drafter",
-          "timing_s/reward_work", "perf/tail_hook_s", "perf/tokens_per_s", "response_length/mean",
+          "timing_s/reward_work", "perf/tail_hook_s", "perf/tokens_per_s", "perf/tokens_per_s_tail", "response_length/mean",
           "response_length/max", "response_length/clip_ratio", "sd/on_fraction", "sd/accept_len", "reward/mean",
           "drafter/steps")
 MODE_PRESETS = {"tlt": "h200-gsm8k-tlt", "off": "h200-gsm8k-sd-off"}
@@ -225,8 +225,8 @@ def render(res: dict[str, Any]) -> str:
         + (f", update micro-batches of <= {a['micro_batch_tokens']} tokens" if a.get("micro_batch_tokens") else ""),
         "",
         "| setting | mode | step s | rollout s | reward s | update s | drafter s | tokens/s (rollout) "
-        "| len mean / max (clip) | SD on / accept len | TRL / ours | SD off / TLT |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tail tokens/s | len mean / max (clip) | SD on / accept len | TRL / ours | SD off / TLT |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for setting, runs in res["settings"].items():
         off = runs.get("off", {}).get("mean", {}).get("timing_s/step")
@@ -235,20 +235,24 @@ def render(res: dict[str, Any]) -> str:
             step = m.get("timing_s/step")
             vs_trl = ratio(trl, step) if setting == "main" else "—"
             vs_off = ratio(off, step) if mode == "tlt" else "—"
+            off_tail = runs.get("off", {}).get("mean", {}).get("perf/tokens_per_s_tail")
+            tail_vs_off = f" ({ratio(m.get('perf/tokens_per_s_tail'), off_tail)})" if mode == "tlt" and off_tail else ""
             lines.append(
                 f"| {setting}: <= {r['max_new_tokens']} new | {mode} ({r['quoted_steps']} steps) | {fmt(step)} "
                 f"| {fmt(m.get('timing_s/gen'))} | {fmt(m.get('timing_s/reward'), 3)} | {fmt(m.get('timing_s/update'))} "
                 f"| {fmt(m.get('timing_s/drafter'))} | {fmt(m.get('perf/tokens_per_s'))} "
+                f"| {fmt(m.get('perf/tokens_per_s_tail'))}{tail_vs_off} "
                 f"| {fmt(m.get('response_length/mean'), 0)} / {fmt(m.get('response_length/max'), 0)} "
                 f"({fmt(m.get('response_length/clip_ratio'))}) "
                 f"| {fmt(m.get('sd/on_fraction'))} / {fmt(m.get('sd/accept_len'))} | {vs_trl} | {vs_off} |")
     if trl is not None:
-        lines.append(f"| main: <= {a['max_new_tokens']} new | TRL GRPOTrainer | {fmt(trl)} | — | — | — | — | — | — | — "
+        lines.append(f"| main: <= {a['max_new_tokens']} new | TRL GRPOTrainer | {fmt(trl)} | — | — | — | — | — | — | — | — "
                      f"| 1.00x | — |")
     notes = [
         "step s = mean of the steps after the first (the first includes CUDA graph capture); rollout includes the "
         "drafter's spot training inside the tail (perf/tail_hook_s); reward = scoring left after the rollout "
-        "(the rest overlapped the tail); drafter = spot training after the update",
+        "(the rest overlapped the tail); drafter = spot training after the update; tail tokens/s = emitted tokens / "
+        "seconds over the decode steps with fewer than --sd-on-below active sequences (perf/tokens_per_s_tail)",
         "ratios: TRL / ours and SD off / TLT are step-time ratios (> 1 = ours / TLT faster); both modes see the same "
         "prompts, but their samples (and so their lengths) differ: compare tokens/s too",
         *res["notes"],
