@@ -10,7 +10,8 @@ kernel, ready to paste into worker/tlt/kernels/common.py.
         --json-out bench/results/kernel_sweep_h200.json
 
 Search (about 150 s in all with Triton's compiles; --budget-s, default 120, bounds it): stage 1 times every tile
-shape (BLOCK_N x BLOCK_K, BLOCK_K <= next pow2(K), tiles of at most 16K weights) at 4 warps / 2 stages; stage 2
+shape (BLOCK_N x BLOCK_K, BLOCK_K <= next pow2(K), tiles of at most 16K weights; qkv_rope: BLOCK_N = 16/32/64 output
+rows of a head per program; attention: BLOCK_N x column split 64/128/256 or none) at 4 warps / 2 stages; stage 2
 times warps 2/4/8 x stages 1/2/3 for the --top-tiles best tiles until the kernel's share of the budget is spent.
 `--dry-run` runs on CPU in Triton's interpreter (tiny model, fp32, 1 config per kernel, no timing): what
 tests/kernels/test_kernel_sweep.py runs.
@@ -25,7 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,16 +84,18 @@ def candidates(st: Setup, kernel: str, top_tiles: int, measured: dict[Any, float
 
     n, k = shape_of(st, kernel)
     kmax = 1 << (k - 1).bit_length()
-    if kernel == "attention":
-        tiles = [(bn, k) for bn in (16, 32, 64, 128)]
-    elif kernel == "qkv_rope":
-        tiles = [(st.model.args.hd, bk) for bk in (64, 128, 256, 512) if bk <= kmax]
+    if kernel == "attention":  # (column block, split): chunks of whole blocks, or no split (0)
+        stage1 = [Config(bn, k, 4, 2, split=sp) for bn in (16, 32, 64, 128) for sp in (0, 64, 128, 256)
+                  if sp == 0 or sp >= bn]
+    elif kernel == "qkv_rope":  # output rows of a head per program x K tile; the two weight tiles <= 16K weights
+        hd = st.model.args.hd
+        stage1 = [Config(bn, bk, 4, 2) for bn in (16, 32, 64) for bk in (64, 128, 256, 512)
+                  if bn <= hd and bk <= kmax and 2 * bn * bk <= 16384]
     else:
-        tiles = [(bn, bk) for bn in (16, 32, 64) for bk in (64, 128, 256, 512)
-                 if bk <= kmax and bn * bk <= 16384 and bn <= max(16, 1 << (n - 1).bit_length())]
-    stage1 = [Config(bn, bk, 4, 2) for bn, bk in tiles]
+        stage1 = [Config(bn, bk, 4, 2) for bn in (16, 32, 64) for bk in (64, 128, 256, 512)
+                  if bk <= kmax and bn * bk <= 16384 and bn <= max(16, 1 << (n - 1).bit_length())]
     best = sorted((c for c in stage1 if c in measured), key=lambda c: measured[c])[:top_tiles]
-    stage2 = [Config(c.block_n, c.block_k, w, s) for c in best for w, s in itertools.product((2, 4, 8), (1, 2, 3))
+    stage2 = [replace(c, num_warps=w, num_stages=s) for c in best for w, s in itertools.product((2, 4, 8), (1, 2, 3))
               if (w, s) != (4, 2)]
     return stage1, stage2
 
@@ -278,7 +281,8 @@ def whole(st: Setup, rows: list[dict[str, Any]], dry: bool) -> dict[str, float]:
 
 
 def cfg_text(c: dict[str, int]) -> str:
-    return f"Config({c['block_n']}, {c['block_k']}, num_warps={c['num_warps']}, num_stages={c['num_stages']})"
+    split = f", split={c['split']}" if c.get("split") else ""  # attention's column chunks (0: not split)
+    return f"Config({c['block_n']}, {c['block_k']}, num_warps={c['num_warps']}, num_stages={c['num_stages']}{split})"
 
 
 def render(st: Setup, rows: list[dict[str, Any]], tot: dict[str, float], elapsed: float) -> str:

@@ -70,25 +70,26 @@ def test_resolve_fused(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_fused(True, args, cpu, torch.float32)
 
 
-def test_fused_max_tokens_routes_large_calls_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DecodeStep.forward_hidden takes the fused kernels up to fused_max_tokens tokens (B * S), torch above."""
+def test_fused_max_seqs_routes_large_batches_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DecodeStep.forward_hidden takes the fused kernels for batches of up to fused_max_seqs sequences whatever their
+    tokens per sequence (a batch's decode and verify agree), torch above."""
     from worker.tlt.rollout.decode_step import DecodeStep
 
     model = tiny_target()
     engine = Engine(model, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=4, fused_kernels=True))
-    step = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True, fused_max_tokens=4)
+    step = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True, fused_max_seqs=2)
     torch_calls: list[int] = []
     torch_forward = model.forward_hidden
 
     def spy(ids: torch.Tensor, *a: object, **kw: object) -> object:
-        torch_calls.append(ids.numel())
+        torch_calls.append(ids.shape[0])
         return torch_forward(ids, *a, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(model, "forward_hidden", spy)
-    for b, s in [(2, 2), (1, 5), (4, 1), (3, 2)]:
+    for b, s in [(2, 2), (1, 5), (2, 7), (4, 1), (3, 2)]:
         ids = torch.randint(0, 300, (b, s))
         pos = torch.arange(s).expand(b, s).contiguous()
         mask = torch.ones(b, s, 8, dtype=torch.bool).tril()
         logits, _, _ = step.forward_hidden(ids, pos, engine.cache, write_idx=pos, attn_mask=mask)
         assert logits.shape == (b, s, model.args.vocab_size)
-    assert torch_calls == [5, 6]
+    assert torch_calls == [4, 3]

@@ -4,6 +4,9 @@
   verify), and every row's logits are bit-identical alone and inside a batch (decode and verify);
 - a CUDA graph of the fused forward replays to exactly the eager result on new inputs;
 - engine (tiny fp32 on CUDA, fused on): graphed greedy == eager greedy, and greedy chain SD == plain greedy;
+- the parallel configs (common.default_config's split attention and 16-row qkv tiles, whatever the tuned file says):
+  batch invariance and graph replay again under them; qkv tiles bit-identical to whole heads in fp32; split
+  attention close to unsplit in bf16 at SmolLM2 shapes, and its arrival counters back to 0 after a graph replay.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pytest
 import torch
 
 from tests.kernels.cases import Batch, clone_cache, decode_batch, random_cache, tree_batch
+from worker.tlt.kernels import common
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
 from worker.tlt.model.transformer import Transformer
@@ -36,6 +40,15 @@ def smol() -> Transformer:
     model = random_model(preset("smollm2-135m"), seed=0, device="cuda", dtype=torch.bfloat16, std=0.05)
     model.init_rope("cuda", T)
     return model
+
+
+@pytest.fixture(params=["tuned", "defaults"])
+def configs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The GPU's tuned file (what the engine runs), or the default rule alone (split attention, qkv tiles)."""
+    if request.param == "defaults":
+        monkeypatch.setattr(common, "TUNED", {})
+        monkeypatch.setattr(common, "_loaded_for", "defaults (test)")  # no tuned file read
+    return str(request.param)
 
 
 def _fused():  # imported lazily: the module decorates the kernels (see conftest.py)
@@ -67,7 +80,7 @@ def test_fused_close_to_torch_bf16(smol: Transformer, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["decode", "tree"])
-def test_batch_invariance_bf16(smol: Transformer, kind: str) -> None:
+def test_batch_invariance_bf16(smol: Transformer, kind: str, configs: str) -> None:
     lens = [3, 200, 57, 410, 11]
     bt = _batch(kind, lens, seed=3)
     base = random_cache(smol, slots=5, seed=4, t=T)
@@ -80,7 +93,7 @@ def test_batch_invariance_bf16(smol: Transformer, kind: str) -> None:
         assert torch.equal(alone[0], full[r]), r
 
 
-def test_cuda_graph_replay_equals_eager(smol: Transformer) -> None:
+def test_cuda_graph_replay_equals_eager(smol: Transformer, configs: str) -> None:
     fused = _fused()
     a, b = decode_batch([10, 40], T, seed=5, device="cuda"), decode_batch([250, 7], T, seed=6, device="cuda")
     cache = random_cache(smol, slots=2, seed=7, t=T)
@@ -117,3 +130,72 @@ def test_engine_fused_graphs_and_sd_fp32_tiny() -> None:
     eager = _engine_tokens(model, graphs=False)
     assert _engine_tokens(model, graphs=True) == eager
     assert _engine_tokens(model, graphs=True, spec=SpecConfig("on", "chain", depth=3)) == eager
+
+
+def test_qkv_tiles_bit_identical_fp32() -> None:
+    """16 / 32-row tiles of a head: the very bits of whole-head programs (SmolLM2 shapes, fp32, 5 tokens)."""
+    from worker.tlt.kernels.common import Config
+    from worker.tlt.kernels.qkv_rope import qkv_rope_cache
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    hq, hkv, d, h, m, t = 9, 3, 64, 576, 5, 64
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).cuda()
+
+    x, ln_w, w, cos, sin = rand(m, h), rand(h), rand((hq + 2 * hkv) * d, h) * 0.05, rand(t, d), rand(t, d)
+    pos = torch.tensor([3, 17, 40, 41, 63], device="cuda")
+    results = []
+    for block_n in (64, 16, 32):
+        ck, cv = torch.zeros(2, m, hkv, t, d, device="cuda")
+        q = qkv_rope_cache(x, ln_w, w, None, None, None, cos, sin, pos, pos, ck, cv, s=1, row0=0, n_heads=hq,
+                           eps=1e-5, config=Config(block_n, 64, 4, 2))
+        results.append((q, ck, cv))
+    for tiled in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(tiled, results[0], strict=True))
+
+
+def test_split_attention_close_to_unsplit_and_counters_reset_in_graph() -> None:
+    """SmolLM2 attention (9 / 3 heads, D 64) in bf16 over ragged rows up to 1500 columns: splits of 64 / 256 columns
+    are within bf16 rounding of the unsplit kernel; a CUDA graph of the split launch replays (new inputs) to the
+    eager result, and leaves every arrival counter at 0."""
+    from worker.tlt.kernels.attention import _COUNTERS, cache_attention
+    from worker.tlt.kernels.common import Config
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    lens, t = [5, 300, 77, 511, 1500], 1536
+    ck, cv = (torch.randn(len(lens), 3, t, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+
+    def inputs(seed: int, ls: list[int]) -> Batch:
+        bt = decode_batch(ls, t, seed, device="cuda")
+        bt.ids = torch.randn(len(ls), 9 * 64, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.bfloat16)
+        return bt  # ids: the queries
+
+    a = inputs(2, lens)
+    unsplit = cache_attention(a.ids, ck, cv, a.mask, a.widx.reshape(-1), row0=0, config=Config(64, 64, 4, 2))
+    for split in (64, 256):
+        cfg = Config(64, 64, 4, 2, split=split)
+        out = cache_attention(a.ids, ck, cv, a.mask, a.widx.reshape(-1), row0=0, config=cfg)
+        err = (out.float() - unsplit.float()).abs().max().item()
+        print(f"split {split}: max |split - unsplit| {err:.2e}")
+        assert err < 2e-2
+        assert torch.equal(out[0], unsplit[0])  # 6 columns: one chunk, the unsplit kernel's bits
+    cfg = Config(64, 64, 4, 2, split=64)
+    static = inputs(2, lens)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and size the counters outside the capture
+        cache_attention(static.ids, ck, cv, static.mask, static.widx.reshape(-1), row0=0, config=cfg)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cache_attention(static.ids, ck, cv, static.mask, static.widx.reshape(-1), row0=0, config=cfg)
+    b = inputs(3, [1499, 64, 65, 0, 700])
+    for x, y in [(static.ids, b.ids), (static.widx, b.widx), (static.mask, b.mask)]:
+        x.copy_(y)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+    want = cache_attention(b.ids, ck, cv, b.mask, b.widx.reshape(-1), row0=0, config=cfg)
+    assert torch.equal(out, want)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -24,10 +24,12 @@ BLOCK_M = 16  # tl.dot needs M tiles >= 16; decode batches are padded up to it b
 
 @dataclass(frozen=True)
 class Config:
-    block_n: int  # output columns per program (attention: cache columns per step; qkv_rope: ignored, one head)
+    block_n: int  # output columns per program (attention: cache columns per step; qkv_rope: output rows of a head
+    #   per program, a power of 2 dividing head_dim; 0 or > head_dim: the whole head; with q/k norm always the head)
     block_k: int  # reduction columns per step (attention: ignored)
     num_warps: int = 4
     num_stages: int = 2  # software-pipelined loads in flight (1: none)
+    split: int = 0  # attention only: cache columns per split program (flash-decoding); 0: one program per row
 
 
 # (kernel, N, K) -> Config: the sweep's winners for this GPU (bench/kernel_sweep.py --write-tuned writes
@@ -44,8 +46,9 @@ def tuned_path(device_name: str) -> Path:
 
 
 def load_tuned(device_name: str) -> int:
-    """Fill TUNED from this GPU's file (entries "kernel,N,K": [block_n, block_k, num_warps, num_stages]) -> entries
-    read (0: no file for this GPU)."""
+    """Fill TUNED from this GPU's file (entries "kernel,N,K": [block_n, block_k, num_warps, num_stages, split], the
+    fields in Config's order; files written before a field existed leave it at its default) -> entries read (0: no
+    file for this GPU)."""
     path = tuned_path(device_name)
     if not path.exists():
         return 0
@@ -59,19 +62,25 @@ def load_tuned(device_name: str) -> int:
 def save_tuned(device_name: str, table: dict[tuple[str, int, int], Config]) -> Path:
     path = tuned_path(device_name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    entries = {f"{kn},{n},{k}": [c.block_n, c.block_k, c.num_warps, c.num_stages] for (kn, n, k), c in table.items()}
+    entries = {f"{kn},{n},{k}": list(astuple(c)) for (kn, n, k), c in table.items()}
     path.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
     return path
 
 
 def default_config(kernel: str, n: int, k: int) -> Config:
-    """The rule for shapes the sweep has not seen: wide K tiles (a decode GEMV is latency-bound by its sequential K
-    steps: K / BLOCK_K of them), narrow N tiles (more programs over the SMs)."""
+    """The rule for shapes the sweep has not seen, aimed at 1-token decode on a GPU of ~132 SMs, where every kernel
+    is latency-bound and launches too few programs to fill the SMs: wide K tiles (a decode GEMV waits on its K / BLOCK_K
+    sequential steps), narrow N tiles (more programs over the SMs).
+    - attention: split the cache columns in chunks of one 64-column block (split = block_n): the shortest serial
+      walk per program, and a 512-column SmolLM2 row (3 KV heads) becomes 24 programs instead of 3 (2000 columns: 96);
+      the last split to finish merges the chunk partials, one [G, D] fp32 tile per split.
+    - qkv_rope: 16 output rows per program (60 programs for SmolLM2's 15 heads of 64 instead of 15); its two
+      [BLOCK_K, 16] weight tiles per step (the rows and their rotation) stay small, so BLOCK_K can be 256."""
     if kernel == "attention":
-        return Config(block_n=64, block_k=k, num_warps=4, num_stages=2)
+        return Config(block_n=64, block_k=k, num_warps=4, num_stages=2, split=64)
     bk = max(16, min(256, triton.next_power_of_2(k)))
-    if kernel == "qkv_rope":  # two [BLOCK_K, D] weight tiles per step (the head and its rotation): half as deep
-        return Config(block_n=0, block_k=min(bk, 128), num_warps=4, num_stages=2)
+    if kernel == "qkv_rope":
+        return Config(block_n=16, block_k=bk, num_warps=4, num_stages=2)
     bn = 16 if n <= 1024 else 32
     return Config(block_n=bn, block_k=bk, num_warps=4, num_stages=2)
 

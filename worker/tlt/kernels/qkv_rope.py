@@ -1,11 +1,14 @@
 """Kernel 1 of a layer: input RMSNorm + fused q|k|v projection (+ bias, Qwen2) (+ per-head q/k RMSNorm, Qwen3) +
 RoPE, storing q [M, Hq*D] and writing K and V straight into the KV cache at (row, head, write column).
 
-One program per (block of 16 tokens, output head). HF's rotate_half RoPE pairs column d with d +- D/2, which a
-register tile cannot permute, so each program also computes the head with its weight rows rotated by D/2
-(`acc_rot[:, d] = acc[:, (d + D/2) % D]`, the same dot products in the same order: bit-identical); then
-out = y * cos + y_rot * sin_signed with the model's sign-folded sin table. Works for any power-of-2 head_dim >= 16.
-Tests: `python -m pytest tests/kernels/test_kernels_layer.py -q`.
+One program per (block of 16 tokens, tile of BLOCK_N output rows of one head): at 1 token, one program per head
+(15 for SmolLM2) leaves most SMs idle, 16-row tiles launch 4x as many. HF's rotate_half RoPE pairs column d with
+d +- D/2, which a register tile cannot permute, so each program also computes its rows' partners, the weight rows
+rotated by D/2 (`acc_rot[:, j] = output (h, (d_j + D/2) % D)`, the same dot products in the same order:
+bit-identical); then out = y * cos + y_rot * sin_signed with the model's sign-folded sin table. The rotation works
+per row, so any tile of a head does; the q/k RMSNorm (Qwen3) needs all D outputs of a head: a whole head per
+program there. Works for any power-of-2 head_dim >= 16.
+Tests: `python -m pytest tests/kernels/test_kernels_layer.py tests/kernels/test_kernels_split.py -q`.
 """
 
 from __future__ import annotations
@@ -24,23 +27,24 @@ def _qkv_rope_kernel(
     M, K, S, row0, eps,
     stride_xm, stride_wn, stride_rope, stride_cr, stride_ch, stride_ct,
     NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
-    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    h = tl.program_id(1)  # output head: q heads, then k heads, then v heads (rows of the fused weight)
+    # a tile of BLOCK_N rows of the fused weight (q heads, then k heads, then v heads), inside one head h
+    h = tl.program_id(1) * BLOCK_N // D
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
-    offs_d = tl.arange(0, D)
+    offs_d = tl.program_id(1) * BLOCK_N % D + tl.arange(0, BLOCK_N)  # the tile's columns within its head
     rows = h * D + offs_d
     rows_rot = h * D + (offs_d + D // 2) % D
     dt = q_ptr.dtype.element_ty
     rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    acc_rot = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_rot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)  # [BM, BK]
         k_mask = offs_k[:, None] < K
-        w = tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)  # [BK, D]
+        w = tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)  # [BK, BN]
         w_rot = tl.load(w_ptr + rows_rot[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)
         acc += tl.dot(xt, w, input_precision=DOT_PREC)
         acc_rot += tl.dot(xt, w_rot, input_precision=DOT_PREC)
@@ -49,11 +53,11 @@ def _qkv_rope_kernel(
         acc_rot += tl.load(b_ptr + rows_rot).to(tl.float32)[None, :]
     y = rounded(acc, dt)  # the projection's output in the model dtype
     y_rot = rounded(acc_rot, dt)
-    # head type as [D] vectors (rows of a q / v head): masks and selects stay tensors of one shape
+    # head type as [BN] vectors (rows of a q / v head): masks and selects stay tensors of one shape
     is_q = rows < NQ * D
     is_v = rows >= (NQ + NKV) * D
     is_k = ~is_q & ~is_v
-    if QK_NORM:  # per-head RMSNorm over the D outputs (q_norm for q heads, k_norm for k heads)
+    if QK_NORM:  # per-head RMSNorm over the D outputs (q_norm for q heads, k_norm for k heads); BLOCK_N == D
         rs = 1.0 / tl.sqrt(tl.sum(y * y, axis=1) / D + eps)
         nw = tl.where(is_q, tl.load(qn_w_ptr + offs_d), tl.load(kn_w_ptr + offs_d)).to(tl.float32)
         nw_rot = tl.where(is_q, tl.load(qn_w_ptr + (offs_d + D // 2) % D),
@@ -76,6 +80,15 @@ def _qkv_rope_kernel(
     tl.store(cv_ptr + cache_off, out.to(cv_ptr.dtype.element_ty), mask=m_mask[:, None] & is_v[None, :])
 
 
+def head_tile(block_n: int, d: int, *, qk_norm: bool) -> int:
+    """Output rows per program: config.block_n, or the whole head (block_n 0 or past D, or a per-head q/k norm that
+    needs all D outputs in one program)."""
+    if qk_norm or block_n <= 0 or block_n >= d:
+        return d
+    assert block_n >= 16 and d % block_n == 0 and block_n & (block_n - 1) == 0, f"qkv_rope block_n {block_n}, D {d}"
+    return block_n
+
+
 def qkv_rope_cache(
     x: torch.Tensor,  # [M, H] hidden entering the layer (contiguous)
     ln_w: torch.Tensor,  # [H] input_layernorm weight
@@ -90,21 +103,24 @@ def qkv_rope_cache(
     ck: torch.Tensor,  # [slots, Hkv, T, D] this layer's K cache (written)
     cv: torch.Tensor,  # [slots, Hkv, T, D] V cache (written)
     *, s: int, row0: int, n_heads: int, eps: float,
-    config: Config | None = None,  # the sweep's candidate (default: config_for; block_n unused: one head per program)
+    config: Config | None = None,  # the sweep's candidate (default: config_for)
 ) -> torch.Tensor:  # q [M, Hq * D] after RoPE
     m, k = x.shape
     n_kv, d = ck.shape[1], ck.shape[3]
     assert ck.stride(3) == 1 and cv.stride() == ck.stride() and w.stride(1) == 1 and cos.stride(1) == 1
     cfg = config or config_for("qkv_rope", w.shape[0], k, x.device)
+    block_n = head_tile(cfg.block_n, d, qk_norm=q_norm is not None)
+    # a whole head where the config meant a narrower tile: two [BLOCK_K, D] weight tiles per step, half as deep
+    block_k = cfg.block_k if block_n == cfg.block_n else min(cfg.block_k, 128)
     q = torch.empty((m, n_heads * d), device=x.device, dtype=x.dtype)
-    grid = (triton.cdiv(m, BLOCK_M), n_heads + 2 * n_kv)
+    grid = (triton.cdiv(m, BLOCK_M), (n_heads + 2 * n_kv) * d // block_n)
     _qkv_rope_kernel[grid](
         x, ln_w, w, bias if bias is not None else w, q_norm if q_norm is not None else ln_w,
         k_norm if k_norm is not None else ln_w, cos, sin, pos, widx, q, ck, cv,
         m, k, s, row0, eps,
         x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
         NQ=n_heads, NKV=n_kv, D=d, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
-        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_K=cfg.block_k,
+        DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return q
