@@ -117,16 +117,16 @@ class DecodeStep:
     `compile_mode` its mode: never one with CUDA graphs of its own, as rollout/graphs.py captures the step);
     `capture_layers`: the step's hidden output also carries those layers' inputs (`hook_rows`); `fused`: the cached
     forward (`forward_hidden`, also the verify forward's) runs worker/tlt/kernels' Triton kernels for calls of at
-    most `fused_max_tokens` tokens (EngineConfig.fused_max_tokens; larger ones run torch), and only the tail is
+    most `fused_max_seqs` sequences (EngineConfig.fused_max_seqs; larger batches run torch), and only the tail is
     compiled (dynamo would gain nothing on a forward that is already a few fused kernels per layer)."""
 
     def __init__(self, model: Transformer, cache: KVCache, rows: RowState, gen: torch.Generator, *,
                  compile_max_batch: int = 0, compiler: str = "inductor", compile_mode: str | None = None,
-                 capture_layers: tuple[int, ...] = (), fused: bool = False, fused_max_tokens: int = 128) -> None:
+                 capture_layers: tuple[int, ...] = (), fused: bool = False, fused_max_seqs: int = 64) -> None:
         self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
         self.capture_layers = capture_layers
         self.compile_max_batch = compile_max_batch
-        self.fused_max_tokens = fused_max_tokens
+        self.fused_max_seqs = fused_max_seqs
         self._fused_forward: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]] | None = None
         if fused:
             from worker.tlt.kernels.forward import fused_forward_hidden  # imports triton: only when asked for
@@ -146,7 +146,7 @@ class DecodeStep:
             self._tail_c = torch.compile(self.tail, dynamic=False, backend=compiler, mode=compile_mode)
 
     @property
-    def fused(self) -> bool:  # the cached forward runs the fused kernels (up to fused_max_tokens tokens)
+    def fused(self) -> bool:  # the cached forward runs the fused kernels (up to fused_max_seqs sequences)
         return self._fused_forward is not None
 
     def forward_hidden(
@@ -156,9 +156,10 @@ class DecodeStep:
         cache: KVCache,
         **kw: Any,  # cache_rows, write_idx, attn_mask, logits_at, layers (Transformer.forward_hidden's)
     ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-        """The cached forward (decode and verify): the fused kernels up to `fused_max_tokens` tokens, else torch.
-        B * S is a shape, so a captured graph always takes the same side."""
-        if self._fused_forward is not None and input_ids.numel() <= self.fused_max_tokens:
+        """The cached forward (decode and verify): the fused kernels for batches of up to `fused_max_seqs` sequences,
+        else torch. B is a shape, so a captured graph always takes the same side; and a batch's decode and verify
+        forwards take the same side whatever their tokens per sequence."""
+        if self._fused_forward is not None and input_ids.shape[0] <= self.fused_max_seqs:
             return self._fused_forward(input_ids, positions, cache, **kw)
         return self.model.forward_hidden(input_ids, positions, cache, **kw)
 

@@ -144,7 +144,7 @@ class Engine:
         self.step = DecodeStep(model, self.cache, self.rows, self.gen,
                                compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0,
                                compile_mode=config.compile_mode, capture_layers=config.capture_layers, fused=fused,
-                               fused_max_tokens=config.fused_max_tokens)
+                               fused_max_seqs=config.fused_max_seqs)
         # one memory pool for every graph of this engine (the verify graphs share it); set by attach_graphs on CUDA
         self.graph_pool: object | None = None
         self.graphs: DecodeGraphs | None = None

@@ -60,11 +60,13 @@ class EngineConfig:
     # where it can run on CUDA; True = required (on CPU: Triton's interpreter, for tests); False = torch. With it
     # on, `compile` compiles only the sampling tail of the decode step (the forward is already fused)
     fused_kernels: bool | None = None
-    # largest cached forward (B * S tokens) that takes the fused kernels; larger ones run torch. The kernels tile M by
-    # 16 rows with weights re-read per tile, fine for decode and verify but behind cuBLAS + SDPA at hundreds of rows
-    # (64x8 rollout, 512-row steps: 6.3 s fused vs 5.0 s torch). A row's logits then differ in rounding between a
-    # batch under and over the bound (the cached forward is batch-invariant only on each side of it)
-    fused_max_tokens: int = 128
+    # largest batch (sequences B of a cached forward, whatever its tokens per sequence S) that takes the fused kernels;
+    # larger ones run torch. Routing by B, not by B * S tokens, keeps a batch's plain decode and its speculative verify
+    # on the same kernels, so greedy SD stays token-identical to plain greedy decoding in bf16 (routing by tokens sent a
+    # 32-row verify of 6 tokens to torch and its decode to Triton: 33% identical tokens on the H200). The kernels tile
+    # M by 16 rows with weights re-read per tile, fine for decode and verify of small batches but behind cuBLAS + SDPA
+    # at hundreds of rows (64x8 rollout, 512-row steps); SD runs only on small batches (rollout.sd_on_below)
+    fused_max_seqs: int = 64
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
     attn_bucket: int = 256  # decode attends over columns 0..Tk-1, Tk rounded up to a multiple of this
     prefill_tokens: int = 16384  # padded prompt tokens per prefill forward
