@@ -213,7 +213,9 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
             proposer = drafter.proposer
         else:
             proposer = NGramProposer(NGramConfig(topk=ro.draft_topk))
-    elif ro.speculative != "off":
+    elif ro.speculative == "off":  # pinned off: plain decoding, with the same per-bucket and tail metrics as SD runs
+        adaptive = AdaptiveSd.from_spec(ro, drafters=[])
+    else:
         log.warning("rollout.speculative=%s with drafter.kind=%s is not wired into the trainer's engine yet; "
                     "running SD off", ro.speculative, kind)
     engine = Engine(model, eos_ids=tokenizer.eos_ids, config=config, spec=spec_cfg, proposer=proposer,
