@@ -189,7 +189,9 @@ def make_proposer(model: Transformer, a: argparse.Namespace) -> EagleProposer:
         drafter = load_exported(a.drafter, model)
     else:  # random weights: the drafter's cost does not depend on them (accept lengths do)
         torch.manual_seed(0)
-        drafter = EagleDrafter(model, EagleConfig()).to(model.head_weight.device)
+        drafter = EagleDrafter(model, EagleConfig())
+    # in the target's dtype, as the engine's copy runs in a job (drafter/online.py): bf16 on GPU
+    drafter = drafter.to(model.head_weight.device, model.head_weight.dtype)
     return EagleProposer(drafter, EagleProposerConfig(topk=1, context=a.context))
 
 

@@ -177,7 +177,7 @@ def test_graph_plumbing_pads_to_the_bucket_and_matches_eager(tiny_target: Transf
             if temperature == 0.0 or bucket == len(lengths):
                 assert torch.equal(a.tokens, b.tokens)
             _assert_same_q(a, b)
-        assert list(graphed._graphs) == [(bucket, k)]
+        assert list(graphed._graphs) == [(bucket, k, (True, True))]
 
 
 @pytest.mark.gpu
@@ -200,7 +200,7 @@ def test_graphed_chain_equals_eager_and_never_syncs(tiny_target: Transformer, te
     graphed = _filled(d, EagleProposerConfig(topk=1, context=16), hist)
     ctx = _ctx(hist, 6, temperature, dev)
     graphed.propose(ctx)  # captures (batch bucket, depth 6)
-    assert list(graphed._graphs) == [(4, 6)]
+    assert list(graphed._graphs) == [(4, 6, (True, True))]
     for _ in range(3):
         state = graphed.gen.get_state()
         eager.gen.set_state(state)
@@ -250,7 +250,7 @@ def test_graphed_chain_in_the_engine_is_lossless() -> None:
             out = eng.generate([Request(p, greedy) for p in prompts])
             assert [s.tokens for s in out.sequences] == [s.tokens for s in ref.sequences]
         sampled = eng.generate([Request(p, ReqParams(temperature=1.0, max_new_tokens=40)) for p in prompts])
-        assert len(prop._graphs) >= 1 and all(k == 5 for _, k in prop._graphs)
+        assert len(prop._graphs) >= 1 and all(k == 5 for _, k, _ in prop._graphs)
         steps = [s for s in sampled.steps if s.kind == "spec"]
         per_verify = sum(s.emitted for s in steps) / sum(s.active for s in steps)
         assert 1.0 <= per_verify <= 6.0 and all(len(s.tokens) > 0 for s in sampled.sequences)

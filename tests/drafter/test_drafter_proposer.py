@@ -92,3 +92,29 @@ def test_proposals_respect_budget_and_carry_q(tiny_target: Transformer, trained:
             assert bool((drafted_q[:2] > 0).all())  # every drafted token was drawn from its q row
         else:
             assert prop.draft_probs is None
+
+
+def test_filters_no_row_uses_are_skipped_not_changed(tiny_target: Transformer, trained: EagleDrafter) -> None:
+    """DraftContext.filters (the host's view: does any row use top-k / top-p) lets a chain draft skip the sort over the
+    vocabulary: with neither filter in use, skipping gives the same drafts and q rows; a filter in use still cuts q."""
+    g = torch.Generator().manual_seed(1)
+    hist = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 14)]
+    feats = [torch.randn(len(h) - 1, 64, generator=g) for h in hist]
+
+    def draft(filters: tuple[bool, bool], top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        p = EagleProposer(trained, EagleProposerConfig(topk=1, context=8, seed=3))
+        for b, (h, f) in enumerate(zip(hist, feats, strict=True)):
+            p.observe([(b, 0)] * (len(h) - 1), torch.zeros(len(h) - 1), f)
+        ctx = _ctx(hist, 4, 5, temperature=1.0)
+        ctx = DraftContext(**{**ctx.__dict__, "filters": filters,
+                              "sampling": RowParams.uniform(2, temperature=1.0, top_k=top_k)})
+        prop = p.propose(ctx)
+        assert prop.draft_probs is not None
+        return prop.tokens, prop.draft_probs
+
+    tok_all, q_all = draft((True, True))
+    tok_skip, q_skip = draft((False, False))
+    assert torch.equal(tok_all, tok_skip)
+    torch.testing.assert_close(q_skip, q_all, rtol=0, atol=1e-6)
+    _, q_k = draft((True, False), top_k=5)
+    assert int((q_k[:, :4] > 0).sum(-1).max()) <= 5  # top-k 5 still applied when a row uses it

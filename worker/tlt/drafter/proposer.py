@@ -60,7 +60,8 @@ class EagleProposer:
         self.version = 0  # snapshot version loaded
         self.gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
         self.features = FeatureRing(self.config.context, drafter.feature_dim, self.device)
-        self._graphs: dict[tuple[int, int], ChainGraph] = {}  # (batch bucket, depth) -> captured chain draft
+        # (batch bucket, depth, (top-k, top-p) filters) -> captured chain draft
+        self._graphs: dict[tuple[int, int, tuple[bool, bool]], ChainGraph] = {}
         self._pool: object | None = None  # one memory pool shared by this proposer's graphs
 
     # ------------------------------------------------------------------------------------------------ weights
@@ -132,6 +133,7 @@ class EagleProposer:
         top_p: torch.Tensor,  # [B] float32
         top_k: torch.Tensor,  # [B] int64
         k: int,  # tokens to draft (>= 1)
+        filters: tuple[bool, bool] = (True, True),  # (top-k, top-p) applied at all: off = skipped, not a no-op sort
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """k + 1 drafter forwards with fixed shapes, no host sync (graph-capturable).
         -> tokens [B, k+1], parents [B, k+1], counts [B], draft_probs [B, k+1, V] (DraftProposal fields)."""
@@ -142,8 +144,9 @@ class EagleProposer:
         o, kv, valid, last_pos = self._context_forward(toks, feats, m, hist_len, kv)
         attend = torch.cat([valid, torch.ones(bsz, k - 1, dtype=torch.bool, device=dev)], dim=1)  # [B, W + k - 1]
         drafts, qs = [], []
+        use_k, use_p = filters
         for step in range(k):
-            q = processed_probs(d.logits(o[:, 0]).float(), temp, top_p, top_k)  # [B, V]
+            q = processed_probs(d.logits(o[:, 0]).float(), temp, top_p if use_p else 1.0, top_k if use_k else 0)
             tok = sample(q, self.gen)
             drafts.append(tok)
             qs.append(q)
@@ -172,7 +175,7 @@ class EagleProposer:
             packed = self._to_device_no_sync(self._pack(ctx, bsz))
             toks, feats, m = self._inputs(ctx, packed)
             temp, top_p, top_k = self._sampling(ctx)
-            t, p, c, q = self.chain_draft_no_sync(toks, feats, m, packed[:, -1], temp, top_p, top_k, k)
+            t, p, c, q = self.chain_draft_no_sync(toks, feats, m, packed[:, -1], temp, top_p, top_k, k, ctx.filters)
             return DraftProposal(t, p, c, q)
         packed = self._to_device_no_sync(self._pack(ctx, bsz))
         toks, feats, m = self._inputs(ctx, packed)
@@ -199,9 +202,10 @@ class EagleProposer:
     def _chain_graphed(self, ctx: DraftContext, k: int) -> DraftProposal:
         bsz, w = ctx.batch_size, self.config.context
         bb = batch_bucket(bsz)
-        g = self._graphs.get((bb, k))
+        key = (bb, k, ctx.filters)
+        g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[(bb, k)] = self._capture(bb, k)
+            g = self._graphs[key] = self._capture(bb, k, ctx.filters)
         host = torch.from_numpy(self._pack(ctx, bb))
         g.packed.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
         g.feats[:bsz] = self.features.gather(g.packed[:bsz, w: 2 * w])
@@ -212,18 +216,19 @@ class EagleProposer:
         return DraftProposal(t[:bsz].clone(), p[:bsz].clone(), c[:bsz].clone(), q[:bsz])
 
     @torch.no_grad()
-    def capture_chain(self, batches: Sequence[int], depth: int) -> int:
+    def capture_chain(self, batches: Sequence[int], depth: int, filters: tuple[bool, bool] = (False, False)) -> int:
         """Capture the chain graphs of these batch sizes' buckets at `depth` ahead of time (so that no capture lands
-        inside a timed rollout); returns how many were captured. No-op off CUDA."""
+        inside a timed rollout) for rows sampling with these (top-k, top-p) filters (DraftContext.filters; default:
+        neither); returns how many were captured. No-op off CUDA."""
         if self.device.type != "cuda" or not self.config.cuda_graphs:
             return 0
         todo = {batch_bucket(b) for b in batches if batch_bucket(b) <= self.config.graph_max_batch} - {
-            bb for bb, k in self._graphs if k == depth}
+            bb for bb, k, f in self._graphs if k == depth and f == filters}
         for bb in sorted(todo):
-            self._graphs[(bb, depth)] = self._capture(bb, depth)
+            self._graphs[(bb, depth, filters)] = self._capture(bb, depth, filters)
         return len(todo)
 
-    def _capture(self, bb: int, k: int) -> ChainGraph:
+    def _capture(self, bb: int, k: int, filters: tuple[bool, bool]) -> ChainGraph:
         """Capture the chain draft of `k` tokens for a batch bucket `bb` (static buffers allocated here)."""
         w, dev = self.config.context, self.device
         packed = torch.zeros(bb, 2 * w + 2, dtype=torch.int64, device=dev)
@@ -234,7 +239,7 @@ class EagleProposer:
 
         def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
             return self.chain_draft_no_sync(packed[:, :w], feats, packed[:, 2 * w], packed[:, -1], temp, top_p,
-                                            top_k, k)
+                                            top_k, k, filters)
 
         graph, out = self._record(run)
         return ChainGraph(graph, packed, feats, temp, top_p, top_k, out)

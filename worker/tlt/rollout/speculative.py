@@ -59,6 +59,7 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
         device=engine.device,
         groups=engine.histories,
         sampling=RowParams(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
+        filters=(any(p[2] > 0 for p in engine.row_params[:batch]), any(p[1] < 1.0 for p in engine.row_params[:batch])),
     )
     prop = proposer.propose(ctx)
     n_nodes = prop.num_nodes

@@ -44,6 +44,9 @@ class DraftContext:
     # lists (no copy) and drafters index them incrementally. None: only the active histories are known.
     groups: Mapping[int, Sequence[Sequence[int]]] | None = None
     sampling: SamplingParams | None = None  # the target's per-row settings, for drafters that sample
+    # (any row filters by top-k, any row by top-p), known on the host: a drafter skips a filter no row uses (no sort
+    # over the vocabulary per draft token)
+    filters: tuple[bool, bool] = (True, True)
     hidden: torch.Tensor | None = None  # [B, T, H] target hidden states at each row's last T positions (EAGLE)
     hidden_lens: torch.Tensor | None = None  # [B] int64 valid positions in `hidden` (right-aligned)
 
