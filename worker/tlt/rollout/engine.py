@@ -348,13 +348,27 @@ class Engine:
             self._emit_hidden(pend[0][3], torch.stack([p[0] for p in pend], 1), torch.stack([p[1] for p in pend], 1),
                               n.sum(1))
 
-    def _emit_hidden(self, batch: int, toks: torch.Tensor, hidden: torch.Tensor, n_kept: torch.Tensor) -> None:
-        """toks [B, K], hidden [B, K, H or (k+1)H], n_kept [B]: the first n_kept[b] entries of each row go to the hook."""
+    def _emit_hidden(self, batch: int, toks: torch.Tensor, hidden: torch.Tensor, n_kept: torch.Tensor,
+                     n_host: list[int] | None = None) -> None:
+        """toks [B, K], hidden [B, K, H or (k+1)H], n_kept [B]: the first n_kept[b] entries of each row go to the hook.
+        n_host: the same counts already read to the host (a speculative step's one read), so that the rows are picked
+        with a host-built index and no further device sync (a boolean mask costs three)."""
         assert self.hidden_hook is not None
-        keep = self._cols[: toks.shape[1]][None, :] < n_kept[:, None]
-        counts = keep.sum(1).tolist()
-        seq = [self.row_seq[b] for b in range(min(batch, self.n_active)) for _ in range(counts[b])]
-        self.hidden_hook(seq, toks[keep], hidden[keep])
+        rows = range(min(batch, self.n_active))
+        if n_host is None:
+            keep = self._cols[: toks.shape[1]][None, :] < n_kept[:, None]
+            counts = keep.sum(1).tolist()
+            seq = [self.row_seq[b] for b in rows for _ in range(counts[b])]
+            self.hidden_hook(seq, toks[keep], hidden[keep])
+            return
+        k = toks.shape[1]
+        n_host = [min(n_host[b], k) for b in rows]  # as the mask above: at most the K columns given
+        flat = np.concatenate([np.arange(b * k, b * k + n_host[b]) for b in rows] or [np.zeros(0, np.int64)])
+        idx = torch.from_numpy(flat.astype(np.int64))
+        idx = idx.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else idx
+        seq = [self.row_seq[b] for b in rows for _ in range(n_host[b])]
+        self.hidden_hook(seq, toks.reshape(-1).index_select(0, idx),
+                         hidden.flatten(0, 1).index_select(0, idx))
 
     # --------------------------------------------------------------------------------------------------- sync
     def sync(self, results: dict[tuple[int, int], SequenceResult], on_finish: FinishCallback | None = None) -> None:

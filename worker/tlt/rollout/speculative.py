@@ -86,14 +86,14 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
         out = verify_commit(engine, inp, depth=d, topk=k, mode=engine._mode,
                             tk=engine._tk(engine.n_active, n_nodes), chain=is_chain)
         rr = batch
+    d_max = max(d, 1)
+    packed = out.packed.tolist()  # the step's one device -> host read (layout: rollout/spec_body.py)
+    n_host, done_host = packed[:batch], packed[rr : rr + batch]
     if engine.hidden_hook is not None:  # root + the accepted nodes that were kept (the last kept token is the new root)
         kept = out.kept[:batch]
         hid = out.hidden[:batch]
         engine._emit_hidden(batch, prop.tokens.gather(1, kept.clamp_max(n_nodes - 1)),
-                            hid.gather(1, kept[..., None].expand(-1, -1, hid.shape[-1])), out.n[:batch])
-    d_max = max(d, 1)
-    packed = out.packed.tolist()  # the step's one device -> host read (layout: rollout/spec_body.py)
-    n_host, done_host = packed[:batch], packed[rr : rr + batch]
+                            hid.gather(1, kept[..., None].expand(-1, -1, hid.shape[-1])), out.n[:batch], n_host)
     acc_host, dr_host = packed[2 * rr : 2 * rr + d_max], packed[2 * rr + d_max : 2 * rr + 2 * d_max]
     active_rows, verify_nodes = packed[2 * rr + 2 * d_max : 2 * rr + 2 * d_max + 2]
     toks = packed[2 * rr + 2 * d_max + 2 :]
