@@ -13,6 +13,7 @@ from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.speculative import row_filters
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
 from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.sampling import SamplingParams as RowParams
@@ -95,13 +96,14 @@ def test_proposals_respect_budget_and_carry_q(tiny_target: Transformer, trained:
 
 
 def test_filters_no_row_uses_are_skipped_not_changed(tiny_target: Transformer, trained: EagleDrafter) -> None:
-    """DraftContext.filters (the host's view: does any row use top-k / top-p) lets a chain draft skip the sort over the
-    vocabulary: with neither filter in use, skipping gives the same drafts and q rows; a filter in use still cuts q."""
+    """DraftContext.filters (the host's view of the rows' top-k / top-p) lets a chain draft skip the sort over the
+    vocabulary: with neither filter in use, skipping gives the same drafts and q rows; a common top-k taken as a number
+    gives the per-row result; row_filters reads the rows' settings."""
     g = torch.Generator().manual_seed(1)
     hist = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 14)]
     feats = [torch.randn(len(h) - 1, 64, generator=g) for h in hist]
 
-    def draft(filters: tuple[bool, bool], top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft(filters: tuple[int, bool], top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         p = EagleProposer(trained, EagleProposerConfig(topk=1, context=8, seed=3))
         for b, (h, f) in enumerate(zip(hist, feats, strict=True)):
             p.observe([(b, 0)] * (len(h) - 1), torch.zeros(len(h) - 1), f)
@@ -112,9 +114,15 @@ def test_filters_no_row_uses_are_skipped_not_changed(tiny_target: Transformer, t
         assert prop.draft_probs is not None
         return prop.tokens, prop.draft_probs
 
-    tok_all, q_all = draft((True, True))
-    tok_skip, q_skip = draft((False, False))
+    tok_all, q_all = draft((-1, True))
+    tok_skip, q_skip = draft((0, False))
     assert torch.equal(tok_all, tok_skip)
     torch.testing.assert_close(q_skip, q_all, rtol=0, atol=1e-6)
-    _, q_k = draft((True, False), top_k=5)
-    assert int((q_k[:, :4] > 0).sum(-1).max()) <= 5  # top-k 5 still applied when a row uses it
+    tok_rows, q_rows = draft((-1, True), top_k=5)  # per-row k: the sort path
+    tok_k, q_k = draft((5, False), top_k=5)  # the common k as a number: torch.topk
+    assert int((q_k[:, :4] > 0).sum(-1).max()) <= 5
+    assert torch.equal(tok_rows, tok_k)
+    torch.testing.assert_close(q_k, q_rows, rtol=0, atol=1e-6)
+    assert row_filters([(1.0, 1.0, 0), (1.0, 1.0, 0)]) == (0, False)
+    assert row_filters([(1.0, 1.0, 50), (0.0, 0.9, 50)]) == (50, True)
+    assert row_filters([(1.0, 1.0, 50), (1.0, 1.0, 0)]) == (-1, False)

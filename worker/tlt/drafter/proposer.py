@@ -60,8 +60,8 @@ class EagleProposer:
         self.version = 0  # snapshot version loaded
         self.gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
         self.features = FeatureRing(self.config.context, drafter.feature_dim, self.device)
-        # (batch bucket, depth, (top-k, top-p) filters) -> captured chain draft
-        self._graphs: dict[tuple[int, int, tuple[bool, bool]], ChainGraph] = {}
+        # (batch bucket, depth, DraftContext.filters) -> captured chain draft
+        self._graphs: dict[tuple[int, int, tuple[int, bool]], ChainGraph] = {}
         self._pool: object | None = None  # one memory pool shared by this proposer's graphs
 
     # ------------------------------------------------------------------------------------------------ weights
@@ -133,7 +133,7 @@ class EagleProposer:
         top_p: torch.Tensor,  # [B] float32
         top_k: torch.Tensor,  # [B] int64
         k: int,  # tokens to draft (>= 1)
-        filters: tuple[bool, bool] = (True, True),  # (top-k, top-p) applied at all: off = skipped, not a no-op sort
+        filters: tuple[int, bool] = (-1, True),  # DraftContext.filters: (common top-k, 0 none, -1 per row; top-p)
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """k + 1 drafter forwards with fixed shapes, no host sync (graph-capturable).
         -> tokens [B, k+1], parents [B, k+1], counts [B], draft_probs [B, k+1, V] (DraftProposal fields)."""
@@ -144,9 +144,10 @@ class EagleProposer:
         o, kv, valid, last_pos = self._context_forward(toks, feats, m, hist_len, kv)
         attend = torch.cat([valid, torch.ones(bsz, k - 1, dtype=torch.bool, device=dev)], dim=1)  # [B, W + k - 1]
         drafts, qs = [], []
-        use_k, use_p = filters
+        common_k, use_p = filters
+        row_k = top_k if common_k < 0 else common_k  # a number: skipped (0) or torch.topk, no sort
         for step in range(k):
-            q = processed_probs(d.logits(o[:, 0]).float(), temp, top_p if use_p else 1.0, top_k if use_k else 0)
+            q = processed_probs(d.logits(o[:, 0]).float(), temp, top_p if use_p else 1.0, row_k)
             tok = sample(q, self.gen)
             drafts.append(tok)
             qs.append(q)
@@ -216,10 +217,10 @@ class EagleProposer:
         return DraftProposal(t[:bsz].clone(), p[:bsz].clone(), c[:bsz].clone(), q[:bsz])
 
     @torch.no_grad()
-    def capture_chain(self, batches: Sequence[int], depth: int, filters: tuple[bool, bool] = (False, False)) -> int:
+    def capture_chain(self, batches: Sequence[int], depth: int, filters: tuple[int, bool] = (0, False)) -> int:
         """Capture the chain graphs of these batch sizes' buckets at `depth` ahead of time (so that no capture lands
-        inside a timed rollout) for rows sampling with these (top-k, top-p) filters (DraftContext.filters; default:
-        neither); returns how many were captured. No-op off CUDA."""
+        inside a timed rollout) for rows sampling with these filters (DraftContext.filters; default: no top-k, no
+        top-p); returns how many were captured. No-op off CUDA."""
         if self.device.type != "cuda" or not self.config.cuda_graphs:
             return 0
         todo = {batch_bucket(b) for b in batches if batch_bucket(b) <= self.config.graph_max_batch} - {
@@ -228,7 +229,7 @@ class EagleProposer:
             self._graphs[(bb, depth, filters)] = self._capture(bb, depth, filters)
         return len(todo)
 
-    def _capture(self, bb: int, k: int, filters: tuple[bool, bool]) -> ChainGraph:
+    def _capture(self, bb: int, k: int, filters: tuple[int, bool]) -> ChainGraph:
         """Capture the chain draft of `k` tokens for a batch bucket `bb` (static buffers allocated here)."""
         w, dev = self.config.context, self.device
         packed = torch.zeros(bb, 2 * w + 2, dtype=torch.int64, device=dev)

@@ -17,6 +17,7 @@ Run the tests: `python -m pytest tests/engine/test_engine_spec_greedy.py tests/s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +33,13 @@ from worker.tlt.spec.tree import children_table, node_depths
 
 if TYPE_CHECKING:
     from worker.tlt.rollout.engine import Engine
+
+
+def row_filters(params: Sequence[tuple[float, float, int]]) -> tuple[int, bool]:
+    """DraftContext.filters from the rows' host-side (temperature, top_p, top_k)."""
+    ks = {int(p[2]) for p in params}
+    k = ks.pop() if len(ks) == 1 else -1
+    return k, any(p[1] < 1.0 for p in params)
 
 
 def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> StepStats:
@@ -59,7 +67,7 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
         device=engine.device,
         groups=engine.histories,
         sampling=RowParams(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
-        filters=(any(p[2] > 0 for p in engine.row_params[:batch]), any(p[1] < 1.0 for p in engine.row_params[:batch])),
+        filters=row_filters(engine.row_params[:batch]),
     )
     prop = proposer.propose(ctx)
     n_nodes = prop.num_nodes
