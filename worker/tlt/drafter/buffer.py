@@ -20,6 +20,7 @@ Run the tests: `python -m pytest tests/drafter/test_drafter_buffer.py -q`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,20 +245,23 @@ class EngineCapture:
         n = len(seq_ids)
         if n == 0:
             return
-        keep = [True] * n
-        new = {r for r, _ in seq_ids if r not in self._seen}
-        if new:
-            for i, (r, _) in enumerate(seq_ids):
-                # a prompt row unless it is the last row of that request's prefill in this call
-                if r in new and not (i + 1 == n or seq_ids[i + 1][0] != r):
-                    keep[i] = False
-            self._seen |= new
+        # the engine reports each sequence's rows consecutively: per-run work, not per-row Python (a plain-decode
+        # window of 256 rows x 8 steps is 256 runs of 8)
+        runs = [(sid, len(list(rows))) for sid, rows in itertools.groupby(seq_ids)]
         base = self.epoch << 40
-        ids = np.array([base + r * self.max_samples + s for r, s in seq_ids], dtype=np.int64)
+        ids = np.repeat(np.array([base + r * self.max_samples + s for (r, s), _ in runs], dtype=np.int64),
+                        [size for _, size in runs])
         dev = hidden.device
-        if all(keep):
+        new = {r for (r, _), _ in runs if r not in self._seen}
+        if not new:
             self.buffer.capture(to_device_no_sync(ids, dev), token_ids, hidden)
-        else:
-            k = np.array(keep)
-            rows = to_device_no_sync(np.nonzero(k)[0], dev)
-            self.buffer.capture(to_device_no_sync(ids[k], dev), token_ids[rows], hidden[rows])
+            return
+        keep = [True] * n
+        for i, (r, _) in enumerate(seq_ids):
+            # a prompt row unless it is the last row of that request's prefill in this call
+            if r in new and not (i + 1 == n or seq_ids[i + 1][0] != r):
+                keep[i] = False
+        self._seen |= new
+        k = np.array(keep)
+        rows = to_device_no_sync(np.nonzero(k)[0], dev)
+        self.buffer.capture(to_device_no_sync(ids[k], dev), token_ids[rows], hidden[rows])

@@ -12,6 +12,7 @@ Run the tests: `python -m pytest tests/drafter/test_drafter_proposer.py tests/dr
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,14 +52,21 @@ class FeatureRing:
         if n == 0:
             return
         w = self.context
-        flat = np.empty(n, dtype=np.int64)
-        for i, sid in enumerate(seq_ids):
+        # the engine reports each sequence's rows as one run: Python per run, numpy per row (a plain-decode window of
+        # 256 rows x 8 steps is 256 runs of 8)
+        runs = [(sid, len(list(rows))) for sid, rows in itertools.groupby(seq_ids)]
+        slots = np.empty(len(runs), dtype=np.int64)
+        starts = np.empty(len(runs), dtype=np.int64)
+        for j, (sid, size) in enumerate(runs):
             slot = self._slot.get(sid)
             if slot is None:
                 slot = self._slot[sid] = len(self._count)
                 self._count.append(0)
-            flat[i] = slot * w + self._count[slot] % w
-            self._count[slot] += 1
+            slots[j], starts[j] = slot, self._count[slot]
+            self._count[slot] += size
+        sizes = np.array([size for _, size in runs], dtype=np.int64)
+        within = np.arange(n) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # position of each row inside its run
+        flat = np.repeat(slots * w, sizes) + (np.repeat(starts, sizes) + within) % w
         need = len(self._count)
         if need > self.rows.shape[0]:
             grown = torch.zeros(max(need, 2 * self.rows.shape[0], 64), w, self.feature_dim, device=self.device)
