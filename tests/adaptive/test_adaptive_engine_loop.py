@@ -207,3 +207,41 @@ def test_kv_headroom_for_widest_arm_and_drafters_checked() -> None:
     assert eng.cache.max_len >= 200 + 48
     with pytest.raises(ValueError, match="small"):
         Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=64, max_slots=2), adaptive=controller())
+
+
+class ChainSpy(SmallModelProposer):
+    """A drafter that keeps chain graphs (as EagleProposer does): records what the engine asks it to capture."""
+
+    def __init__(self) -> None:
+        super().__init__(DRAFTER)
+        self.captured: list[tuple[list[int], int, tuple[int, bool]]] = []
+
+    def capture_chain(self, batches: list[int], depth: int, filters: tuple[int, bool]) -> int:
+        self.captured.append((list(batches), depth, filters))
+        return len(batches)
+
+
+def test_warmup_captures_every_chain_arm_the_switch_can_reach() -> None:
+    """Engine._warmup_drafts (part of warmup on CUDA) asks a graph-keeping drafter for every chain arm's draft length
+    at every batch SD can run (up to the switch's off threshold), with the sampling filters the rows will have; tree
+    arms and batches SD never runs are not asked; mixed per-row settings ask nothing (filters unknown)."""
+    table = arms_table(["ngram", "small"])
+    ctl = AdaptiveSd(SwitchConfig(mode="adaptive", on_below=4, patience=1),
+                     make_bandit(table, BanditConfig(kind="epsilon_greedy"), seed=0))
+    spy = ChainSpy()
+    eng = Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=200, max_slots=16), adaptive=ctl,
+                 proposers={"ngram": NGramProposer(), "small": spy})
+    eng._warmup_drafts(16, ("uniform", 1.0, 0.9, 50))
+    off_at = ctl.switch.config.off_threshold
+    want: dict[int, set[int]] = {}
+    for n in range(1, off_at + 1):
+        for a in ctl.arms_for(n):
+            if a.drafter == "small" and a.topk == 1:
+                want.setdefault(min(a.depth, a.verify_tokens - 1), set()).add(n)
+    assert want, "the arms table has small-model chain arms"
+    assert {d: set(b) for b, d, _ in spy.captured} == want
+    assert {f for _, _, f in spy.captured} == {(50, True)}
+    assert max(max(b) for b, _, _ in spy.captured) <= off_at < 16
+    spy.captured.clear()
+    eng._warmup_drafts(16, ("mixed",))
+    assert spy.captured == []

@@ -41,7 +41,6 @@ Run the tests: `python -m pytest tests/engine -q`.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -65,7 +64,7 @@ from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut, sa
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache, slots_for_budget
 from worker.tlt.rollout.prefill import prefill, round_up
-from worker.tlt.rollout.speculative import speculative_step
+from worker.tlt.rollout.speculative import row_filters, speculative_step
 from worker.tlt.rollout.state import RowState
 from worker.tlt.rollout.types import (
     EngineConfig,
@@ -238,6 +237,7 @@ class Engine:
                     self.graphs.capture(b, tk, mode)
             if self.verify_graphs is not None:
                 self._warmup_verify(max_batch, mode)
+            self._warmup_drafts(max_batch, mode)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
@@ -249,7 +249,7 @@ class Engine:
         plan: dict[int, set[tuple[int, int, int, bool]]] = {}
         if self.adaptive is not None:
             sw = self.adaptive.switch.config
-            max_batch = min(max_batch, sw.off_at or math.ceil(1.5 * sw.on_below))
+            max_batch = min(max_batch, sw.off_threshold)
             for n in range(1, max_batch + 1):
                 plan.setdefault(self.bucket(n), set()).update(
                     (a.verify_tokens, a.depth, a.topk, a.drafter != "ngram") for a in self.adaptive.arms_for(n)
@@ -260,6 +260,33 @@ class Engine:
                 plan.setdefault(self.bucket(n), set()).add((self.spec.num_nodes, self.spec.depth, topk, q))
         if any(plan.values()):
             self.verify_graphs.warmup(self, {b: sorted(shapes) for b, shapes in plan.items()}, mode)
+
+    def _warmup_drafts(self, max_batch: int, mode: Mode) -> None:
+        """Capture the chain-draft graphs the SD arms will replay, in drafters that keep them
+        (EagleProposer.capture_chain: per batch bucket, depth and sampling filters), so that a drafter's first use of a
+        shape in a later rollout does not capture inside it. Mixed per-row settings: the filters are the rows' (seen
+        only at draft time)."""
+        if mode[0] == "mixed":
+            return
+        filters = row_filters([mode[1:]]) if mode[0] == "uniform" else (0, False)  # greedy rows: no filter
+        plan: dict[int, tuple[Proposer, dict[int, set[int]]]] = {}  # id(proposer) -> (proposer, depth -> batches)
+
+        def want(prop: Proposer | None, depth: int, n: int) -> None:
+            if prop is not None and hasattr(prop, "capture_chain") and depth > 0:
+                plan.setdefault(id(prop), (prop, {}))[1].setdefault(depth, set()).add(n)
+
+        if self.adaptive is not None:
+            sw = self.adaptive.switch.config
+            for n in range(1, min(max_batch, sw.off_threshold) + 1):
+                for a in self.adaptive.arms_for(n):
+                    if a.is_sd and a.topk == 1:  # the proposer drafts min(depth, verify budget - 1) tokens
+                        want(self.proposers.get(a.drafter), min(a.depth, a.verify_tokens - 1), n)
+        elif self.spec.mode == "on" and self.spec.method == "chain":
+            for n in range(1, max_batch + 1):
+                want(self.proposer, min(self.spec.depth, self.spec.num_nodes - 1), n)
+        for prop, by_depth in plan.values():
+            for depth, batches in sorted(by_depth.items()):
+                prop.capture_chain(sorted(batches), depth, filters)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _decode_tk(self, batch: int, hi: int) -> int:
