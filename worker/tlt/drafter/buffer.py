@@ -21,11 +21,18 @@ Run the tests: `python -m pytest tests/drafter/test_drafter_buffer.py -q`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+
+def seq_runs(seq_ids: Sequence[tuple[int, int]]) -> list[tuple[tuple[int, int], int]]:
+    """(sequence, row count) of each run of consecutive rows of one sequence: the engine's hook reports a sequence's
+    rows together, so per-run Python replaces per-row Python."""
+    return [(sid, len(list(rows))) for sid, rows in itertools.groupby(seq_ids)]
 
 
 def to_device_no_sync(arr: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -245,9 +252,7 @@ class EngineCapture:
         n = len(seq_ids)
         if n == 0:
             return
-        # the engine reports each sequence's rows consecutively: per-run work, not per-row Python (a plain-decode
-        # window of 256 rows x 8 steps is 256 runs of 8)
-        runs = [(sid, len(list(rows))) for sid, rows in itertools.groupby(seq_ids)]
+        runs = seq_runs(seq_ids)  # a plain-decode window of 256 rows x 8 steps is 256 runs of 8
         base = self.epoch << 40
         ids = np.repeat(np.array([base + r * self.max_samples + s for (r, s), _ in runs], dtype=np.int64),
                         [size for _, size in runs])

@@ -12,13 +12,12 @@ Run the tests: `python -m pytest tests/drafter/test_drafter_proposer.py tests/dr
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from worker.tlt.drafter.buffer import to_device_no_sync
+from worker.tlt.drafter.buffer import seq_runs, to_device_no_sync
 from worker.tlt.spec.proposer import DraftContext
 
 SeqId = tuple[int, int]  # (group / request, sample)
@@ -52,9 +51,7 @@ class FeatureRing:
         if n == 0:
             return
         w = self.context
-        # the engine reports each sequence's rows as one run: Python per run, numpy per row (a plain-decode window of
-        # 256 rows x 8 steps is 256 runs of 8)
-        runs = [(sid, len(list(rows))) for sid, rows in itertools.groupby(seq_ids)]
+        runs = seq_runs(seq_ids)  # Python per run, numpy per row
         slots = np.empty(len(runs), dtype=np.int64)
         starts = np.empty(len(runs), dtype=np.int64)
         for j, (sid, size) in enumerate(runs):

@@ -248,18 +248,21 @@ class Engine:
         assert self.verify_graphs is not None
         plan: dict[int, set[tuple[int, int, int, bool]]] = {}
         if self.adaptive is not None:
-            sw = self.adaptive.switch.config
-            max_batch = min(max_batch, sw.off_threshold)
-            for n in range(1, max_batch + 1):
-                plan.setdefault(self.bucket(n), set()).update(
-                    (a.verify_tokens, a.depth, a.topk, a.drafter != "ngram") for a in self.adaptive.arms_for(n)
-                    if a.is_sd)
+            for n, a in self._sd_arms(max_batch):
+                plan.setdefault(self.bucket(n), set()).add((a.verify_tokens, a.depth, a.topk, a.drafter != "ngram"))
         elif self.proposer is not None and self.spec.mode == "on" and (topk := proposer_topk(self.proposer)):
             q = not isinstance(self.proposer, NGramProposer)
             for n in range(1, max_batch + 1):
                 plan.setdefault(self.bucket(n), set()).add((self.spec.num_nodes, self.spec.depth, topk, q))
         if any(plan.values()):
             self.verify_graphs.warmup(self, {b: sorted(shapes) for b, shapes in plan.items()}, mode)
+
+    def _sd_arms(self, max_batch: int) -> list[tuple[int, Arm]]:
+        """(batch, arm) of every SD arm the controller can plan, for batches up to the one at which its switch turns
+        SD off again (what the warm-ups capture)."""
+        assert self.adaptive is not None
+        top = min(max_batch, self.adaptive.switch.config.off_threshold)
+        return [(n, a) for n in range(1, top + 1) for a in self.adaptive.arms_for(n) if a.is_sd]
 
     def _warmup_drafts(self, max_batch: int, mode: Mode) -> None:
         """Capture the chain-draft graphs the SD arms will replay, in drafters that keep them
@@ -276,11 +279,9 @@ class Engine:
                 plan.setdefault(id(prop), (prop, {}))[1].setdefault(depth, set()).add(n)
 
         if self.adaptive is not None:
-            sw = self.adaptive.switch.config
-            for n in range(1, min(max_batch, sw.off_threshold) + 1):
-                for a in self.adaptive.arms_for(n):
-                    if a.is_sd and a.topk == 1:  # the proposer drafts min(depth, verify budget - 1) tokens
-                        want(self.proposers.get(a.drafter), min(a.depth, a.verify_tokens - 1), n)
+            for n, a in self._sd_arms(max_batch):
+                if a.topk == 1:  # the proposer drafts min(depth, verify budget - 1) tokens
+                    want(self.proposers.get(a.drafter), min(a.depth, a.verify_tokens - 1), n)
         elif self.spec.mode == "on" and self.spec.method == "chain":
             for n in range(1, max_batch + 1):
                 want(self.proposer, min(self.spec.depth, self.spec.num_nodes - 1), n)
