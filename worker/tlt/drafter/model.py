@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.tlt.kernels import fused_available, unsupported_reason
 from worker.tlt.model.args import ModelArgs
 from worker.tlt.model.hf_names import FUSED, accept_hf_names, split_sizes
 from worker.tlt.model.transformer import MLP, Attention, RMSNorm, Transformer, rope_inv_freq
@@ -115,6 +116,10 @@ class EagleDrafter(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, targs.norm_eps)
         self.mlp = MLP(self.args)
         self._inv_freq = rope_inv_freq(self.args)  # [D/2] fp32; a plain attribute so .to(dtype) never rounds it
+        # EAGLE-1 steps into a preallocated K/V (write_at given; inference) on the fused Triton kernels
+        # (drafter/fused_step.py): None = on CUDA where they can run, else torch; True = also off CUDA (Triton's
+        # interpreter: tests), or a ValueError saying why they cannot run; False = torch.
+        self.fused: bool | None = None
         self.reset_parameters()
         accept_hf_names(self)  # load_state_dict also takes the exported (HF-named, unfused) weights
 
@@ -202,6 +207,9 @@ class EagleDrafter(nn.Module):
         write_at: int | None = None,  # write the new K/V into `past` at columns write_at.. and attend to
         # columns [0, write_at + S) (P = write_at): fixed shapes, no allocation of the cache
     ) -> tuple[torch.Tensor, DraftKV]:  # out [B, S, H] (pre-norm feature), K/V of past + the new entries
+        if write_at is not None and past is not None and mask is not None and self._fused_step_on(tokens.device):
+            from worker.tlt.drafter.fused_step import fused_drafter_step  # imports triton: only on this path
+            return fused_drafter_step(self, tokens, hidden, positions, past, mask, write_at)
         b, s = tokens.shape
         a = self.args
         e = self._embed(tokens).to(self.fc.weight.dtype)
@@ -241,6 +249,21 @@ class EagleDrafter(nn.Module):
         h1 = x + at.o_proj(o.transpose(1, 2).reshape(b, s, a.n_heads * a.hd))
         out = h1 + self.mlp(self.post_attention_layernorm(h1))
         return out, kv
+
+    def _fused_step_on(self, device: torch.device) -> bool:
+        """Whether a step with a preallocated K/V runs fused (see `fused`): EAGLE-1, no autograd, kernels runnable."""
+        if self.fused is False or self.cfg.kind != "eagle1" or torch.is_grad_enabled():
+            return False
+        if self.fused is None and device.type != "cuda":
+            return False
+        reason = fused_available(device) or unsupported_reason(self.args, self.fc.weight.dtype)
+        if reason is None:
+            from worker.tlt.drafter.fused_step import rope_mismatch  # imports triton
+
+            reason = rope_mismatch(self)
+        if reason is not None and self.fused:
+            raise ValueError(f"EagleDrafter.fused=True but the fused step cannot run: {reason}")
+        return reason is None
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V'] over the draft vocab
         if self.cfg.kind == "eagle1":

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.kernels.common import Config, config_for, dot_precision
+from worker.tlt.kernels.common import Config, config_for, dot_precision, pdl_args, wait_for_previous
 
 EMPTY_MAX = -1.0e30  # running max before any allowed column (finite: exp(EMPTY_MAX - m) is exactly 0, no NaN)
 
@@ -38,12 +38,14 @@ def _attention_kernel(
     stride_cr, stride_ch, stride_ct, stride_mb, stride_ms, stride_mt,
     NQ: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, EMPTY_MAX: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
     m = tl.program_id(0)  # token (b * S + s)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b = m // S
     s = m % S
+    wait_for_previous(USE_GDC)
     n_cols = tl.minimum(tl.load(widx_ptr + m) + 1, Tk)  # never past the token's own column
     if SPLIT == 0:
         n_active = 1
@@ -169,6 +171,7 @@ def cache_attention(
         mask.shape[1], row0, tk, n_splits, 1.0 / math.sqrt(d),
         ck.stride(0), ck.stride(1), ck.stride(2), mask_u8.stride(0), mask_u8.stride(1), mask_u8.stride(2),
         NQ=g * n_kv, NKV=n_kv, G=g, D=d, DOT_PREC=dot_precision(q.dtype), BLOCK_G=max(16, triton.next_power_of_2(g)),
-        BLOCK_N=cfg.block_n, SPLIT=split, EMPTY_MAX=EMPTY_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_N=cfg.block_n, SPLIT=split, EMPTY_MAX=EMPTY_MAX, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl_args(q.device, m),
     )
     return out

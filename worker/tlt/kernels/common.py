@@ -6,11 +6,19 @@ A kernel's config depends on the weight shape (N, K) only, never on the number o
 result is bit-identical whatever the batch (plain decode and speculative verify then agree exactly; the K tile
 fixes the order of the fp32 accumulation). `config_for` returns the entry of `TUNED` (this GPU's file
 written by `python bench/kernel_sweep.py --write-tuned`) or the default rule. Tests: `python -m pytest tests/kernels -q`.
+
+Programmatic dependent launch (PDL, Hopper and later; `pdl_args`): at one decode token every kernel here is
+latency-bound, and inside a CUDA graph each dependent launch still waits for the previous kernel to drain before its
+programs are even scheduled. With PDL a kernel's programs start while the previous kernel runs and wait at
+`gdc_wait` (all of the previous grid done, its writes visible) before they touch anything it may write or read;
+right after, `gdc_launch_dependents` lets the next kernel be scheduled in turn. Kernels launched without the
+attribute (torch's) keep plain stream order, so mixing both stays correct.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -105,6 +113,66 @@ def _load_for(device: torch.device | None) -> None:
 def config_for(kernel: str, n: int, k: int, device: torch.device | None = None) -> Config:
     _load_for(device)
     return TUNED.get((kernel, n, k)) or default_config(kernel, n, k)
+
+
+_PDL: dict[torch.device, bool] = {}
+# PDL pays at decode sizes and cost ~5% at 64 tokens (H200, SmolLM2: larger grids, whose early-scheduled programs
+# only wait): used for calls of at most this many tokens.
+PDL_MAX_TOKENS = 32
+
+
+def pdl_args(device: torch.device, m: int) -> dict[str, bool]:
+    """Launch kwargs of a fused kernel for m tokens on `device`: USE_GDC, and launch_pdl where PDL is on (sm_90+,
+    a Triton that has it, TLT_PDL not "0", m <= PDL_MAX_TOKENS)."""
+    on = m <= PDL_MAX_TOKENS and _pdl_supported(device)
+    return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
+
+
+def _pdl_supported(device: torch.device) -> bool:
+    on = _PDL.get(device)
+    if on is None:
+        on = False
+        if device.type == "cuda" and os.environ.get("TLT_PDL", "1") != "0":
+            try:
+                from triton.backends.nvidia.compiler import CUDAOptions
+
+                on = "launch_pdl" in CUDAOptions.__dataclass_fields__
+            except ImportError:
+                on = False
+            on = on and torch.cuda.get_device_capability(device)[0] >= 9
+        _PDL[device] = on
+    return on
+
+
+@triton.jit
+def prefetch_rows(w_ptr, rows, stride_wn, K, LINES: tl.constexpr, EPL: tl.constexpr):
+    """Start pulling weight rows `rows` [R] (K elements each) into L2, 128-byte line by line (EPL elements per
+    line, LINES >= K / EPL a power of 2; extra lines repeat the last), and return without waiting: issued before
+    `wait_for_previous`, a kernel's weight reads overlap the previous kernel (weights are never written there, and
+    a prefetch cannot change what a later load returns). LINES 0: nothing (TLT_PREFETCH=0)."""
+    if LINES > 0:
+        cols = tl.minimum(tl.arange(0, LINES) * EPL, K - 1)
+        ptrs = w_ptr + rows[:, None] * stride_wn + cols[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+def prefetch_lines(k: int, w: torch.Tensor) -> tuple[int, int]:
+    """(LINES, EPL) of `prefetch_rows` for rows of k elements of w's dtype (LINES 0 with TLT_PREFETCH=0)."""
+    epl = max(1, 128 // w.element_size())
+    if os.environ.get("TLT_PREFETCH", "1") == "0":
+        return 0, epl
+    return triton.next_power_of_2(triton.cdiv(k, epl)), epl
+
+
+@triton.jit
+def wait_for_previous(USE_GDC: tl.constexpr):
+    """PDL: block until the previous kernel in the stream has finished and its writes are visible, then let the
+    next kernel's programs be scheduled (module docstring). Call before the first load of anything a previous
+    kernel wrote and before the first store. A no-op without PDL."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -11,19 +11,34 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.kernels.common import BLOCK_M, Config, config_for, dot_precision, normed_tile, rounded, row_rstd
+from worker.tlt.kernels.common import (
+    BLOCK_M,
+    Config,
+    config_for,
+    dot_precision,
+    normed_tile,
+    pdl_args,
+    prefetch_lines,
+    prefetch_rows,
+    rounded,
+    row_rstd,
+    wait_for_previous,
+)
 
 
 @triton.jit(do_not_specialize=["M"])
 def _linear_residual_kernel(
     a_ptr, w_ptr, r_ptr, out_ptr, M, N, K, stride_am, stride_wn, stride_rm, stride_om,
     HAS_RESIDUAL: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr, LINES: tl.constexpr, EPL: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    if USE_GDC:
+        prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1), stride_wn, K, LINES, EPL)
+    wait_for_previous(USE_GDC)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -45,12 +60,17 @@ def _linear_residual_kernel(
 def _norm_gate_up_kernel(
     x_ptr, ln_w_ptr, w_ptr, out_ptr, M, N, K, eps, stride_xm, stride_wn, stride_om,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_GDC: tl.constexpr, LINES: tl.constexpr, EPL: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
     dt = out_ptr.dtype.element_ty
+    if USE_GDC:  # the gate rows and the up rows
+        prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1), stride_wn, K, LINES, EPL)
+        prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1) + N, stride_wn, K, LINES, EPL)
+    wait_for_previous(USE_GDC)
     rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -77,12 +97,13 @@ def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, *,
     n = w.shape[0]
     assert a.stride(1) == 1 and w.stride(1) == 1 and (r is None or r.stride(1) == 1)
     cfg = config or config_for("linear_residual", n, k, a.device)
+    lines, epl = prefetch_lines(k, w)
     out = torch.empty((m, n), device=a.device, dtype=a.dtype)
     _linear_residual_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n))](
         a, w, r if r is not None else out, out, m, n, k, a.stride(0), w.stride(0),
         r.stride(0) if r is not None else 0, out.stride(0), HAS_RESIDUAL=r is not None,
         DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(a.device, m),
     )
     return out
 
@@ -95,10 +116,11 @@ def norm_gate_up(x: torch.Tensor, ln_w: torch.Tensor, w: torch.Tensor, eps: floa
     i = w.shape[0] // 2
     assert x.stride(1) == 1 and w.stride(1) == 1
     cfg = config or config_for("norm_gate_up", i, k, x.device)
+    lines, epl = prefetch_lines(k, w)
     out = torch.empty((m, i), device=x.device, dtype=x.dtype)
     _norm_gate_up_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(i, cfg.block_n))](
         x, ln_w, w, out, m, i, k, eps, x.stride(0), w.stride(0), out.stride(0),
         DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device, m),
     )
     return out

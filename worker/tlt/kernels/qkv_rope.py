@@ -1,5 +1,6 @@
-"""Kernel 1 of a layer: input RMSNorm + fused q|k|v projection (+ bias, Qwen2) (+ per-head q/k RMSNorm, Qwen3) +
-RoPE, storing q [M, Hq*D] and writing K and V straight into the KV cache at (row, head, write column).
+"""Kernel 1 of a layer: input RMSNorm (or none: the EAGLE-1 drafter's layer) + fused q|k|v projection (+ bias,
+Qwen2) (+ per-head q/k RMSNorm, Qwen3) + RoPE, storing q [M, Hq*D] and writing K and V straight into the KV cache
+at (row, head, write column).
 
 One program per (block of 16 tokens, tile of BLOCK_N output rows of one head): at 1 token, one program per head
 (15 for SmolLM2) leaves most SMs idle, 16-row tiles launch 4x as many. HF's rotate_half RoPE pairs column d with
@@ -7,7 +8,8 @@ d +- D/2, which a register tile cannot permute, so each program also computes it
 rotated by D/2 (`acc_rot[:, j] = output (h, (d_j + D/2) % D)`, the same dot products in the same order:
 bit-identical); then out = y * cos + y_rot * sin_signed with the model's sign-folded sin table. The rotation works
 per row, so any tile of a head does; the q/k RMSNorm (Qwen3) needs all D outputs of a head: a whole head per
-program there. Works for any power-of-2 head_dim >= 16.
+program there. Works for any power-of-2 head_dim >= 16. Without an input norm (ln_w None: EAGLE-1's drafter layer
+reads fc's output raw) the GEMM reads the x tiles as they are; the normed path is compiled exactly as before.
 Tests: `python -m pytest tests/kernels/test_kernels_layer.py tests/kernels/test_kernels_split.py -q`.
 """
 
@@ -17,7 +19,19 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.kernels.common import BLOCK_M, Config, config_for, dot_precision, normed_tile, rounded, row_rstd
+from worker.tlt.kernels.common import (
+    BLOCK_M,
+    Config,
+    config_for,
+    dot_precision,
+    normed_tile,
+    pdl_args,
+    prefetch_lines,
+    prefetch_rows,
+    rounded,
+    row_rstd,
+    wait_for_previous,
+)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -26,8 +40,9 @@ def _qkv_rope_kernel(
     q_ptr, ck_ptr, cv_ptr,
     M, K, S, row0, eps,
     stride_xm, stride_wn, stride_rope, stride_cr, stride_ch, stride_ct,
-    NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
-    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    QK_NORM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_GDC: tl.constexpr, LINES: tl.constexpr, EPL: tl.constexpr,
 ):
     # a tile of BLOCK_N rows of the fused weight (q heads, then k heads, then v heads), inside one head h
     h = tl.program_id(1) * BLOCK_N // D
@@ -37,12 +52,21 @@ def _qkv_rope_kernel(
     rows = h * D + offs_d
     rows_rot = h * D + (offs_d + D // 2) % D
     dt = q_ptr.dtype.element_ty
-    rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
+    if USE_GDC:
+        prefetch_rows(w_ptr, rows, stride_wn, K, LINES, EPL)
+        prefetch_rows(w_ptr, rows_rot, stride_wn, K, LINES, EPL)
+    wait_for_previous(USE_GDC)
+    if HAS_NORM:
+        rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_rot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)  # [BM, BK]
+        if HAS_NORM:
+            xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)  # [BM, BK]
+        else:  # the raw x tile (x is already in the model dtype)
+            xt = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                         mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0).to(dt)
         k_mask = offs_k[:, None] < K
         w = tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)  # [BK, BN]
         w_rot = tl.load(w_ptr + rows_rot[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)
@@ -91,7 +115,7 @@ def head_tile(block_n: int, d: int, *, qk_norm: bool) -> int:
 
 def qkv_rope_cache(
     x: torch.Tensor,  # [M, H] hidden entering the layer (contiguous)
-    ln_w: torch.Tensor,  # [H] input_layernorm weight
+    ln_w: torch.Tensor | None,  # [H] input_layernorm weight; None: no input norm (EAGLE-1's drafter layer)
     w: torch.Tensor,  # [(Hq + 2 Hkv) * D, H] fused q|k|v weight
     bias: torch.Tensor | None,  # [(Hq + 2 Hkv) * D] or None
     q_norm: torch.Tensor | None,  # [D] (Qwen3) or None
@@ -114,13 +138,15 @@ def qkv_rope_cache(
     block_k = cfg.block_k if block_n == cfg.block_n else min(cfg.block_k, 128)
     q = torch.empty((m, n_heads * d), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(m, BLOCK_M), (n_heads + 2 * n_kv) * d // block_n)
+    ln = ln_w if ln_w is not None else w  # unused pointers get any tensor
+    lines, epl = prefetch_lines(k, w)
     _qkv_rope_kernel[grid](
-        x, ln_w, w, bias if bias is not None else w, q_norm if q_norm is not None else ln_w,
-        k_norm if k_norm is not None else ln_w, cos, sin, pos, widx, q, ck, cv,
+        x, ln, w, bias if bias is not None else w, q_norm if q_norm is not None else ln,
+        k_norm if k_norm is not None else ln, cos, sin, pos, widx, q, ck, cv,
         m, k, s, row0, eps,
         x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
-        NQ=n_heads, NKV=n_kv, D=d, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
+        NQ=n_heads, NKV=n_kv, D=d, HAS_NORM=ln_w is not None, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
         DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device, m),
     )
     return q

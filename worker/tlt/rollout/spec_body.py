@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from worker.tlt.kernels import fused_available
 from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows
 from worker.tlt.spec.sampling import processed_probs
 from worker.tlt.spec.tree import ancestor_mask, depths_from_ancestors
@@ -58,6 +59,16 @@ class SpecOut:
     n: torch.Tensor  # [R] int64 tokens emitted
 
 
+def fused_chain_verify(logits: torch.Tensor, mode: Mode, *, chain: bool, topk: int) -> bool:
+    """Whether acceptance runs in kernels/chain_verify.py (2 Triton kernels) instead of processed_probs +
+    verify_sampling (~10 torch kernels per depth, ~1 ms per step on an H200 at batch 8, depth 6): a chain sampled
+    with one temperature and no top-k / top-p, on CUDA with triton (CPU keeps the torch path the tests compare to)."""
+    if not (chain and topk == 1 and logits.is_cuda and mode[0] == "uniform") or fused_available(logits.device):
+        return False
+    temp, top_p, top_k = mode[1:]
+    return float(temp) > 0.0 and float(top_p) >= 1.0 and (int(top_k) <= 0 or int(top_k) >= logits.shape[-1])
+
+
 def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mode: Mode, tk: int,
                   chain: bool) -> SpecOut:
     """The body (module docstring). depth: the verifier's depth bound D; topk: max children per node; mode: the
@@ -82,6 +93,11 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
     prop = inp.proposal()
     if mode == GREEDY:
         res = verify_greedy(prop, logits, max_depth=depth, max_children=topk)
+    elif fused_chain_verify(logits, mode, chain=chain, topk=topk):
+        from worker.tlt.kernels.chain_verify import chain_verify  # triton: imported on the CUDA path only
+
+        res = chain_verify(logits, inp.tokens, inp.counts, inp.draft_probs, depth, float(mode[1]),
+                           uniforms=inp.uniforms, noise=inp.noise, generator=engine.gen)  # = the torch branch's draws
     else:
         if mode[0] == "uniform":
             temp, top_p, top_k = mode[1:]

@@ -1,0 +1,72 @@
+"""`fused_drafter_step`: `EagleDrafter.step` of an EAGLE-1 drafter writing into a preallocated `DraftKV` (the chain
+draft's context forward and its one-token steps) on the target's fused Triton kernels (worker/tlt/kernels/) instead of
+~30 torch kernels:
+
+  x   = fc(concat(embed(tok), h))        embedding + concat in torch, then linear_residual without a residual
+  q   = rope(x @ Wqkv^T), K/V -> past    qkv_rope_cache with no input norm (EAGLE-1's layer has none), the
+                                         target's RoPE tables, K/V written at columns write_at + s of past.k / past.v
+  o   = attention(q, past, mask)         cache_attention over columns 0..write_at + s of each entry
+  a   = x + o_proj(o)                    linear_residual
+  out = a + down(silu(g) * u)            norm_gate_up (post_attention_layernorm), linear_residual
+
+The drafter layer has the target's shapes and DraftKV's [B, Hkv, T, D] buffers are a KV cache of B slots (row0 = 0),
+so the target's kernels run it unchanged. The attention kernel reads, for entry s, only the columns up to its own
+(write_at + s) and skips those its mask row forbids: exact for the causal masks chain drafting builds, never for a
+mask that lets an entry see columns to its right. Inference only (no autograd), no host sync, fixed shapes: a CUDA
+graph captures it. The dispatch lives in `EagleDrafter.step` (its `fused` flag); on CPU the kernels run in Triton's
+interpreter (TRITON_INTERPRET=1 before importing this module).
+
+Run the tests: `python -m pytest tests/drafter/test_drafter_fused_step.py -q` (GPU: add `-m gpu`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.tlt.drafter.model import DraftKV, EagleDrafter
+from worker.tlt.kernels.attention import cache_attention
+from worker.tlt.kernels.linear import linear_residual, norm_gate_up
+from worker.tlt.kernels.qkv_rope import qkv_rope_cache
+
+
+def rope_mismatch(drafter: EagleDrafter) -> str | None:
+    """Why the target's RoPE tables cannot stand in for the drafter's own RoPE (None: they can)."""
+    t, a = drafter.target, drafter.args
+    if t.rope_cos.numel() == 0:
+        return "the target's RoPE tables are not initialised (Transformer.init_rope)"
+    ours = (a.hd, a.rope_theta, a.rope_scaling)
+    theirs = (t.args.hd, t.args.rope_theta, t.args.rope_scaling)
+    if ours != theirs or t.rope_cos.shape[-1] != a.hd:
+        return f"the drafter's RoPE {ours} is not the target's {theirs}"
+    return None
+
+
+@torch.no_grad()
+def fused_drafter_step(
+    drafter: EagleDrafter,
+    tokens: torch.Tensor,  # [B, S] token x_{j+1} of each new entry
+    hidden: torch.Tensor,  # [B, S, H] target feature (first step) or the drafter's previous `out`
+    positions: torch.Tensor,  # [B, S] RoPE positions
+    past: DraftKV,  # preallocated K/V buffers, each [B, Hkv, T, D] (written at columns write_at..write_at + S - 1)
+    mask: torch.Tensor,  # [B, S, write_at + S] bool, True = attend; causal (see the module docstring)
+    write_at: int,
+) -> tuple[torch.Tensor, DraftKV]:  # out [B, S, H] (pre-norm feature), past (the same buffers)
+    """What `drafter.step(tokens, hidden, positions, past, mask, write_at)` returns, on the fused kernels."""
+    b, s = tokens.shape
+    a, t = drafter.args, drafter.target
+    m, h, dt = b * s, a.dim, drafter.fc.weight.dtype
+    dev = tokens.device
+    e = drafter._embed(tokens).to(dt)
+    xin = torch.cat([e, hidden.to(dt)], dim=-1).reshape(m, 2 * h)  # [M, 2H]
+    x = linear_residual(xin, drafter.fc.weight, None)  # [M, H]
+    # positions index the target's table: clamped so an out-of-range position can never read past it
+    pos = positions.reshape(m).clamp(0, t.rope_cos.shape[0] - 1)  # [M]
+    widx = torch.arange(write_at, write_at + s, device=dev).repeat(b)  # [M] cache column of each entry
+    at, mlp = drafter.self_attn, drafter.mlp
+    q = qkv_rope_cache(x, None, at.qkv_proj.weight, at.qkv_proj.bias, None, None, t.rope_cos, t.rope_sin, pos, widx,
+                       past.k, past.v, s=s, row0=0, n_heads=a.n_heads, eps=a.norm_eps)  # [M, Hq * D]
+    o = cache_attention(q, past.k, past.v, mask, widx, row0=0)  # [M, Hq * D]
+    h1 = linear_residual(o, at.o_proj.weight, x)  # [M, H]
+    u = norm_gate_up(h1, drafter.post_attention_layernorm.weight, mlp.gate_up_proj.weight, a.norm_eps)  # [M, I]
+    out = linear_residual(u, mlp.down_proj.weight, h1)  # [M, H]
+    return out.view(b, s, h), past
