@@ -117,8 +117,8 @@ def config_for(kernel: str, n: int, k: int, device: torch.device | None = None) 
 
 _PDL: dict[torch.device, bool] = {}
 # PDL pays at decode sizes and cost ~5% at 64 tokens (H200, SmolLM2: larger grids, whose early-scheduled programs
-# only wait): used for calls of at most this many tokens.
-PDL_MAX_TOKENS = 32
+# only wait): used for calls of at most this many tokens (TLT_PDL_MAX_TOKENS overrides, for measuring).
+PDL_MAX_TOKENS = int(os.environ.get("TLT_PDL_MAX_TOKENS", "32"))
 
 
 def pdl_args(device: torch.device, m: int) -> dict[str, bool]:
