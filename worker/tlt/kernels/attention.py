@@ -21,12 +21,13 @@ Tests: `python -m pytest tests/kernels/test_kernels_layer.py tests/kernels/test_
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.kernels.common import Config, config_for, dot_precision, pdl_args, wait_for_previous
+from worker.tlt.kernels.common import Config, config_for, dot_precision, pdl_args, prefetch, wait_for_previous
 
 EMPTY_MAX = -1.0e30  # running max before any allowed column (finite: exp(EMPTY_MAX - m) is exactly 0, no NaN)
 
@@ -38,13 +39,20 @@ def _attention_kernel(
     stride_cr, stride_ch, stride_ct, stride_mb, stride_ms, stride_mt,
     NQ: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, EMPTY_MAX: tl.constexpr,
-    USE_GDC: tl.constexpr,
+    USE_GDC: tl.constexpr, KV_LINES: tl.constexpr, EPL: tl.constexpr,
 ):
     m = tl.program_id(0)  # token (b * S + s)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b = m // S
     s = m % S
+    if USE_GDC and SPLIT > 0 and KV_LINES > 0:  # this split's K and V lines into L2 while the previous kernel
+        # (qkv_rope) runs; the token's column is read before the wait on purpose (only prefetch addresses use it)
+        c = tl.minimum(split * SPLIT + tl.arange(0, SPLIT), tl.minimum(tl.load(widx_ptr + m), Tk - 1))
+        kv = (row0 + b).to(tl.int64) * stride_cr + kvh * stride_ch + c[:, None] * stride_ct
+        kv += (tl.arange(0, KV_LINES) * EPL)[None, :]
+        prefetch(ck_ptr + kv)
+        prefetch(cv_ptr + kv)
     wait_for_previous(USE_GDC)
     n_cols = tl.minimum(tl.load(widx_ptr + m) + 1, Tk)  # never past the token's own column
     if SPLIT == 0:
@@ -166,12 +174,14 @@ def cache_attention(
     else:
         part_acc = part_ml = counters = out  # not read
     mask_u8 = mask.view(torch.uint8)
+    epl = max(1, 128 // ck.element_size())  # elements per 128-byte line; a column of D spans kv_lines of them
+    kv_lines = triton.next_power_of_2(triton.cdiv(d, epl)) if os.environ.get("TLT_PREFETCH", "1") != "0" else 0
     _attention_kernel[(m, n_kv, n_splits)](
         q, ck, cv, mask_u8, widx, out, part_acc, part_ml, counters,
         mask.shape[1], row0, tk, n_splits, 1.0 / math.sqrt(d),
         ck.stride(0), ck.stride(1), ck.stride(2), mask_u8.stride(0), mask_u8.stride(1), mask_u8.stride(2),
         NQ=g * n_kv, NKV=n_kv, G=g, D=d, DOT_PREC=dot_precision(q.dtype), BLOCK_G=max(16, triton.next_power_of_2(g)),
-        BLOCK_N=cfg.block_n, SPLIT=split, EMPTY_MAX=EMPTY_MAX, num_warps=cfg.num_warps,
+        BLOCK_N=cfg.block_n, SPLIT=split, EMPTY_MAX=EMPTY_MAX, KV_LINES=kv_lines, EPL=epl, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl_args(q.device, m),
     )
     return out

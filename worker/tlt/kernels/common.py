@@ -145,16 +145,22 @@ def _pdl_supported(device: torch.device) -> bool:
 
 
 @triton.jit
+def prefetch(ptrs):
+    """Start pulling the 128-byte lines at `ptrs` (a pointer tensor of any shape) into L2 and return without
+    waiting: issued before `wait_for_previous`, the reads overlap the previous kernel. A prefetch cannot change what
+    a later load returns, so its addresses may come from data the previous kernel is still writing."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def prefetch_rows(w_ptr, rows, stride_wn, K, LINES: tl.constexpr, EPL: tl.constexpr):
-    """Start pulling weight rows `rows` [R] (K elements each) into L2, 128-byte line by line (EPL elements per
-    line, LINES >= K / EPL a power of 2; extra lines repeat the last), and return without waiting: issued before
-    `wait_for_previous`, a kernel's weight reads overlap the previous kernel (weights are never written there, and
-    a prefetch cannot change what a later load returns). LINES 0: nothing (TLT_PREFETCH=0)."""
+    """`prefetch` weight rows `rows` [R] of K elements, line by line (EPL elements per line, LINES >= K / EPL a
+    power of 2; extra lines repeat the last). Weights are never written by the kernels before: only their reads
+    move ahead. LINES 0: nothing (TLT_PREFETCH=0)."""
     if LINES > 0:
         cols = tl.minimum(tl.arange(0, LINES) * EPL, K - 1)
-        ptrs = w_ptr + rows[:, None] * stride_wn + cols[None, :]
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        prefetch(w_ptr + rows[:, None] * stride_wn + cols[None, :])
 
 
 def prefetch_lines(k: int, w: torch.Tensor) -> tuple[int, int]:
