@@ -104,12 +104,15 @@ def drift(model: torch.nn.Module, start: dict[str, torch.Tensor]) -> float:
 def warm_up(od: OnlineDrafter, model: Any, eos: tuple[int, ...], prompts: list[list[int]], a: argparse.Namespace,
             max_len: int) -> dict[str, float]:
     od.begin_rollout(0)
-    eng = Engine(model, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts), seed=a.seed,
-                                                         capture_layers=od.capture_layers),
+    # at most 512 sequences at once (continuous batching admits the rest): 4,096 prompts at once had a KV cache of
+    # ~110 GB that the RL steps after the warm-up then ran out of memory beside
+    eng = Engine(model, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=min(len(prompts), 512),
+                                                         seed=a.seed, capture_layers=od.capture_layers),
                  hidden_hook=od.hidden_hook)
     t0 = time.perf_counter()
     new = a.warmup_new_tokens or a.new_tokens
     out = eng.generate([Request(p, SamplingParams(temperature=a.temperature, max_new_tokens=new)) for p in prompts])
+    eng.release_memory()  # its KV cache and graphs are not needed again
     t_gen = time.perf_counter() - t0
     t0 = time.perf_counter()
     curve = []  # (steps so far, acc / loss over the chunk): does more training still pay?
