@@ -46,14 +46,8 @@ def _attention_kernel(
     split = tl.program_id(2)
     b = m // S
     s = m % S
-    if USE_GDC and SPLIT > 0 and KV_LINES > 0:  # this split's K and V lines into L2 while the previous kernel
-        # (qkv_rope) runs; the token's column is read before the wait on purpose (only prefetch addresses use it)
-        c = tl.minimum(split * SPLIT + tl.arange(0, SPLIT), tl.minimum(tl.load(widx_ptr + m), Tk - 1))
-        kv = (row0 + b).to(tl.int64) * stride_cr + kvh * stride_ch + c[:, None] * stride_ct
-        kv += (tl.arange(0, KV_LINES) * EPL)[None, :]
-        prefetch(ck_ptr + kv)
-        prefetch(cv_ptr + kv)
-    wait_for_previous(USE_GDC)
+    # widx is read before the PDL wait on purpose: the forward's input, written before its first layer, never by the
+    # kernel this one may overlap; so splits past the token's columns leave at once, without waiting
     n_cols = tl.minimum(tl.load(widx_ptr + m) + 1, Tk)  # never past the token's own column
     if SPLIT == 0:
         n_active = 1
@@ -63,7 +57,15 @@ def _attention_kernel(
         n_active = tl.cdiv(n_cols, SPLIT)
         lo = split * SPLIT
         hi = tl.minimum(lo + SPLIT, n_cols)
+    if USE_GDC and SPLIT > 0 and KV_LINES > 0 and split < n_active:  # this split's K and V lines into L2 while
+        # the previous kernel (qkv_rope) runs: it writes only the token's own column, which the prefetch may miss
+        c = tl.minimum(lo + tl.arange(0, SPLIT), hi - 1)
+        kv = (row0 + b).to(tl.int64) * stride_cr + kvh * stride_ch + c[:, None] * stride_ct
+        kv += (tl.arange(0, KV_LINES) * EPL)[None, :]
+        prefetch(ck_ptr + kv)
+        prefetch(cv_ptr + kv)
     if split < n_active:  # splits past the token's columns do nothing (not even the counter)
+        wait_for_previous(USE_GDC)
         offs_g = tl.arange(0, BLOCK_G)
         g_mask = offs_g < G
         offs_d = tl.arange(0, D)
