@@ -14,6 +14,11 @@ costs one blocking device -> host copy per call).
 as fixed-shape [B, W] tensors drawn on the buffer's device with a generator of that device: no host sync once the
 window index is built (it is rebuilt after captures: one host read per rebuild, of the number of window starts).
 `state_dict()` / `load_state_dict()` carry the live rows and the ring position through a checkpoint (exact resume).
+`EngineCapture` (the engine's hook) defers its writes (`capture(..., defer=True)`): a speculative step's ~16 rows are
+kept and written with the next few thousand in one go, before anything reads the ring (its tensors are properties
+that flush), so the trainer's capture costs the GPU-idle host path no device work per step.
+Per-step uploads go through `HostStage` (a reused pinned buffer, one copy per call); `SeqIds` carries the hook's runs
+so that consumers skip regrouping the rows.
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_buffer.py -q`.
 """
@@ -21,7 +26,7 @@ Run the tests: `python -m pytest tests/drafter/test_drafter_buffer.py -q`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +34,35 @@ import numpy as np
 import torch
 
 
+class SeqIds(list):  # type: ignore[type-arg]
+    """Hook rows' sequence ids (a list of (request, sample), one per row) built from their runs, which it keeps:
+    `seq_runs` returns them as they are instead of grouping the rows again (the engine's speculative step builds
+    these; any plain list works as well)."""
+
+    __slots__ = ("runs", "key")
+
+    def __init__(self, runs: list[tuple[tuple[int, int], int]], rows: list[tuple[int, int]] | None = None,
+                 key: Hashable | None = None) -> None:
+        """runs: (sequence, rows > 0) per run; rows: the per-row list if already built; key: equal keys mean the
+        same sequences in the same order (unique across engines and rollouts), so a consumer caching per sequence
+        list may compare keys instead of lists."""
+        super().__init__(rows if rows is not None else (sid for sid, n in runs for _ in range(n)))
+        self.runs = runs
+        self.key = key
+
+
+def runs_ident(seq_ids: Sequence[tuple[int, int]], runs: list[tuple[tuple[int, int], int]]) -> object:
+    """What identifies the sequences of these runs, in order, for a cache: SeqIds.key, or the list of them."""
+    key = getattr(seq_ids, "key", None)
+    return key if key is not None else [sid for sid, _ in runs]
+
+
 def seq_runs(seq_ids: Sequence[tuple[int, int]]) -> list[tuple[tuple[int, int], int]]:
     """(sequence, row count) of each run of consecutive rows of one sequence: the engine's hook reports a sequence's
     rows together, so per-run Python replaces per-row Python."""
+    runs = getattr(seq_ids, "runs", None)
+    if runs is not None:
+        return runs
     return [(sid, len(list(rows))) for sid, rows in itertools.groupby(seq_ids)]
 
 
@@ -42,6 +73,79 @@ def to_device_no_sync(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class HostStage:
+    """The per-step host -> device copies of one caller without `to_device_no_sync`'s pinned allocation per call:
+    int64 values are written into one host buffer (pinned on CUDA; off CUDA the "device" buffer itself, so nothing
+    is copied) and copied at once into one device buffer. Tensors it returns are views of that buffer, valid until
+    its next use. The pinned buffer is rewritten only once the copy that last read it has completed (an event
+    query: a caller that reads a result back every step, as the engine does, never waits)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._cuda = device.type == "cuda"
+        self._host = torch.zeros(0, dtype=torch.int64)  # [cap] pinned on CUDA
+        self._np = self._host.numpy()  # the same memory
+        self._dev = self._host  # [cap] on the device (off CUDA: _host)
+        self._event: torch.cuda.Event | None = None  # recorded after the last copy out of _host
+        self._own: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # off CUDA: id(dst) -> (dst, its numpy view)
+        self._lent: np.ndarray | None = None  # on CUDA: the host array host_for handed out last (same one next time)
+
+    def _room(self, n: int) -> np.ndarray:  # the host buffer, free to write, with room for n values
+        if len(self._np) < n:
+            if self._event is not None:
+                self._event.synchronize()
+            cap = max(n, 2 * len(self._np), 1024)
+            self._host = torch.empty(cap, dtype=torch.int64, pin_memory=self._cuda)
+            self._np = self._host.numpy()
+            self._dev = torch.empty(cap, dtype=torch.int64, device=self.device) if self._cuda else self._host
+            self._event = torch.cuda.Event() if self._cuda else None
+        elif self._event is not None and not self._event.query():
+            self._event.synchronize()  # only when a caller uploads twice without reading anything back
+        return self._np
+
+    def put(self, *parts: Sequence[int] | np.ndarray) -> list[torch.Tensor]:
+        """Each part on the device (1-D int64 views of one buffer), with one copy in all."""
+        self._lent = None  # its contents change
+        ends, o = [], 0
+        for part in parts:
+            o += len(part)
+            ends.append(o)
+        host = self._room(o)
+        o = 0
+        for part, end in zip(parts, ends, strict=True):
+            host[o:end] = part
+            o = end
+        if self._cuda:
+            self._dev[:o].copy_(self._host[:o], non_blocking=True)
+            assert self._event is not None
+            self._event.record()
+        dev, o, out = self._dev, 0, []
+        for end in ends:
+            out.append(dev[o:end])
+            o = end
+        return out
+
+    def host_for(self, dst: torch.Tensor) -> np.ndarray:
+        """A flat host array to fill with the values of `dst` (contiguous int64), then `send(dst)`: off CUDA dst's
+        own memory (nothing to copy), on CUDA the pinned buffer. The same array object comes back while nothing else
+        wrote into it (the caller may keep views of it, and rely on what it wrote there last)."""
+        if not self._cuda:
+            own = self._own.get(id(dst))
+            if own is None or own[0] is not dst:
+                own = self._own[id(dst)] = (dst, dst.view(-1).numpy())
+            return own[1]
+        host = self._room(dst.numel())
+        if self._lent is None or self._lent.base is not host or len(self._lent) != dst.numel():
+            self._lent = host[: dst.numel()]
+        return self._lent
+
+    def send(self, dst: torch.Tensor) -> None:  # dst <- what was written into host_for(dst)
+        if self._cuda:
+            dst.view(-1).copy_(self._host[: dst.numel()], non_blocking=True)
+            assert self._event is not None
+            self._event.record()
 
 
 @dataclass(frozen=True)
@@ -83,14 +187,40 @@ class HiddenStateBuffer:
             t = torch.full(shape, fill, dtype=dt, device=dev)
             return t.pin_memory() if pin else t
 
-        self.hidden = alloc(self.capacity, width, dt=dtype)  # [C, F]
-        self.tokens = alloc(self.capacity, dt=torch.int64)  # [C]
-        self.seq = alloc(self.capacity, dt=torch.int64, fill=-1)  # [C] sequence id
-        self.step = alloc(self.capacity, dt=torch.int64, fill=-1)  # [C] RL step; -1 = empty
+        self._hidden = alloc(self.capacity, width, dt=dtype)  # [C, F]
+        self._tokens = alloc(self.capacity, dt=torch.int64)  # [C]
+        self._seq = alloc(self.capacity, dt=torch.int64, fill=-1)  # [C] sequence id
+        self._step = alloc(self.capacity, dt=torch.int64, fill=-1)  # [C] RL step; -1 = empty
         self.device = dev
+        self._stage = HostStage(dev)  # host ids + ring index -> one upload per write
+        # deferred captures (seq ids, tokens, hidden), written together before anything reads the ring
+        self._pending: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+        self._pending_rows = 0
+        self.defer_rows = 4096  # pending rows that force a write
         self.current_step = 0
         self.written = 0  # rows ever written (the ring position is written % capacity)
         self._index: _WindowIndex | None = None  # rebuilt after captures and step changes
+
+    # the ring (every read of it first writes the deferred captures)
+    @property
+    def hidden(self) -> torch.Tensor:  # [C, F]
+        self.flush()
+        return self._hidden
+
+    @property
+    def tokens(self) -> torch.Tensor:  # [C] int64
+        self.flush()
+        return self._tokens
+
+    @property
+    def seq(self) -> torch.Tensor:  # [C] int64 sequence id
+        self.flush()
+        return self._seq
+
+    @property
+    def step(self) -> torch.Tensor:  # [C] int64 RL step; -1 = empty
+        self.flush()
+        return self._step
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +228,7 @@ class HiddenStateBuffer:
 
     def begin_step(self, step: int) -> None:
         """Rows captured from now on belong to `step`; rows older than `keep_steps` steps are dropped."""
+        self.flush()  # deferred rows belong to the step they were captured in
         self.current_step = step
         stale = (self.step >= 0) & (self.step <= step - self.keep_steps)
         self.step.masked_fill_(stale, -1)
@@ -105,26 +236,60 @@ class HiddenStateBuffer:
 
     def capture(
         self,
-        seq_ids: torch.Tensor,  # [N] int64 sequence id of each row (unique within the step)
+        seq_ids: torch.Tensor | list[int],  # [N] int64 sequence id of each row (unique within the step)
         token_ids: torch.Tensor,  # [N] int64 token fed at the row's position
         hidden: torch.Tensor,  # [N, F] target hidden state computed at that position
+        defer: bool = False,  # the caller hands the tensors over (never writes them again): write them later
     ) -> None:
+        """Write the rows at the ring position. Ids given as a host list travel with the ring index in one upload;
+        as a tensor, the index is computed on the device. defer (host ids): keep the rows and write every deferred
+        capture at once when `defer_rows` are pending or before the ring is read (any of its tensors, `sample`,
+        `len`, a checkpoint, `begin_step`): a speculative step's ~16 rows then cost no device work of their own."""
         n = int(token_ids.shape[0])
         if n == 0:
             return
         if hidden.shape != (n, self.width):
             raise ValueError(f"hidden has shape {tuple(hidden.shape)}, expected ({n}, {self.width})")
+        if defer and isinstance(seq_ids, list):
+            self._pending.append((seq_ids, token_ids, hidden))
+            self._pending_rows += n
+            if self._pending_rows >= self.defer_rows:
+                self.flush()
+            return
+        self.flush()
+        self._write(seq_ids, token_ids, hidden)
+
+    def flush(self) -> None:
+        """Write the deferred captures (in capture order)."""
+        if not self._pending:
+            return
+        pend, self._pending, self._pending_rows = self._pending, [], 0
+        if len(pend) == 1:
+            self._write(*pend[0])
+            return
+        ids = [i for p in pend for i in p[0]]
+        self._write(ids, torch.cat([p[1] for p in pend]), torch.cat([p[2] for p in pend]))
+
+    def _write(self, seq_ids: torch.Tensor | list[int], token_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        n = int(token_ids.shape[0])
         if n > self.capacity:  # keep the newest rows only
             seq_ids, token_ids, hidden = seq_ids[-self.capacity:], token_ids[-self.capacity:], hidden[-self.capacity:]
             self.written += n - self.capacity
             n = self.capacity
         start = self.written % self.capacity
-        idx = (torch.arange(n, device=self.device) + start) % self.capacity
+        if isinstance(seq_ids, list):
+            end = start + n
+            ring = [*range(start, end)] if end <= self.capacity else [*range(start, self.capacity),
+                                                                       *range(end - self.capacity)]
+            idx, seq = self._stage.put(ring, seq_ids)
+        else:
+            idx = (torch.arange(n, device=self.device) + start) % self.capacity
+            seq = seq_ids.to(self.device, torch.int64)
         # device -> host copies are blocking (a CPU op reads them next); keep the ring on the GPU for the hot path
-        self.hidden.index_copy_(0, idx, hidden.detach().to(self.device, self.hidden.dtype))
-        self.tokens.index_copy_(0, idx, token_ids.to(self.device, torch.int64))
-        self.seq.index_copy_(0, idx, seq_ids.to(self.device, torch.int64))
-        self.step.index_fill_(0, idx, self.current_step)
+        self._hidden.index_copy_(0, idx, hidden.detach().to(self.device, self._hidden.dtype))
+        self._tokens.index_copy_(0, idx, token_ids.to(self.device, torch.int64))
+        self._seq.index_copy_(0, idx, seq)
+        self._step.index_fill_(0, idx, self.current_step)
         self.written += n
         self._index = None
 
@@ -172,6 +337,7 @@ class HiddenStateBuffer:
     ) -> Batch | None:
         """Random windows of consecutive rows of one sequence, starts uniform over the rows that have a successor;
         None when no sequence has two rows yet. Fixed shapes, no host sync while the index is cached."""
+        self.flush()
         if self._index is None:
             self._index = self._build_index()
         ix = self._index
@@ -199,6 +365,7 @@ class HiddenStateBuffer:
     def state_dict(self) -> dict[str, Any]:
         """The live rows with their ring slots and the write position (host tensors): a resumed run samples the
         same windows and overwrites the same slots as the uninterrupted one. Size: live rows x (F x dtype + 24) B."""
+        self.flush()
         live = torch.nonzero(self.step >= 0).squeeze(1)
         return {
             "capacity": self.capacity, "width": self.width, "written": self.written, "current_step": self.current_step,
@@ -237,10 +404,13 @@ class EngineCapture:
         self.buffer, self.max_samples = buffer, max_samples
         self._seen: set[int] = set()
         self.epoch = 0  # rollouts seen: keeps ids of different generate() calls apart
+        # the sequences of the last call, all seen, and their ids: a speculative step reports the same ones each step
+        self._last: tuple[object, list[int]] | None = None
 
     def reset(self) -> None:
         """Call before each new rollout (`Engine.generate` numbers requests from 0 again)."""
         self._seen.clear()
+        self._last = None
         self.epoch += 1
 
     def __call__(
@@ -253,13 +423,22 @@ class EngineCapture:
         if n == 0:
             return
         runs = seq_runs(seq_ids)  # a plain-decode window of 256 rows x 8 steps is 256 runs of 8
-        base = self.epoch << 40
-        ids = np.repeat(np.array([base + r * self.max_samples + s for (r, s), _ in runs], dtype=np.int64),
-                        [size for _, size in runs])
+        ident = runs_ident(seq_ids, runs)
+        cached = self._last is not None and self._last[0] == ident  # the same sequences as last call: all seen
+        if cached:
+            assert self._last is not None
+            run_ids = self._last[1]
+        else:
+            base = self.epoch << 40
+            run_ids = [base + r * self.max_samples + s for (r, s), _ in runs]
+        ids: list[int] = []
+        for i, (_, size) in zip(run_ids, runs, strict=True):
+            ids += [i] * size
         dev = hidden.device
-        new = {r for (r, _), _ in runs if r not in self._seen}
+        new = set() if cached else {r for (r, _), _ in runs if r not in self._seen}
         if not new:
-            self.buffer.capture(to_device_no_sync(ids, dev), token_ids, hidden)
+            self._last = (ident, run_ids)
+            self.buffer.capture(ids, token_ids, hidden, defer=True)  # the engine's rows: fresh tensors
             return
         keep = [True] * n
         for i, (r, _) in enumerate(seq_ids):
@@ -267,6 +446,8 @@ class EngineCapture:
             if r in new and not (i + 1 == n or seq_ids[i + 1][0] != r):
                 keep[i] = False
         self._seen |= new
+        self._last = None
         k = np.array(keep)
         rows = to_device_no_sync(np.nonzero(k)[0], dev)
-        self.buffer.capture(to_device_no_sync(ids[k], dev), token_ids[rows], hidden[rows])
+        self.buffer.capture([i for i, kept in zip(ids, keep, strict=True) if kept], token_ids[rows], hidden[rows],
+                            defer=True)

@@ -16,8 +16,10 @@ after verification; then it drafts with a drafter-side K/V of the draft entries:
   whole draft is captured once per (batch bucket, depth) as a CUDA graph and replayed (chain_graph.py).
 - tree (`topk > 1`): EAGLE-2 expansion pruned to ctx.max_nodes (tree_draft.py). Eager.
 Weights come from the spot trainer as versioned snapshots, loaded at rollout start (`load_snapshot`, an in-place copy
-that captured graphs see), never mid-rollout. A graphed chain proposal's `draft_probs` is a view of the graph's
-output buffer: valid until the next `propose` (the engine verifies before drafting again).
+that captured graphs see), never mid-rollout. A graphed chain proposal is the graph's output buffers themselves
+(tokens, parents, counts, draft_probs): valid until the next `propose` (the engine verifies and feeds the hook
+before drafting again). Host work per graphed draft (the GPU idles through it): the pack (incremental: only new
+history tokens), one upload through a reused pinned buffer (buffer.HostStage), one feature gather, the replay.
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_proposer.py tests/drafter/test_drafter_chain_graph.py -q`.
 """
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from worker.tlt.drafter.buffer import to_device_no_sync
+from worker.tlt.drafter.buffer import HostStage, to_device_no_sync
 from worker.tlt.drafter.chain_graph import ChainGraph, batch_bucket, record_graph
 from worker.tlt.drafter.feature_ring import FeatureRing, SeqId
 from worker.tlt.drafter.model import DraftKV, EagleDrafter
@@ -62,6 +64,12 @@ class EagleProposer:
         self.features = FeatureRing(self.config.context, drafter.feature_dim, self.device)
         # (batch bucket, depth, DraftContext.filters) -> captured chain draft
         self._graphs: dict[tuple[int, int, tuple[int, bool]], ChainGraph] = {}
+        # graph key -> [Bb*W + Bb*(2W+2)] int64: the ring index of every entry, then the graph's `packed` (a view)
+        self._staged: dict[tuple[int, int, tuple[int, bool]], torch.Tensor] = {}
+        # (graph key, batch) -> the graph's buffers sliced to the batch: (ring index, feats, temp, top_p, top_k, out)
+        self._views: dict[tuple[tuple[int, int, tuple[int, bool]], int], tuple[Any, ...]] = {}
+        self._sampled: dict[tuple[int, int, tuple[int, bool]], object] = {}  # graph key -> ctx.sampling copied in
+        self._stage = HostStage(self.device)  # the packed inputs -> a graph's buffer, every draft
         self._pool: object | None = None  # one memory pool shared by this proposer's graphs
 
     # ------------------------------------------------------------------------------------------------ weights
@@ -163,8 +171,10 @@ class EagleProposer:
         probs = torch.cat([torch.stack(qs, 1), qs[0].new_zeros(bsz, 1, qs[0].shape[-1])], dim=1)
         return tokens, parents, counts, probs
 
-    @torch.no_grad()
     def propose(self, ctx: DraftContext) -> DraftProposal:
+        if torch.is_grad_enabled():  # a direct call; the engine's step already runs without (a decorator: ~10 us)
+            with torch.no_grad():
+                return self.propose(ctx)
         bsz = ctx.batch_size
         if self.config.topk <= 1:
             k = max(0, min(ctx.max_depth, ctx.max_nodes - 1))
@@ -201,20 +211,31 @@ class EagleProposer:
                 and batch_bucket(bsz) <= self.config.graph_max_batch)
 
     def _chain_graphed(self, ctx: DraftContext, k: int) -> DraftProposal:
+        """Fill the graph's static inputs and replay it. Host work per draft: the pack, one upload, one feature
+        gather; the rows' sampling settings only when ctx.sampling is another object than last time (treated as
+        immutable: the engine builds a new context when its rows change). The proposal is the graph's output
+        buffers (no copies): valid until the next propose."""
         bsz, w = ctx.batch_size, self.config.context
         bb = batch_bucket(bsz)
         key = (bb, k, ctx.filters)
         g = self._graphs.get(key)
         if g is None:
             g = self._graphs[key] = self._capture(bb, k, ctx.filters)
-        host = torch.from_numpy(self._pack(ctx, bb))
-        g.packed.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
-        g.feats[:bsz] = self.features.gather(g.packed[:bsz, w: 2 * w])
-        temp, top_p, top_k = self._sampling(ctx)
-        g.temp[:bsz], g.top_p[:bsz], g.top_k[:bsz] = temp, top_p, top_k
+        staged = self._staged[key]
+        v = self._views.get((key, bsz))
+        if v is None:
+            v = self._views[(key, bsz)] = (staged[: bsz * w], g.feats[:bsz].view(bsz * w, -1), g.temp[:bsz],
+                                           g.top_p[:bsz], g.top_k[:bsz], tuple(o[:bsz] for o in g.out))
+        ring_idx, feats, temp, top_p, top_k, out = v
+        self.features.pack(ctx, bb, lead=True, out=self._stage.host_for(staged))  # one upload, one gather
+        self._stage.send(staged)
+        torch.index_select(self.features.rows2d, 0, ring_idx, out=feats)
+        if ctx.sampling is None or self._sampled.get(key) is not ctx.sampling:
+            for dst, src in zip((temp, top_p, top_k), self._sampling(ctx), strict=True):
+                dst.copy_(src)
+            self._sampled[key] = ctx.sampling
         g.graph.replay()
-        t, p, c, q = g.out
-        return DraftProposal(t[:bsz].clone(), p[:bsz].clone(), c[:bsz].clone(), q[:bsz])
+        return DraftProposal(*out)
 
     @torch.no_grad()
     def capture_chain(self, batches: Sequence[int], depth: int, filters: tuple[int, bool] = (0, False)) -> int:
@@ -232,7 +253,9 @@ class EagleProposer:
     def _capture(self, bb: int, k: int, filters: tuple[int, bool]) -> ChainGraph:
         """Capture the chain draft of `k` tokens for a batch bucket `bb` (static buffers allocated here)."""
         w, dev = self.config.context, self.device
-        packed = torch.zeros(bb, 2 * w + 2, dtype=torch.int64, device=dev)
+        staged = self._staged[(bb, k, filters)] = torch.zeros(bb * w + bb * (2 * w + 2), dtype=torch.int64,
+                                                               device=dev)
+        packed = staged[bb * w:].view(bb, 2 * w + 2)  # the ring index leads (contiguous, for the gather)
         packed[:, -1] = 2
         feats = torch.zeros(bb, w, self.features.feature_dim, device=dev)
         temp, top_p = torch.zeros(bb, device=dev), torch.ones(bb, device=dev)
@@ -243,6 +266,8 @@ class EagleProposer:
                                             top_k, k, filters)
 
         graph, out = self._record(run)
+        self._sampled.pop((bb, k, filters), None)  # fresh buffers: the next draft copies the settings in
+        self._views = {vk: v for vk, v in self._views.items() if vk[0] != (bb, k, filters)}
         return ChainGraph(graph, packed, feats, temp, top_p, top_k, out)
 
     def _record(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:

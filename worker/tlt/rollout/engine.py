@@ -34,12 +34,14 @@ from the same forwards (rollout/decode_step.hook_rows); the decode and verify gr
 Memory (issue #9): `release_memory()` frees the KV cache and every graph that reads it while the engine is idle (the
 policy update), `restore_memory()` allocates it again; generate() refuses to run in between (rollout/memory.py).
 Host work per plain step: the sampling mode (GREEDY / uniform / MIXED) and the attention-length bound are cached
-and only recomputed after prefill, sync or a speculative step.
+and only recomputed after prefill, sync or a speculative step. Per speculative step the DraftContext is cached until
+the rows change (`_rows_version`), and the hook's rows are picked with one upload through a reused pinned buffer.
 Run the tests: `python -m pytest tests/engine -q`.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -50,6 +52,7 @@ import torch
 
 from worker.tlt.adaptive.arms import Arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.drafter.buffer import HostStage, SeqIds
 from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout import memory
@@ -77,10 +80,12 @@ from worker.tlt.rollout.types import (
 )
 from worker.tlt.rollout.verify_graphs import VerifyGraphs
 from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.proposer import Proposer
+from worker.tlt.spec.proposer import DraftContext, Proposer
 from worker.tlt.spec.stats import AcceptanceStats
 
 log = logging.getLogger(__name__)
+# versions of an engine's rows, unique across engines: hook consumers cache per (version, rows) (drafter/buffer.SeqIds)
+_ROWS_VERSIONS = itertools.count()
 
 # (seq ids, tokens [N], hidden [N, H] or [N, (k+1)H] with EngineConfig.capture_layers)
 HiddenHook = Callable[[list[tuple[int, int]], torch.Tensor, torch.Tensor], None]
@@ -163,7 +168,12 @@ class Engine:
         self.row_known = np.zeros(slots, dtype=np.int64)  # emitted tokens already appended to `histories`
         self.row_plen = np.zeros(slots, dtype=np.int64)  # prompt length per row (host mirror of rows.prompt_len)
         self._hist_fresh = False  # histories hold every emitted token of rows 0..n-1 (no device read needed)
-        self._done_host: list[bool] | None = None  # done flags of rows 0..n-1 read by the last speculative step
+        self._done_host: list[int] | None = None  # done flags (0/1) of rows 0..n-1 read by the last speculative step
+        self._rows_version = next(_ROWS_VERSIONS)  # new whenever rows 0..n-1 change (prefill, sync, a new generate)
+        # speculative.draft_context's cache: (key, context, its histories)
+        self._spec_ctx: tuple[tuple[int, ...], DraftContext, list[list[int]]] | None = None
+        self._hook_stage = HostStage(self.device)  # a speculative step's hook rows index: one upload per step
+        self._hook_flat: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, its [B*K, F] view)
         # request -> per-sample host token lists (prompt + emitted), what drafters read; filled lazily
         self.histories: dict[int, list[list[int]]] = {}
         self.accept_stats = AcceptanceStats()  # speculative steps of the last generate() (spec/stats.py)
@@ -212,7 +222,9 @@ class Engine:
         return self._hi_max + self._plain_steps
 
     def _rows_changed(self) -> None:
-        """After prefill / sync: recompute what plain steps cache (sampling mode, attention bound)."""
+        """After prefill / sync: recompute what plain steps cache (sampling mode, attention bound); speculative steps
+        build a new DraftContext."""
+        self._rows_version = next(_ROWS_VERSIONS)
         self._mode = sampling_mode(self.row_params) if self.row_params else GREEDY
         _ = self.row_hi  # folds pending steps in and drops the cached maximum
 
@@ -347,10 +359,12 @@ class Engine:
         return out.n
 
     # -------------------------------------------------------------------------------------------- speculative
-    @torch.no_grad()
     def speculative_step(self, batch: int, arm: Arm | None = None) -> StepStats:
         """Draft with `arm`'s drafter and shape (None: the fixed proposer and SpecConfig), verify all rows in one
         target forward, accept, roll back, commit; one host read at the end (rollout/speculative.py)."""
+        if torch.is_grad_enabled():  # a direct call (generate() already runs without; a decorator costs ~10 us)
+            with torch.no_grad():
+                return self.speculative_step(batch, arm)
         self._flush_hidden()  # the drafter sees every earlier token's hidden state before it drafts
         return speculative_step(self, batch, arm)
 
@@ -370,33 +384,48 @@ class Engine:
     def _flush_hidden(self) -> None:
         """Hand the stashed plain steps' hidden states to the hook: one [B, W] block per window, in token order (a
         row emits 1 token per step until it finishes, then 0, so its kept entries are a prefix)."""
-        pend, self._pending_hidden = self._pending_hidden, []
-        if pend:
+        if self._pending_hidden:
+            pend, self._pending_hidden = self._pending_hidden, []
             n = torch.stack([p[2] for p in pend], 1)  # [B, W]
             self._emit_hidden(pend[0][3], torch.stack([p[0] for p in pend], 1), torch.stack([p[1] for p in pend], 1),
                               n.sum(1))
 
     def _emit_hidden(self, batch: int, toks: torch.Tensor, hidden: torch.Tensor, n_kept: torch.Tensor,
                      n_host: list[int] | None = None) -> None:
-        """toks [B, K], hidden [B, K, H or (k+1)H], n_kept [B]: the first n_kept[b] entries of each row go to the hook.
-        n_host: the same counts already read to the host (a speculative step's one read), so that the rows are picked
-        with a host-built index and no further device sync (a boolean mask costs three)."""
+        """toks [B', K], hidden [B', K', H or (k+1)H], n_kept [B]: the first n_kept[b] entries of rows b < batch (at
+        most min(K, K')) go to the hook (rows past the batch, a graph's padding, are never read). n_host: the same
+        counts already read to the host (a speculative step's one read): the rows are then picked with a host-built
+        index of both tensors, one upload, no further device sync (a boolean mask costs three) and no view of the
+        inputs (a graph's static outputs: their flat view is kept); the hook's seq ids carry their runs
+        (drafter/buffer.SeqIds)."""
         assert self.hidden_hook is not None
-        rows = range(min(batch, self.n_active))
+        rows = min(batch, self.n_active)
         if n_host is None:
             keep = self._cols[: toks.shape[1]][None, :] < n_kept[:, None]
             counts = keep.sum(1).tolist()
-            seq = [self.row_seq[b] for b in rows for _ in range(counts[b])]
+            seq = [self.row_seq[b] for b in range(rows) for _ in range(counts[b])]
             self.hidden_hook(seq, toks[keep], hidden[keep])
             return
-        k = toks.shape[1]
-        n_host = [min(n_host[b], k) for b in rows]  # as the mask above: at most the K columns given
-        flat = np.concatenate([np.arange(b * k, b * k + n_host[b]) for b in rows] or [np.zeros(0, np.int64)])
-        idx = torch.from_numpy(flat.astype(np.int64))
-        idx = idx.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else idx
-        seq = [self.row_seq[b] for b in rows for _ in range(n_host[b])]
-        self.hidden_hook(seq, toks.reshape(-1).index_select(0, idx),
-                         hidden.flatten(0, 1).index_select(0, idx))
+        kt, kh = toks.shape[1], hidden.shape[1]
+        k = min(kt, kh)
+        at_t: list[int] = []  # flat index of each kept entry in toks (Python: ~16 entries)
+        runs, seq = [], []
+        for b, (sid, c) in enumerate(zip(self.row_seq[:rows], n_host[:rows], strict=True)):
+            if c:
+                c = min(c, k)
+                at_t += range(b * kt, b * kt + c)
+                runs.append((sid, c))
+                seq += [sid] * c
+        if kh == kt:  # the same flat index in both (a chain verified at its own width)
+            it = ih = self._hook_stage.put(at_t)[0]
+        else:
+            it, ih = self._hook_stage.put(at_t, [i // kt * kh + i % kt for i in at_t])
+        kept = self._hook_flat
+        flat = kept[1] if kept is not None and kept[0] is hidden else hidden.flatten(0, 1)
+        if hidden.is_contiguous():  # a view: still this tensor's rows at the next step (a copy would not be)
+            self._hook_flat = (hidden, flat)
+        key = (self._rows_version, rows) if len(runs) == rows else None  # every row: its sequences are row_seq's
+        self.hidden_hook(SeqIds(runs, seq, key), torch.take(toks, it), flat.index_select(0, ih))
 
     # --------------------------------------------------------------------------------------------------- sync
     def sync(self, results: dict[tuple[int, int], SequenceResult], on_finish: FinishCallback | None = None) -> None:
@@ -465,6 +494,7 @@ class Engine:
         ctl = self.adaptive
         use_spec = ctl is None and self.spec.mode == "on" and self.proposer is not None
         self.histories = {r: [list(req.prompt) for _ in range(req.params.n)] for r, req in enumerate(requests)}
+        self._rows_version = next(_ROWS_VERSIONS)  # new token lists: contexts built on the old ones are stale
         self.accept_stats = AcceptanceStats()
         self.tail.reset()
         self._done_host = None

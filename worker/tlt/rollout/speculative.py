@@ -10,6 +10,9 @@ On CUDA the body is replayed from a graph per (batch bucket, arm shape, sampling
 whenever the drafter's frozen config fixes its branching (`topk`: n-gram, small model, EAGLE); a drafter without
 one runs the body eagerly after reading its tree's bounds (host syncs). What remains per step outside the graph:
 the drafter's own work, copying its proposal into the graph's buffers, and the hidden-state hook's gathers.
+Everything from the read to the next step's replay leaves the GPU idle (bench/spec_host.py measures it), so that
+host path is kept short: the DraftContext is reused while the rows stay (`draft_context`), a chain's kept nodes
+are 0..n-1 (the hook indexes its tensors directly, one upload), and the per-row bookkeeping is Python on host ints.
 
 `Engine.speculative_step(batch, arm)` calls `speculative_step(engine, batch, arm)`; see rollout/engine.py.
 Run the tests: `python -m pytest tests/engine/test_engine_spec_greedy.py tests/spec tests/adaptive -q`.
@@ -42,6 +45,34 @@ def row_filters(params: Sequence[tuple[float, float, int]]) -> tuple[int, bool]:
     return k, any(p[1] < 1.0 for p in params)
 
 
+def draft_context(engine: Engine, batch: int, nodes: int, depth: int) -> tuple[DraftContext, list[list[int]]]:
+    """The DraftContext of rows 0..batch-1, reused until the rows change (prefill, sync, a new generate() bump
+    engine._rows_version): its histories are the engine's own token lists, which only grow, so the same object stays
+    valid from step to step, and drafters can cache per context (EagleProposer: the rows' slots and settings).
+    -> (the context, its histories: the engine's lists, which the step extends)."""
+    key = (engine._rows_version, batch, nodes, depth)
+    hit = engine._spec_ctx
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    st = engine.rows
+    seqs = engine.row_seq[:batch]
+    hists = [engine.histories[r][s] for r, s in seqs]
+    ctx = DraftContext(
+        histories=hists,
+        prompt_lens=engine.row_plen[:batch].tolist(),
+        group_ids=[r for r, _ in seqs],
+        sample_ids=[s for _, s in seqs],
+        max_nodes=nodes,
+        max_depth=depth,
+        device=engine.device,
+        groups=engine.histories,
+        sampling=RowParams(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
+        filters=row_filters(engine.row_params[:batch]),
+    )
+    engine._spec_ctx = (key, ctx, hists)
+    return ctx, hists
+
+
 def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> StepStats:
     """Engine.speculative_step (module docstring)."""
     if arm is None:
@@ -53,22 +84,9 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
     if proposer is None:
         raise RuntimeError(f"speculative_step needs a proposer (arm {arm.name if arm else None})")
     t0 = engine.clock()
-    st = engine.rows
     if not engine._hist_fresh:
         engine._sync_histories(batch)
-    seqs = engine.row_seq[:batch]
-    ctx = DraftContext(
-        histories=[engine.histories[r][s] for r, s in seqs],
-        prompt_lens=engine.row_plen[:batch].tolist(),
-        group_ids=[r for r, _ in seqs],
-        sample_ids=[s for _, s in seqs],
-        max_nodes=nodes,
-        max_depth=depth,
-        device=engine.device,
-        groups=engine.histories,
-        sampling=RowParams(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
-        filters=row_filters(engine.row_params[:batch]),
-    )
+    ctx, hists = draft_context(engine, batch, nodes, depth)
     prop = proposer.propose(ctx)
     n_nodes = prop.num_nodes
     if n_nodes > engine.max_nodes or prop.tokens.shape[0] != batch:
@@ -79,6 +97,7 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
         d = min(depth, width - 1)
         out = graphs.run(engine, prop, batch, width=width, depth=d, topk=topk)
         rr = engine.bucket(batch)  # rows of the packed result
+        is_chain = topk == 1
     else:
         d = min(depth, n_nodes - 1)
         if topk is None:  # no fixed branching: read the tree's bounds once (host syncs); the body needs them static
@@ -96,28 +115,39 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
         rr = batch
     d_max = max(d, 1)
     packed = out.packed.tolist()  # the step's one device -> host read (layout: rollout/spec_body.py)
-    n_host, done_host = packed[:batch], packed[rr : rr + batch]
+    n_host = packed[:batch]
     if engine.hidden_hook is not None:  # root + the accepted nodes that were kept (the last kept token is the new root)
-        kept = out.kept[:batch]
-        hid = out.hidden[:batch]
-        engine._emit_hidden(batch, prop.tokens.gather(1, kept.clamp_max(n_nodes - 1)),
-                            hid.gather(1, kept[..., None].expand(-1, -1, hid.shape[-1])), out.n[:batch], n_host)
-    acc_host, dr_host = packed[2 * rr : 2 * rr + d_max], packed[2 * rr + d_max : 2 * rr + 2 * d_max]
-    active_rows, verify_nodes = packed[2 * rr + 2 * d_max : 2 * rr + 2 * d_max + 2]
-    toks = packed[2 * rr + 2 * d_max + 2 :]
+        if is_chain:  # a chain keeps nodes 0..n-1: no gather of the kept nodes
+            engine._emit_hidden(batch, prop.tokens, out.hidden, out.n, n_host)
+        else:
+            kept = out.kept[:batch]
+            hid = out.hidden[:batch]
+            engine._emit_hidden(batch, prop.tokens.gather(1, kept.clamp_max(n_nodes - 1)),
+                                hid.gather(1, kept[..., None].expand(-1, -1, hid.shape[-1])), out.n[:batch], n_host)
+    at = 2 * rr  # per-position counts, then active rows and verify nodes, then the emitted tokens
+    acc_host, dr_host = packed[at: at + d_max], packed[at + d_max: at + 2 * d_max]
+    active_rows, verify_nodes = packed[at + 2 * d_max: at + 2 * d_max + 2]
     engine.accept_stats.add(active_rows, acc_host, dr_host, verify_nodes)
-    width = d + 1  # emitted-run columns per row
-    for b, (r, s) in enumerate(seqs):  # the histories follow without another device read
-        if n_host[b]:
-            engine.histories[r][s].extend(toks[b * width : b * width + n_host[b]])
-    engine.row_known[:batch] += np.asarray(n_host, dtype=np.int64)
-    engine._hist_fresh = batch == engine.n_active
-    engine._done_host = [bool(x) for x in done_host] if batch == engine.n_active else None
-    engine.row_hi[:batch] = np.minimum(engine.row_hi[:batch] + np.asarray(n_host, dtype=np.int64), engine.row_cap[:batch])
+    width, at = d + 1, at + 2 * d_max + 2  # emitted-run columns per row
+    known, hi, cap = engine.row_known, engine.row_hi, engine.row_cap
+    small = batch <= 16  # Python per row beats numpy's per-call cost at the batches SD runs at
+    for b, (hist, n) in enumerate(zip(hists, n_host, strict=True)):  # the histories follow, no other device read
+        if n:
+            o = at + b * width
+            hist.extend(packed[o: o + n])
+            if small:
+                known[b] += n
+                hi[b] = min(hi[b] + n, cap[b])
+    if not small:
+        n_arr = np.array(n_host, dtype=np.int64)
+        known[:batch] += n_arr
+        np.minimum(hi[:batch] + n_arr, cap[:batch], out=hi[:batch])
+    full = batch == engine.n_active
+    engine._hist_fresh = full
+    engine._done_host = packed[rr: rr + batch] if full else None
     while dr_host and dr_host[-1] == 0:  # positions no row drafted
         dr_host.pop()
         acc_host.pop()
     return StepStats("spec", engine.n_active, batch, n_nodes, sum(n_host), sum(acc_host), engine.clock() - t0,
                      arm=arm.name if arm is not None else None, accepted_pos=tuple(acc_host),
                      drafted_pos=tuple(dr_host))
-

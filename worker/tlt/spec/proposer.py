@@ -1,6 +1,8 @@
 """The drafter interface: what the engine tells a drafter each speculative step, and what it gets back.
 
-The engine builds one `DraftContext` per speculative step for its active batch and calls `proposer.propose(ctx)`;
+The engine builds one `DraftContext` for its active batch and calls `proposer.propose(ctx)` every speculative step,
+reusing the same object while the batch's rows stay (its histories are the engine's token lists, which grow in place;
+a drafter may cache per context object, e.g. the rows' slots or settings);
 the returned `DraftProposal` (types.py) goes, with the target's verify forward, to verify.py. Drafters: the n-gram
 drafter (ngram.py), the engine's small-model drafter and the EAGLE drafter implement `Proposer`; they share nothing
 else with the verifier.
