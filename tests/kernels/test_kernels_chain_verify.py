@@ -1,9 +1,10 @@
 """The fused chain verifier (worker/tlt/kernels/chain_verify.py) against its definition, verify_sampling(
 processed_probs(logits, T)) of a chain, with the same uniforms and noise: tokens, num_emitted and accepted_nodes
 exactly, log-probs to 1e-5, over seeds, temperatures, ragged counts (root-only rows), drafters with and without q,
-full acceptance (q = p), early rejection (q disjoint from p), a depth bound below the chain and several vocabulary
-tiles. CPU cases run in Triton's interpreter (tests/conftest.py); the `gpu` case runs compiled at SmolLM2's vocabulary
-in bf16, and the engine case checks that spec_body's routing changes no token (same generator draws).
+full acceptance (q = p), early rejection (q disjoint from p), a rejection with an all-zero residual, a depth bound
+below the chain, several vocabulary tiles and several parallel chunks (boundaries inside a tile, ties across
+chunks). CPU cases run in Triton's interpreter (tests/conftest.py); the `gpu` case runs compiled at SmolLM2's
+vocabulary in bf16, and the engine case checks that spec_body's routing changes no token (same generator draws).
 Run: python -m pytest tests/kernels/test_kernels_chain_verify.py -q   (GPU: add -m gpu)"""
 
 from __future__ import annotations
@@ -66,11 +67,11 @@ def _case(r: int, w: int, v: int, seed: int, drafter: str, temp: float, device: 
 
 
 def _both(logits: torch.Tensor, prop: DraftProposal, uniforms: torch.Tensor, noise: torch.Tensor, depth: int,
-          temp: float, block_v: int | None = None) -> tuple[VerifyResult, VerifyResult]:
+          temp: float, block_v: int | None = None, chunk_v: int | None = None) -> tuple[VerifyResult, VerifyResult]:
     want = verify_sampling(prop, processed_probs(logits, temp), max_depth=depth, max_children=1, uniforms=uniforms,
                            noise=noise)
     got = chain_verify(logits, prop.tokens, prop.counts, prop.draft_probs, depth, temp, uniforms=uniforms,
-                       noise=noise, block_v=block_v)
+                       noise=noise, block_v=block_v, chunk_v=chunk_v)
     return want, got
 
 
@@ -86,8 +87,9 @@ def _assert_same(want: VerifyResult, got: VerifyResult) -> None:
 def test_equals_verify_sampling(temp: float, drafter: str) -> None:
     emitted = []
     for seed, v in ((0, 137), (1, 97)):
+        # seed 1: four vocabulary tiles, the last one ragged, in three chunks of 48 columns (a boundary mid-tile)
         want, got = _both(*_case(5, 5, v, seed, drafter, temp), depth=4, temp=temp,
-                          block_v=32 if seed == 1 else None)  # seed 1: four vocabulary tiles, the last one ragged
+                          block_v=32 if seed == 1 else None, chunk_v=48 if seed == 1 else None)
         _assert_same(want, got)
         emitted.append(want.num_emitted)
     n = torch.cat(emitted)
@@ -97,14 +99,14 @@ def test_equals_verify_sampling(temp: float, drafter: str) -> None:
 @pytest.mark.parametrize("temp", [0.7, 1.3])
 def test_full_acceptance_and_bonus(temp: float) -> None:
     logits, prop, uniforms, noise = _case(4, 5, 64, 3, "same", temp)
-    want, got = _both(logits, prop, uniforms, noise, depth=4, temp=temp)
+    want, got = _both(logits, prop, uniforms, noise, depth=4, temp=temp, block_v=16, chunk_v=64)  # 4 tiles, 1 chunk
     _assert_same(want, got)
     assert torch.equal(got.num_emitted, prop.counts)  # every draft accepted, plus the bonus
 
 
 def test_early_rejection_residual() -> None:
     logits, prop, uniforms, noise = _case(4, 4, 257, 5, "disjoint", 1.0)
-    want, got = _both(logits, prop, uniforms, noise, depth=3, temp=1.0, block_v=64)
+    want, got = _both(logits, prop, uniforms, noise, depth=3, temp=1.0, block_v=64)  # 5 chunks of one tile
     _assert_same(want, got)
     assert torch.equal(got.num_emitted, torch.ones(4, dtype=torch.int64))
     assert bool((got.tokens[:, 0] < 257 // 2).all())  # recovered from the residual = p's half of the vocabulary
@@ -147,14 +149,42 @@ def test_gpu_smollm2_vocab_bf16(drafter: str) -> None:
     assert bad <= max(1, rows * 5 // 10_000), f"{bad} of {rows} rows differ"
 
 
-def test_race_ties_pick_the_first_index_across_tiles() -> None:
-    """Equal weights / noise in tiles 0 and 2 (and twice inside tile 2): torch.argmax's first index wins."""
+@pytest.mark.parametrize("chunk_v", [None, 40, 96])
+def test_race_ties_pick_the_first_index_across_tiles(chunk_v: int | None) -> None:
+    """Equal weights / noise in tiles 0 and 2 (and twice inside tile 2): torch.argmax's first index wins, whether the
+    tie spans chunks (one per tile; 40 columns: 5 in chunk 0, 70 and 75 in chunk 1) or lies inside one (96)."""
     logits = torch.zeros(1, 2, 96)
     logits[0, :, [5, 70, 75]] = 4.0
     prop = DraftProposal(torch.zeros(1, 2, dtype=torch.int64), torch.tensor([[-1, -1]]), torch.tensor([1]))
-    want, got = _both(logits, prop, torch.rand(1, 1), torch.ones(1, 96), depth=1, temp=1.0, block_v=32)
+    want, got = _both(logits, prop, torch.rand(1, 1), torch.ones(1, 96), depth=1, temp=1.0, block_v=32,
+                      chunk_v=chunk_v)
     _assert_same(want, got)
     assert int(got.tokens[0, 0]) == 5
+
+
+def test_all_zero_residual_falls_back_to_p() -> None:
+    """p = q = 1/2 on tokens 3 and 40 (chunks 0 and 2 of 16 columns) and u = 1: the draft 3 is rejected with an
+    all-zero residual, so row 0 draws from p (40 by its noise; the residual race alone would give 0). Row 1's q is
+    one-hot on 3: its residual, 1/2 on 40, wins over p's race, which its noise sends to 3."""
+    logits = torch.full((2, 2, 48), -1.0e4)
+    logits[:, :, [3, 40]] = 0.0
+    q = torch.zeros(2, 2, 48)
+    q[0, :, [3, 40]] = 0.5
+    q[1, :, 3] = 1.0
+    prop = DraftProposal(torch.tensor([[0, 3], [0, 3]]), torch.tensor([[-1, 0], [-1, 0]]), torch.tensor([2, 2]), q)
+    noise = torch.ones(2, 48)
+    noise[0, 40] = 0.5
+    noise[1, 3] = 0.1
+    want, got = _both(logits, prop, torch.ones(2, 1), noise, depth=1, temp=1.0, block_v=16, chunk_v=16)
+    _assert_same(want, got)
+    assert got.tokens.tolist() == [[40, 0], [40, 0]] and got.num_emitted.tolist() == [1, 1]
+
+
+def test_default_chunk_fills_the_gpu() -> None:
+    """Batch 8 at V = 49152: one 2048-column tile per chunk (192 race programs); batch 64: 6 tiles (256 programs)."""
+    assert cv.default_chunk(8, 49152, 2048) == 2048
+    assert cv.default_chunk(64, 49152, 2048) == 6 * 2048
+    assert cv.default_chunk(1, 100, 128) == 128
 
 
 @pytest.mark.parametrize("drafter", ["small", "ngram"])
