@@ -56,6 +56,7 @@ from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rollout.adaptive_loop import TailBudget, TailHook
 from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.speculative import row_filters
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
 
 log = logging.getLogger("drafter_online")
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
              for role, d in drafters.items() for arm in (CHAIN, TREE)}
     for (_, arm), p in props.items():
         if arm == CHAIN:
-            p.capture_chain(range(1, a.eval_batch + 1), depth=6)
+            p.capture_chain(range(1, a.eval_batch + 1), depth=6, filters=row_filters([(a.temperature, 1.0, 0)]))
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     points: list[dict[str, Any]] = []

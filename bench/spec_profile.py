@@ -47,6 +47,7 @@ from worker.tlt.model.load import load_gguf, smollm2_gguf_path
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout import speculative
 from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.speculative import row_filters
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
 
 SYNC_APIS = ("item", "tolist", "cpu")  # torch.Tensor methods that block the host on a CUDA tensor
@@ -203,7 +204,8 @@ def make_engine(model: Transformer, eos: tuple[int, ...], prop: EagleProposer | 
                  spec=spec, proposer=prop, hidden_hook=prop.observe if prop is not None else None)
     eng.warmup(a.batch, max_len, params=params)
     if prop is not None:
-        prop.capture_chain(range(1, a.batch + 1), a.depth)  # every bucket the shrinking batch will use
+        # every bucket the shrinking batch will use, for the rows' settings (DraftContext.filters)
+        prop.capture_chain(range(1, a.batch + 1), a.depth, row_filters([(params.temperature, params.top_p, params.top_k)]))
     return eng
 
 

@@ -214,9 +214,9 @@ class ChainSpy(SmallModelProposer):
 
     def __init__(self) -> None:
         super().__init__(DRAFTER)
-        self.captured: list[tuple[list[int], int, tuple[int, bool]]] = []
+        self.captured: list[tuple[list[int], int, tuple[int, bool, float]]] = []
 
-    def capture_chain(self, batches: list[int], depth: int, filters: tuple[int, bool]) -> int:
+    def capture_chain(self, batches: list[int], depth: int, filters: tuple[int, bool, float]) -> int:
         self.captured.append((list(batches), depth, filters))
         return len(batches)
 
@@ -240,7 +240,7 @@ def test_warmup_captures_every_chain_arm_the_switch_can_reach() -> None:
                 want.setdefault(min(a.depth, a.verify_tokens - 1), set()).add(n)
     assert want, "the arms table has small-model chain arms"
     assert {d: set(b) for b, d, _ in spy.captured} == want
-    assert {f for _, _, f in spy.captured} == {(50, True)}
+    assert {f for _, _, f in spy.captured} == {(50, True, 1.0)}
     assert max(max(b) for b, _, _ in spy.captured) <= off_at < 16
     spy.captured.clear()
     eng._warmup_drafts(16, ("mixed",))

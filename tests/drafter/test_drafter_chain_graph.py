@@ -177,7 +177,7 @@ def test_graph_plumbing_pads_to_the_bucket_and_matches_eager(tiny_target: Transf
             if temperature == 0.0 or bucket == len(lengths):
                 assert torch.equal(a.tokens, b.tokens)
             _assert_same_q(a, b)
-        assert list(graphed._graphs) == [(bucket, k, (-1, True))]
+        assert list(graphed._graphs) == [(bucket, k, (-1, True, -1.0))]
 
 
 @pytest.mark.gpu
@@ -200,7 +200,7 @@ def test_graphed_chain_equals_eager_and_never_syncs(tiny_target: Transformer, te
     graphed = _filled(d, EagleProposerConfig(topk=1, context=16), hist)
     ctx = _ctx(hist, 6, temperature, dev)
     graphed.propose(ctx)  # captures (batch bucket, depth 6)
-    assert list(graphed._graphs) == [(4, 6, (-1, True))]
+    assert list(graphed._graphs) == [(4, 6, (-1, True, -1.0))]
     for _ in range(3):
         state = graphed.gen.get_state()
         eager.gen.set_state(state)

@@ -59,7 +59,8 @@ Chain = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # tokens,
 def _chain(p: EagleProposer, x: Inputs, k: int) -> Chain:  # every row greedy (temperature 0)
     b, dev = x.toks.shape[0], x.toks.device
     return p.chain_draft_no_sync(x.toks, x.feats, x.m, x.hist_len, torch.zeros(b, device=dev),
-                                 torch.ones(b, device=dev), torch.zeros(b, dtype=torch.int64, device=dev), k, (0, False))
+                                 torch.ones(b, device=dev), torch.zeros(b, dtype=torch.int64, device=dev), k,
+                                 (0, False, -1.0))
 
 
 @dataclass

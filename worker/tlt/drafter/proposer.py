@@ -63,12 +63,12 @@ class EagleProposer:
         self.gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
         self.features = FeatureRing(self.config.context, drafter.feature_dim, self.device)
         # (batch bucket, depth, DraftContext.filters) -> captured chain draft
-        self._graphs: dict[tuple[int, int, tuple[int, bool]], ChainGraph] = {}
+        self._graphs: dict[tuple[int, int, tuple[int, bool, float]], ChainGraph] = {}
         # graph key -> [Bb*W + Bb*(2W+2)] int64: the ring index of every entry, then the graph's `packed` (a view)
-        self._staged: dict[tuple[int, int, tuple[int, bool]], torch.Tensor] = {}
+        self._staged: dict[tuple[int, int, tuple[int, bool, float]], torch.Tensor] = {}
         # (graph key, batch) -> the graph's buffers sliced to the batch: (ring index, feats, temp, top_p, top_k, out)
-        self._views: dict[tuple[tuple[int, int, tuple[int, bool]], int], tuple[Any, ...]] = {}
-        self._sampled: dict[tuple[int, int, tuple[int, bool]], object] = {}  # graph key -> ctx.sampling copied in
+        self._views: dict[tuple[tuple[int, int, tuple[int, bool, float]], int], tuple[Any, ...]] = {}
+        self._sampled: dict[tuple[int, int, tuple[int, bool, float]], object] = {}  # graph key -> ctx.sampling copied in
         self._stage = HostStage(self.device)  # the packed inputs -> a graph's buffer, every draft
         self._pool: object | None = None  # one memory pool shared by this proposer's graphs
 
@@ -141,7 +141,8 @@ class EagleProposer:
         top_p: torch.Tensor,  # [B] float32
         top_k: torch.Tensor,  # [B] int64
         k: int,  # tokens to draft (>= 1)
-        filters: tuple[int, bool] = (-1, True),  # DraftContext.filters: (common top-k, 0 none, -1 per row; top-p)
+        filters: tuple[int, bool, float] = (-1, True, -1.0),  # DraftContext.filters: (common top-k, 0 none, -1 per
+        #   row; any top-p; common temperature > 0 or -1)
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """k + 1 drafter forwards with fixed shapes, no host sync (graph-capturable).
         -> tokens [B, k+1], parents [B, k+1], counts [B], draft_probs [B, k+1, V] (DraftProposal fields)."""
@@ -152,10 +153,11 @@ class EagleProposer:
         o, kv, valid, last_pos = self._context_forward(toks, feats, m, hist_len, kv)
         attend = torch.cat([valid, torch.ones(bsz, k - 1, dtype=torch.bool, device=dev)], dim=1)  # [B, W + k - 1]
         drafts, qs = [], []
-        common_k, use_p = filters
+        common_k, use_p, common_t = filters
         row_k = top_k if common_k < 0 else common_k  # a number: skipped (0) or torch.topk, no sort
+        row_t = temp if common_t <= 0.0 else common_t  # a number: softmax(logits / T), no per-row greedy one-hot
         for step in range(k):
-            q = processed_probs(d.logits(o[:, 0]).float(), temp, top_p if use_p else 1.0, row_k)
+            q = processed_probs(d.logits(o[:, 0]).float(), row_t, top_p if use_p else 1.0, row_k)
             tok = sample(q, self.gen)
             drafts.append(tok)
             qs.append(q)
@@ -238,7 +240,8 @@ class EagleProposer:
         return DraftProposal(*out)
 
     @torch.no_grad()
-    def capture_chain(self, batches: Sequence[int], depth: int, filters: tuple[int, bool] = (0, False)) -> int:
+    def capture_chain(self, batches: Sequence[int], depth: int,
+                      filters: tuple[int, bool, float] = (0, False, -1.0)) -> int:
         """Capture the chain graphs of these batch sizes' buckets at `depth` ahead of time (so that no capture lands
         inside a timed rollout) for rows sampling with these filters (DraftContext.filters; default: no top-k, no
         top-p); returns how many were captured. No-op off CUDA."""
@@ -250,7 +253,7 @@ class EagleProposer:
             self._graphs[(bb, depth, filters)] = self._capture(bb, depth, filters)
         return len(todo)
 
-    def _capture(self, bb: int, k: int, filters: tuple[int, bool]) -> ChainGraph:
+    def _capture(self, bb: int, k: int, filters: tuple[int, bool, float]) -> ChainGraph:
         """Capture the chain draft of `k` tokens for a batch bucket `bb` (static buffers allocated here)."""
         w, dev = self.config.context, self.device
         staged = self._staged[(bb, k, filters)] = torch.zeros(bb * w + bb * (2 * w + 2), dtype=torch.int64,

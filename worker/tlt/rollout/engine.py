@@ -283,7 +283,7 @@ class Engine:
         only at draft time)."""
         if mode[0] == "mixed":
             return
-        filters = row_filters([mode[1:]]) if mode[0] == "uniform" else (0, False)  # greedy rows: no filter
+        filters = row_filters([mode[1:]]) if mode[0] == "uniform" else (0, False, -1.0)  # greedy rows: no filter
         plan: dict[int, tuple[Proposer, dict[int, set[int]]]] = {}  # id(proposer) -> (proposer, depth -> batches)
 
         def want(prop: Proposer | None, depth: int, n: int) -> None:

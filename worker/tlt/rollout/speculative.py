@@ -38,11 +38,13 @@ if TYPE_CHECKING:
     from worker.tlt.rollout.engine import Engine
 
 
-def row_filters(params: Sequence[tuple[float, float, int]]) -> tuple[int, bool]:
+def row_filters(params: Sequence[tuple[float, float, int]]) -> tuple[int, bool, float]:
     """DraftContext.filters from the rows' host-side (temperature, top_p, top_k)."""
     ks = {int(p[2]) for p in params}
     k = ks.pop() if len(ks) == 1 else -1
-    return k, any(p[1] < 1.0 for p in params)
+    ts = {float(p[0]) for p in params}
+    t = ts.pop() if len(ts) == 1 else -1.0
+    return k, any(p[1] < 1.0 for p in params), t if t > 0.0 else -1.0
 
 
 def draft_context(engine: Engine, batch: int, nodes: int, depth: int) -> tuple[DraftContext, list[list[int]]]:

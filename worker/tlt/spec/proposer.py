@@ -46,10 +46,11 @@ class DraftContext:
     # lists (no copy) and drafters index them incrementally. None: only the active histories are known.
     groups: Mapping[int, Sequence[Sequence[int]]] | None = None
     sampling: SamplingParams | None = None  # the target's per-row settings, for drafters that sample
-    # the rows' top-k / top-p as the host knows them: (k, any row filters by top-p) with k = 0 when no row filters by
-    # top-k, the rows' common k, or -1 when rows differ. A drafter skips a filter no row uses and takes one k as a
-    # number (torch.topk), so it sorts the vocabulary per draft token only where per-row settings need it
-    filters: tuple[int, bool] = (-1, True)
+    # the rows' sampling settings as the host knows them: (k, any row filters by top-p, T) with k = 0 when no row
+    # filters by top-k, the rows' common k, or -1 when rows differ; T the rows' common temperature when it is > 0,
+    # else -1 (rows differ, or greedy rows). A drafter skips a filter no row uses and takes one k and one T as numbers
+    # (torch.topk; no per-row temperature and greedy handling), so per-row work runs only where settings differ
+    filters: tuple[int, bool, float] = (-1, True, -1.0)
     hidden: torch.Tensor | None = None  # [B, T, H] target hidden states at each row's last T positions (EAGLE)
     hidden_lens: torch.Tensor | None = None  # [B] int64 valid positions in `hidden` (right-aligned)
 
