@@ -60,7 +60,7 @@ class SpecOut:
 
 
 def fused_chain_verify(logits: torch.Tensor, mode: Mode, *, chain: bool, topk: int) -> bool:
-    """Whether acceptance runs in kernels/chain_verify.py (2 Triton kernels) instead of processed_probs +
+    """Whether acceptance runs in kernels/chain_verify.py (3 Triton kernels) instead of processed_probs +
     verify_sampling (~10 torch kernels per depth, ~1 ms per step on an H200 at batch 8, depth 6): a chain sampled
     with one temperature and no top-k / top-p, on CUDA with triton (CPU keeps the torch path the tests compare to)."""
     if not (chain and topk == 1 and logits.is_cuda and mode[0] == "uniform") or fused_available(logits.device):
