@@ -21,13 +21,20 @@ Tests: `python -m pytest tests/kernels/test_kernels_layer.py tests/kernels/test_
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.kernels.common import Config, config_for, dot_precision, pdl_args, prefetch, wait_for_previous
+from worker.tlt.kernels.common import (
+    Config,
+    config_for,
+    dot_precision,
+    pdl_args,
+    prefetch,
+    prefetch_lines,
+    wait_for_previous,
+)
 
 EMPTY_MAX = -1.0e30  # running max before any allowed column (finite: exp(EMPTY_MAX - m) is exactly 0, no NaN)
 
@@ -176,8 +183,7 @@ def cache_attention(
     else:
         part_acc = part_ml = counters = out  # not read
     mask_u8 = mask.view(torch.uint8)
-    epl = max(1, 128 // ck.element_size())  # elements per 128-byte line; a column of D spans kv_lines of them
-    kv_lines = triton.next_power_of_2(triton.cdiv(d, epl)) if os.environ.get("TLT_PREFETCH", "1") != "0" else 0
+    kv_lines, epl = prefetch_lines(d, ck)  # a cache column of D elements spans kv_lines 128-byte lines
     _attention_kernel[(m, n_kv, n_splits)](
         q, ck, cv, mask_u8, widx, out, part_acc, part_ml, counters,
         mask.shape[1], row0, tk, n_splits, 1.0 / math.sqrt(d),

@@ -164,7 +164,8 @@ def prefetch_rows(w_ptr, rows, stride_wn, K, LINES: tl.constexpr, EPL: tl.conste
 
 
 def prefetch_lines(k: int, w: torch.Tensor) -> tuple[int, int]:
-    """(LINES, EPL) of `prefetch_rows` for rows of k elements of w's dtype (LINES 0 with TLT_PREFETCH=0)."""
+    """(LINES, EPL) for prefetching rows of k elements of w's dtype (weight rows, cache columns): EPL elements per
+    128-byte line, LINES a power of 2 >= k / EPL (0 with TLT_PREFETCH=0)."""
     epl = max(1, 128 // w.element_size())
     if os.environ.get("TLT_PREFETCH", "1") == "0":
         return 0, epl
