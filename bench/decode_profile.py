@@ -142,3 +142,7 @@ def render(rows: list[dict]) -> str:
         lines += [f"| {g['category']} | {g['count']:.0f} | {g['us']:.0f} | "
                   + "; ".join(f"{n} ({us:.0f}, {c:.0f})" for us, c, n in g["top"]) + " |" for g in r["replay_kernels"]]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

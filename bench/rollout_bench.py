@@ -198,7 +198,8 @@ def render(res: dict, a: argparse.Namespace) -> str:
             g = row.get(kind, {})
             if g.get("replay_ms") is not None:
                 res["notes"].append(f"decode batch {b}, {kind}: {g['step_ms']:.3f} ms per step in the decode loop, "
-                                    f"{g['replay_ms']:.3f} ms GPU per replayed step; {g.get('kernel_configs', '')}")
+                                    f"{g['replay_ms']:.3f} ms GPU per replayed step, prefill "
+                                    f"{1e3 * g.get('prefill_s', 0.0):.1f} ms; {g.get('kernel_configs', '')}")
         lines.append(f"| decode tok/s, batch {b}, {a.decode_tokens} new tokens | {fmt(ours)} | {fmt(ot)} | {fmt(oc)} "
                      f"| {fmt(hd)} "
                      f"| {fmt(hs)} | {fmt(mine / best) + 'x' if best else '—'} |")

@@ -93,3 +93,28 @@ def test_fused_max_seqs_routes_large_batches_to_torch(monkeypatch: pytest.Monkey
         logits, _, _ = step.forward_hidden(ids, pos, engine.cache, write_idx=pos, attn_mask=mask)
         assert logits.shape == (b, s, model.args.vocab_size)
     assert torch_calls == [4, 3]
+
+
+def test_small_prefill_chunks_run_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill chunk of at most FUSED_PREFILL_TOKENS padded tokens runs the fused kernels (a batch-1 prompt was a
+    host-bound torch forward), a larger one the model's torch forward; both give the same first tokens."""
+    from worker.tlt.rollout import prefill as prefill_mod
+
+    model = tiny_target()
+    torch_calls: list[tuple[int, int]] = []
+    torch_forward = model.forward_hidden
+
+    def spy(ids: torch.Tensor, *a: object, **kw: object) -> object:
+        torch_calls.append(tuple(ids.shape))
+        return torch_forward(ids, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model, "forward_hidden", spy)
+    prompts = random_prompts(2, seed=4, hi=12)  # padded to 16 tokens each: one chunk of 2 x 16 = 32 tokens
+    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=1)) for p in prompts]
+    cfg = EngineConfig(max_len=64, max_slots=2, fused_kernels=True)
+    fused_first = [s.tokens for s in Engine(model, eos_ids=(257,), config=cfg).generate(reqs).sequences]
+    assert torch_calls == []
+    monkeypatch.setattr(prefill_mod, "FUSED_PREFILL_TOKENS", 31)
+    torch_first = [s.tokens for s in Engine(model, eos_ids=(257,), config=cfg).generate(reqs).sequences]
+    assert torch_calls == [(2, 16)]
+    assert fused_first == torch_first

@@ -2,6 +2,8 @@
 per distinct prompt (chunks of prompts within `EngineConfig.prefill_tokens`), the prompt's K/V copied to its
 siblings (the other samples of a GRPO group), the row state initialised, and each row's first token sampled.
 The hidden-state hook sees every prompt position (with `EngineConfig.capture_layers`, the captured layers too).
+With the fused kernels on, a chunk of at most FUSED_PREFILL_TOKENS padded tokens runs them too (the decode forward's
+path); larger chunks run the model's torch forward.
 
 `Engine.prefill(items, requests)` calls `prefill(engine, items, requests)`; see rollout/engine.py.
 """
@@ -20,6 +22,9 @@ from worker.tlt.rollout.types import Request, StepStats
 
 if TYPE_CHECKING:
     from worker.tlt.rollout.engine import Engine
+
+
+FUSED_PREFILL_TOKENS = 512  # padded prompt tokens up to which a prefill chunk runs the fused kernels
 
 
 def round_up(x: int, m: int) -> int:
@@ -56,7 +61,11 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
         pos = engine._cols[:s].expand(c, s)
         mask = (engine._cols[:s][None, :] <= engine._cols[:s][:, None])[None] & (engine._cols[:s] < plen[:, None])[:, None]
         layers = engine.hook_layers
-        logits, hidden, cap = engine.model.forward_hidden(
+        # a small chunk (a batch-1 prompt) in the fused kernels: torch's ~25 launches per layer made a 200-token
+        # GSM8K prompt a 16 ms prefill on an H200, host-bound; large chunks keep torch's GEMMs
+        small = engine.step.fused and c * s <= FUSED_PREFILL_TOKENS
+        forward = engine.step.forward_hidden if small else engine.model.forward_hidden
+        logits, hidden, cap = forward(
             ids, pos, engine.cache, cache_rows=slice(r0 + j, r0 + j + c), write_idx=pos, attn_mask=mask,
             logits_at=(plen - 1)[:, None], layers=layers,
         )
