@@ -3,13 +3,14 @@ Qwen2) (+ per-head q/k RMSNorm, Qwen3) + RoPE, storing q [M, Hq*D] and writing K
 at (row, head, write column).
 
 One program per (block of 16 tokens, tile of BLOCK_N output rows of one head): at 1 token, one program per head
-(15 for SmolLM2) leaves most SMs idle, 16-row tiles launch 4x as many. HF's rotate_half RoPE pairs column d with
-d +- D/2, which a register tile cannot permute, so each program also computes its rows' partners, the weight rows
-rotated by D/2 (`acc_rot[:, j] = output (h, (d_j + D/2) % D)`, the same dot products in the same order:
-bit-identical); then out = y * cos + y_rot * sin_signed with the model's sign-folded sin table. The rotation works
-per row, so any tile of a head does; the q/k RMSNorm (Qwen3) needs all D outputs of a head: a whole head per
-program there. Works for any power-of-2 head_dim >= 16. Without an input norm (ln_w None: EAGLE-1's drafter layer
-reads fc's output raw) the GEMM reads the x tiles as they are; the normed path is compiled exactly as before.
+(15 for SmolLM2) leaves most SMs idle, narrower tiles launch more. HF's rotate_half RoPE pairs column d with
+d +- D/2, which a register tile cannot permute, so a tile is made of pairs: BLOCK_N / 2 rows of the head's first
+half and their partners D/2 further on, two accumulators of the same dot products (bit-identical to a plain GEMM);
+then out_a = y_a * cos_a + y_b * sin_a and out_b = y_b * cos_b + y_a * sin_b with the model's sign-folded sin table.
+(An earlier layout computed every row's partner a second time: twice the weight reads and dots per program.) Each
+half is padded to 16 columns where BLOCK_N / 2 is smaller (tl.dot's minimum). The q/k RMSNorm (Qwen3) needs all D
+outputs of a head: a whole head per program there. Works for any power-of-2 head_dim >= 16. Without an input norm
+(ln_w None: EAGLE-1's drafter layer reads fc's output raw) the GEMM reads the x tiles as they are.
 Tests: `python -m pytest tests/kernels/test_kernels_layer.py tests/kernels/test_kernels_split.py -q`.
 """
 
@@ -42,24 +43,30 @@ def _qkv_rope_kernel(
     stride_xm, stride_wn, stride_rope, stride_cr, stride_ch, stride_ct,
     NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     QK_NORM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_GDC: tl.constexpr, LINES: tl.constexpr, EPL: tl.constexpr,
+    HALF_PAD: tl.constexpr, USE_GDC: tl.constexpr, LINES: tl.constexpr, EPL: tl.constexpr,
 ):
-    # a tile of BLOCK_N rows of the fused weight (q heads, then k heads, then v heads), inside one head h
+    # a tile of BLOCK_N output rows of one head h: BLOCK_N / 2 rows of its first half ("a") and their RoPE partners
+    # D / 2 further on ("b"), each half padded to HALF_PAD >= 16 columns for tl.dot
+    HALF: tl.constexpr = BLOCK_N // 2
     h = tl.program_id(1) * BLOCK_N // D
+    tile = tl.program_id(1) % (D // BLOCK_N)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
-    offs_d = tl.program_id(1) * BLOCK_N % D + tl.arange(0, BLOCK_N)  # the tile's columns within its head
-    rows = h * D + offs_d
-    rows_rot = h * D + (offs_d + D // 2) % D
+    j = tl.arange(0, HALF_PAD)
+    real = j < HALF
+    offs_a = tile * HALF + tl.minimum(j, HALF - 1)  # columns within the head (padding repeats the last: in range)
+    offs_b = offs_a + D // 2
+    rows_a = h * D + offs_a
+    rows_b = h * D + offs_b
     dt = q_ptr.dtype.element_ty
     if USE_GDC:
-        prefetch_rows(w_ptr, rows, stride_wn, K, LINES, EPL)
-        prefetch_rows(w_ptr, rows_rot, stride_wn, K, LINES, EPL)
+        prefetch_rows(w_ptr, rows_a, stride_wn, K, LINES, EPL)
+        prefetch_rows(w_ptr, rows_b, stride_wn, K, LINES, EPL)
     wait_for_previous(USE_GDC)
     if HAS_NORM:
         rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_rot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_a = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if HAS_NORM:
@@ -67,41 +74,50 @@ def _qkv_rope_kernel(
         else:  # the raw x tile (x is already in the model dtype)
             xt = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                          mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0).to(dt)
-        k_mask = offs_k[:, None] < K
-        w = tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)  # [BK, BN]
-        w_rot = tl.load(w_ptr + rows_rot[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)
-        acc += tl.dot(xt, w, input_precision=DOT_PREC)
-        acc_rot += tl.dot(xt, w_rot, input_precision=DOT_PREC)
+        k_mask = (offs_k[:, None] < K) & real[None, :]
+        w_a = tl.load(w_ptr + rows_a[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)  # [BK, HP]
+        w_b = tl.load(w_ptr + rows_b[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)
+        acc_a += tl.dot(xt, w_a, input_precision=DOT_PREC)
+        acc_b += tl.dot(xt, w_b, input_precision=DOT_PREC)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-        acc_rot += tl.load(b_ptr + rows_rot).to(tl.float32)[None, :]
-    y = rounded(acc, dt)  # the projection's output in the model dtype
-    y_rot = rounded(acc_rot, dt)
-    # head type as [BN] vectors (rows of a q / v head): masks and selects stay tensors of one shape
-    is_q = rows < NQ * D
-    is_v = rows >= (NQ + NKV) * D
-    is_k = ~is_q & ~is_v
+        acc_a += tl.load(b_ptr + rows_a).to(tl.float32)[None, :]
+        acc_b += tl.load(b_ptr + rows_b).to(tl.float32)[None, :]
+    y_a = rounded(acc_a, dt)  # the projection's output in the model dtype
+    y_b = rounded(acc_b, dt)
+    # head type (a tile lies in one head) as [HALF_PAD] vectors: masks and selects stay tensors of one shape
+    head = h + 0 * j
+    is_q = head < NQ
+    is_v = head >= NQ + NKV
     if QK_NORM:  # per-head RMSNorm over the D outputs (q_norm for q heads, k_norm for k heads); BLOCK_N == D
-        rs = 1.0 / tl.sqrt(tl.sum(y * y, axis=1) / D + eps)
-        nw = tl.where(is_q, tl.load(qn_w_ptr + offs_d), tl.load(kn_w_ptr + offs_d)).to(tl.float32)
-        nw_rot = tl.where(is_q, tl.load(qn_w_ptr + (offs_d + D // 2) % D),
-                          tl.load(kn_w_ptr + (offs_d + D // 2) % D)).to(tl.float32)
-        yn = rounded(rounded(y * rs[:, None], dt) * nw[None, :], dt)
-        yn_rot = rounded(rounded(y_rot * rs[:, None], dt) * nw_rot[None, :], dt)
-        y = tl.where(is_v[None, :], y, yn)
-        y_rot = tl.where(is_v[None, :], y_rot, yn_rot)
+        ss = tl.sum(tl.where(real[None, :], y_a * y_a + y_b * y_b, 0.0), axis=1)
+        rs = 1.0 / tl.sqrt(ss / D + eps)
+        nw_a = tl.where(is_q, tl.load(qn_w_ptr + offs_a), tl.load(kn_w_ptr + offs_a)).to(tl.float32)
+        nw_b = tl.where(is_q, tl.load(qn_w_ptr + offs_b), tl.load(kn_w_ptr + offs_b)).to(tl.float32)
+        y_a = tl.where(is_v[None, :], y_a, rounded(rounded(y_a * rs[:, None], dt) * nw_a[None, :], dt))
+        y_b = tl.where(is_v[None, :], y_b, rounded(rounded(y_b * rs[:, None], dt) * nw_b[None, :], dt))
+    # HF's apply_rope (x * cos, then addcmul with rotate_half(x) and the sign-folded sin); v rows pass through
     pos = tl.load(pos_ptr + offs_m, mask=m_mask, other=0)
-    cos = rounded(tl.load(cos_ptr + pos[:, None] * stride_rope + offs_d[None, :], mask=m_mask[:, None], other=0.0), dt)
-    sin = rounded(tl.load(sin_ptr + pos[:, None] * stride_rope + offs_d[None, :], mask=m_mask[:, None], other=0.0), dt)
-    out = tl.where(is_v[None, :], y, rounded(y * cos, dt) + y_rot * sin)  # apply_rope's x*cos, then addcmul
-    tl.store(q_ptr + offs_m[:, None] * (NQ * D) + rows[None, :], out.to(dt), mask=m_mask[:, None] & is_q[None, :])
+    rope = pos[:, None] * stride_rope
+    cos_a = rounded(tl.load(cos_ptr + rope + offs_a[None, :], mask=m_mask[:, None], other=0.0), dt)
+    sin_a = rounded(tl.load(sin_ptr + rope + offs_a[None, :], mask=m_mask[:, None], other=0.0), dt)
+    cos_b = rounded(tl.load(cos_ptr + rope + offs_b[None, :], mask=m_mask[:, None], other=0.0), dt)
+    sin_b = rounded(tl.load(sin_ptr + rope + offs_b[None, :], mask=m_mask[:, None], other=0.0), dt)
+    out_a = tl.where(is_v[None, :], y_a, rounded(y_a * cos_a, dt) + y_b * sin_a)
+    out_b = tl.where(is_v[None, :], y_b, rounded(y_b * cos_b, dt) + y_a * sin_b)
+    store = m_mask[:, None] & real[None, :]
+    q_row = offs_m[:, None] * (NQ * D)
+    tl.store(q_ptr + q_row + rows_a[None, :], out_a.to(dt), mask=store & is_q[None, :])
+    tl.store(q_ptr + q_row + rows_b[None, :], out_b.to(dt), mask=store & is_q[None, :])
     # K / V: cache[row0 + m // S, kv head, write_idx[m], :]
     col = tl.load(widx_ptr + offs_m, mask=m_mask, other=0)
     base = (row0 + offs_m // S).to(tl.int64) * stride_cr + col * stride_ct  # int64: caches pass 2**31 elements
-    kvh = tl.maximum(tl.where(h >= NQ + NKV, h - NQ - NKV, h - NQ), 0)  # q heads: masked, kept in range
-    cache_off = base[:, None] + kvh * stride_ch + offs_d[None, :]
-    tl.store(ck_ptr + cache_off, out.to(ck_ptr.dtype.element_ty), mask=m_mask[:, None] & is_k[None, :])
-    tl.store(cv_ptr + cache_off, out.to(cv_ptr.dtype.element_ty), mask=m_mask[:, None] & is_v[None, :])
+    kvh = tl.maximum(tl.where(is_v, head - NQ - NKV, head - NQ), 0)  # q heads: masked, kept in range
+    at = base[:, None] + (kvh * stride_ch)[None, :]
+    is_k = ~is_q & ~is_v
+    tl.store(ck_ptr + at + offs_a[None, :], out_a.to(ck_ptr.dtype.element_ty), mask=store & is_k[None, :])
+    tl.store(ck_ptr + at + offs_b[None, :], out_b.to(ck_ptr.dtype.element_ty), mask=store & is_k[None, :])
+    tl.store(cv_ptr + at + offs_a[None, :], out_a.to(cv_ptr.dtype.element_ty), mask=store & is_v[None, :])
+    tl.store(cv_ptr + at + offs_b[None, :], out_b.to(cv_ptr.dtype.element_ty), mask=store & is_v[None, :])
 
 
 def head_tile(block_n: int, d: int, *, qk_norm: bool) -> int:
@@ -147,6 +163,6 @@ def qkv_rope_cache(
         x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
         NQ=n_heads, NKV=n_kv, D=d, HAS_NORM=ln_w is not None, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
         DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
-        LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device, m),
+        HALF_PAD=max(16, block_n // 2), LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device, m),
     )
     return q
