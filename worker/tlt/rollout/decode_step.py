@@ -15,6 +15,11 @@ Sampling mode (what the processing depends on; fixed per captured graph, part of
 - `MIXED`: per-row settings read from RowState's temp / top_p / top_k tensors (fixed addresses); greedy rows
   report log_softmax, as in plain greedy decoding.
 
+With the fused forward on, GREEDY and uniform modes without top-p (and a top-k the kernels take) skip all of the
+above after the forward: kernels/sample_commit.py goes from the logits to the committed row state in two Triton
+kernels (the ~40 torch kernels of processing, pick, log-prob and commit are launch-bound at batch 1), with the same
+tokens for the same noise, which is still drawn outside, as above (`DecodeStep.samples_fused` says which path runs).
+
 Run the tests: `python -m pytest tests/engine/test_engine_decode_step.py -q`.
 """
 
@@ -27,6 +32,7 @@ from typing import Any
 
 import torch
 
+from worker.tlt.kernels import fused_available
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.kv_cache import KVCache
 from worker.tlt.rollout.state import RowState
@@ -118,20 +124,30 @@ class DecodeStep:
     `capture_layers`: the step's hidden output also carries those layers' inputs (`hook_rows`); `fused`: the cached
     forward (`forward_hidden`, also the verify forward's) runs worker/tlt/kernels' Triton kernels for calls of at
     most `fused_max_seqs` sequences (EngineConfig.fused_max_seqs; larger batches run torch), and only the tail is
-    compiled (dynamo would gain nothing on a forward that is already a few fused kernels per layer)."""
+    compiled (dynamo would gain nothing on a forward that is already a few fused kernels per layer); with it,
+    `fused_sampler` (on by default) samples and commits in kernels/sample_commit.py where it can
+    (`samples_fused`)."""
 
     def __init__(self, model: Transformer, cache: KVCache, rows: RowState, gen: torch.Generator, *,
                  compile_max_batch: int = 0, compiler: str = "inductor", compile_mode: str | None = None,
-                 capture_layers: tuple[int, ...] = (), fused: bool = False, fused_max_seqs: int = 64) -> None:
+                 capture_layers: tuple[int, ...] = (), fused: bool = False, fused_max_seqs: int = 64,
+                 fused_sampler: bool = True) -> None:
         self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
         self.capture_layers = capture_layers
         self.compile_max_batch = compile_max_batch
         self.fused_max_seqs = fused_max_seqs
         self._fused_forward: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]] | None = None
+        self._sample_commit: Callable[..., torch.Tensor] | None = None
+        self._sampler_takes: Callable[[int, int], bool] = lambda top_k, vocab: False
         if fused:
             from worker.tlt.kernels.forward import fused_forward_hidden  # imports triton: only when asked for
 
             self._fused_forward = functools.partial(fused_forward_hidden, model)
+        # the fused sampler where Triton runs on the logits' device: CUDA, or CPU in Triton's interpreter (tests)
+        if fused and fused_sampler and fused_available(model.head_weight.device) is None:
+            from worker.tlt.kernels.sample_commit import sample_commit, supported
+
+            self._sample_commit, self._sampler_takes = sample_commit, supported
         self._cols = torch.arange(cache.max_len, device=rows.lens.device)
         self._head_c: Callable[..., Any] = self.head
         self._tail_c: Callable[..., Any] = self.tail
@@ -162,6 +178,23 @@ class DecodeStep:
         if self._fused_forward is not None and input_ids.shape[0] <= self.fused_max_seqs:
             return self._fused_forward(input_ids, positions, cache, **kw)
         return self.model.forward_hidden(input_ids, positions, cache, **kw)
+
+    def samples_fused(self, mode: Mode) -> bool:
+        """Whether the step after the forward is kernels/sample_commit.py's two kernels: the fused forward and its
+        sampler are on (`fused_sampler`, where Triton runs) and the mode is GREEDY or one uniform setting with
+        top-p off and a top-k it takes (`supported`). MIXED, top-p and large top-k keep the torch path."""
+        if self._sample_commit is None:
+            return False
+        if mode == GREEDY:
+            return True
+        if mode[0] != "uniform":
+            return False
+        temp, top_p, top_k = mode[1:]
+        return float(temp) > 0.0 and float(top_p) >= 1.0 and self._sampler_takes(int(top_k), self.vocab)
+
+    @property
+    def vocab(self) -> int:
+        return int(self.model.head_weight.shape[0])
 
     def compiled(self, batch: int) -> bool:
         return batch <= self.compile_max_batch
@@ -195,11 +228,23 @@ class DecodeStep:
         assert lp is not None
         return self.rows.commit_no_sync(slice(0, batch), tok[:, None], lp[:, None], torch.ones_like(tok))
 
+    def fused_tail(self, batch: int, mode: Mode, logits: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """`tail` in kernels/sample_commit.py (`samples_fused` modes) from the logits [B, V] -> tokens emitted [B]."""
+        assert self._sample_commit is not None
+        if mode == GREEDY:
+            return self._sample_commit(logits, None, self.rows, batch, 0.0, 0)
+        if noise is None:
+            noise = exponential_noise(logits, self.gen)  # eager: the same draws as the torch path's
+        return self._sample_commit(logits, noise, self.rows, batch, float(mode[1]), int(mode[3]))
+
     def __call__(self, batch: int, tk: int, mode: Mode, noise: torch.Tensor | None = None) -> StepOut:
         """noise: the sampler's Exp(1) draws [B, V] for sampled modes; None draws them from the generator here
         (a CUDA graph passes a static buffer that is refilled from the generator before each replay)."""
-        head, tail = (self._head_c, self._tail_c) if self.compiled(batch) else (self.head, self.tail)
         roots = self.rows.last[:batch].clone()
+        if self.samples_fused(mode):
+            logits, hidden = self.forward(batch, tk)
+            return StepOut(self.fused_tail(batch, mode, logits, noise), roots, hidden)
+        head, tail = (self._head_c, self._tail_c) if self.compiled(batch) else (self.head, self.tail)
         a, b, hidden = head(batch, tk, mode)
         if mode != GREEDY and noise is None:
             noise = exponential_noise(a, self.gen)  # eager: the generator's own stream
