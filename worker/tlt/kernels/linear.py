@@ -26,6 +26,20 @@ from worker.tlt.kernels.common import (
 )
 
 
+@triton.jit
+def _weight_tile(w_ptr, rows, row_mask, offs_k, K, stride_wn):
+    """W[rows, offs_k]^T as a [BK, BN] tile (zeros past K and outside `row_mask`)."""
+    return tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=(offs_k[:, None] < K) & row_mask[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _input_tile(a_ptr, offs_m, m_mask, offs_k, K, stride_am):
+    """a[offs_m, offs_k] as a [BM, BK] tile (zeros outside)."""
+    return tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K),
+                   other=0.0)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _linear_residual_kernel(
     a_ptr, w_ptr, r_ptr, out_ptr, M, N, K, stride_am, stride_wn, stride_rm, stride_om,
@@ -38,16 +52,16 @@ def _linear_residual_kernel(
     n_mask = offs_n < N
     if USE_GDC:
         prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1), stride_wn, K, LINES, EPL)
+    # the first K tile of the weights into registers before the wait (no kernel writes weights); the rest streams in
+    # the loop from L2, prefetched above. The K tiles accumulate in the same order as a plain loop: bit-identical
+    offs_k = tl.arange(0, BLOCK_K)
+    w = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
     wait_for_previous(USE_GDC)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    acc = tl.dot(_input_tile(a_ptr, offs_m, m_mask, offs_k, K, stride_am), w, input_precision=DOT_PREC)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                    other=0.0)
-        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
-                    other=0.0)  # [BK, BN]
-        acc += tl.dot(a, w, input_precision=DOT_PREC)
+        w = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
+        acc += tl.dot(_input_tile(a_ptr, offs_m, m_mask, offs_k, K, stride_am), w, input_precision=DOT_PREC)
     dt = out_ptr.dtype.element_ty
     mn_mask = m_mask[:, None] & n_mask[None, :]
     y = rounded(acc, dt)
@@ -70,16 +84,19 @@ def _norm_gate_up_kernel(
     if USE_GDC:  # the gate rows and the up rows
         prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1), stride_wn, K, LINES, EPL)
         prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1) + N, stride_wn, K, LINES, EPL)
+    offs_k = tl.arange(0, BLOCK_K)  # the first K tile of both weights before the wait (as in linear_residual)
+    w_g = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
+    w_u = _weight_tile(w_ptr, offs_n + N, n_mask, offs_k, K, stride_wn)
     wait_for_previous(USE_GDC)
     rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
+    acc_g = tl.dot(xt, w_g, input_precision=DOT_PREC)
+    acc_u = tl.dot(xt, w_u, input_precision=DOT_PREC)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
-        wk_mask = (offs_k[:, None] < K) & n_mask[None, :]
-        w_g = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=wk_mask, other=0.0)
-        w_u = tl.load(w_ptr + (offs_n + N)[None, :] * stride_wn + offs_k[:, None], mask=wk_mask, other=0.0)
+        w_g = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
+        w_u = _weight_tile(w_ptr, offs_n + N, n_mask, offs_k, K, stride_wn)
         acc_g += tl.dot(xt, w_g, input_precision=DOT_PREC)
         acc_u += tl.dot(xt, w_u, input_precision=DOT_PREC)
     g = rounded(acc_g, dt)

@@ -35,6 +35,22 @@ from worker.tlt.kernels.common import (
 )
 
 
+@triton.jit
+def _pair_tile(w_ptr, rows, real, offs_k, K, stride_wn):
+    """W[rows, offs_k]^T as a [BK, HALF_PAD] tile (zeros past K and in the padding columns)."""
+    return tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=(offs_k[:, None] < K) & real[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, dt: tl.constexpr, HAS_NORM: tl.constexpr):
+    """The GEMM's input tile [BM, BK] in dtype dt: RMSNorm(x) (rounded as HF), or x raw (EAGLE-1's drafter layer)."""
+    if HAS_NORM:
+        return normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
+    return tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K),
+                   other=0.0).to(dt)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _qkv_rope_kernel(
     x_ptr, ln_w_ptr, w_ptr, b_ptr, qn_w_ptr, kn_w_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr,
@@ -62,21 +78,22 @@ def _qkv_rope_kernel(
     if USE_GDC:
         prefetch_rows(w_ptr, rows_a, stride_wn, K, LINES, EPL)
         prefetch_rows(w_ptr, rows_b, stride_wn, K, LINES, EPL)
+    # the first K tile of the weights into registers before the wait (no kernel writes weights; the rest streams
+    # in the loop from L2); the tiles accumulate in the same order as a plain loop
+    offs_k = tl.arange(0, BLOCK_K)
+    w_a = _pair_tile(w_ptr, rows_a, real, offs_k, K, stride_wn)
+    w_b = _pair_tile(w_ptr, rows_b, real, offs_k, K, stride_wn)
     wait_for_previous(USE_GDC)
     if HAS_NORM:
         rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
-    acc_a = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    xt = _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd if HAS_NORM else 0.0, dt, HAS_NORM)
+    acc_a = tl.dot(xt, w_a, input_precision=DOT_PREC)
+    acc_b = tl.dot(xt, w_b, input_precision=DOT_PREC)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        if HAS_NORM:
-            xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)  # [BM, BK]
-        else:  # the raw x tile (x is already in the model dtype)
-            xt = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                         mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0).to(dt)
-        k_mask = (offs_k[:, None] < K) & real[None, :]
-        w_a = tl.load(w_ptr + rows_a[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)  # [BK, HP]
-        w_b = tl.load(w_ptr + rows_b[None, :] * stride_wn + offs_k[:, None], mask=k_mask, other=0.0)
+        xt = _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd if HAS_NORM else 0.0, dt, HAS_NORM)
+        w_a = _pair_tile(w_ptr, rows_a, real, offs_k, K, stride_wn)
+        w_b = _pair_tile(w_ptr, rows_b, real, offs_k, K, stride_wn)
         acc_a += tl.dot(xt, w_a, input_precision=DOT_PREC)
         acc_b += tl.dot(xt, w_b, input_precision=DOT_PREC)
     if HAS_BIAS:
