@@ -13,6 +13,10 @@ Each active split writes fp32 partials (acc [G, D], running max m [G], sum l [G]
 arrival order), writes the output and resets the counter to 0. A token with one active split skips all that and
 writes acc / l itself: exactly the unsplit kernel's result.
 
+PDL (kernels/common.py): a split loads its first block of K / V and its mask into registers before waiting on the
+previous kernel, all but the columns this call writes (the row's tokens write at columns >= its first token's, and
+only qkv_rope, the kernel this one may overlap, writes them): those are loaded after the wait.
+
 Batch invariance: chunk boundaries, block starts and the merge order depend on SPLIT / BLOCK_N and the token's own
 column only, never on the batch or on the mask width Tk (Tk only sizes the grid: extra splits return at once).
 Tests: `python -m pytest tests/kernels/test_kernels_layer.py tests/kernels/test_kernels_split.py -q`.
@@ -37,6 +41,19 @@ from worker.tlt.kernels.common import (
 )
 
 EMPTY_MAX = -1.0e30  # running max before any allowed column (finite: exp(EMPTY_MAX - m) is exactly 0, no NaN)
+
+
+@triton.jit
+def _online_block(q, kt, v, ok, m_i, l_i, acc, sm_scale, DOT_PREC: tl.constexpr):
+    """One block of the online softmax: q [BG, D] against kt [D, BN] / v [BN, D], columns `ok` [BN] allowed."""
+    sc = tl.dot(q, kt, input_precision=DOT_PREC) * sm_scale  # [BG, BN]
+    sc = tl.where(ok[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -72,33 +89,42 @@ def _attention_kernel(
         prefetch(ck_ptr + kv)
         prefetch(cv_ptr + kv)
     if split < n_active:  # splits past the token's columns do nothing (not even the counter)
+        # the split's first block of K / V into registers before the wait, except the columns this call writes:
+        # the row's tokens write at their own columns, all >= its first token's (decode: its position; verify:
+        # lens + node; prefill: from 0), and only the kernel this one may overlap (qkv_rope) writes them; the mask
+        # is the forward's input. Those fresh columns are loaded after the wait.
+        fresh_from = tl.load(widx_ptr + b * S)
+        cols = lo + tl.arange(0, BLOCK_N)
+        in_range = cols < hi
+        kv_base = (row0 + b).to(tl.int64) * stride_cr + kvh * stride_ch  # int64: caches pass 2**31 elements
+        offs_d = tl.arange(0, D)
+        k_at = ck_ptr + kv_base + cols[None, :] * stride_ct + offs_d[:, None]  # [D, BN]
+        v_at = cv_ptr + kv_base + cols[:, None] * stride_ct + offs_d[None, :]  # [BN, D]
+        stable = in_range & (cols < fresh_from)
+        kt = tl.load(k_at, mask=stable[None, :], other=0.0)
+        v = tl.load(v_at, mask=stable[:, None], other=0.0)
+        allowed = tl.load(mask_ptr + b * stride_mb + s * stride_ms + cols * stride_mt, mask=in_range, other=0)
         wait_for_previous(USE_GDC)
+        fresh = in_range & (cols >= fresh_from)
+        kt = tl.where(fresh[None, :], tl.load(k_at, mask=fresh[None, :], other=0.0), kt)
+        v = tl.where(fresh[:, None], tl.load(v_at, mask=fresh[:, None], other=0.0), v)
         offs_g = tl.arange(0, BLOCK_G)
         g_mask = offs_g < G
-        offs_d = tl.arange(0, D)
         heads = m * (NQ * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :]  # [BG, D] into [M, Hq * D]
         q = tl.load(q_ptr + heads, mask=g_mask[:, None], other=0.0)
-        kv_base = (row0 + b).to(tl.int64) * stride_cr + kvh * stride_ch  # int64: caches pass 2**31 elements
         m_i = tl.full([BLOCK_G], EMPTY_MAX, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
-        for start in range(lo, hi, BLOCK_N):
+        m_i, l_i, acc = _online_block(q, kt, v, in_range & (allowed != 0), m_i, l_i, acc, sm_scale, DOT_PREC)
+        for start in range(lo + BLOCK_N, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             in_range = cols < hi
             allowed = tl.load(mask_ptr + b * stride_mb + s * stride_ms + cols * stride_mt, mask=in_range, other=0)
-            ok = in_range & (allowed != 0)
             kt = tl.load(ck_ptr + kv_base + cols[None, :] * stride_ct + offs_d[:, None], mask=in_range[None, :],
                          other=0.0)  # [D, BN]
-            sc = tl.dot(q, kt, input_precision=DOT_PREC) * sm_scale  # [BG, BN]
-            sc = tl.where(ok[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(sc - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(cv_ptr + kv_base + cols[:, None] * stride_ct + offs_d[None, :], mask=in_range[:, None],
                         other=0.0)  # [BN, D]
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-            m_i = m_new
+            m_i, l_i, acc = _online_block(q, kt, v, in_range & (allowed != 0), m_i, l_i, acc, sm_scale, DOT_PREC)
         if n_active == 1:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row with no allowed column: zeros (never NaN)
             tl.store(out_ptr + heads, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])

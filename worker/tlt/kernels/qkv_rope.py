@@ -83,6 +83,15 @@ def _qkv_rope_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     w_a = _pair_tile(w_ptr, rows_a, real, offs_k, K, stride_wn)
     w_b = _pair_tile(w_ptr, rows_b, real, offs_k, K, stride_wn)
+    # RoPE rows and cache columns too: positions and write columns are the forward's inputs, written before its
+    # first kernel, never by the kernel this one may overlap (as attention's widx)
+    pos = tl.load(pos_ptr + offs_m, mask=m_mask, other=0)
+    col = tl.load(widx_ptr + offs_m, mask=m_mask, other=0)
+    rope = pos[:, None] * stride_rope
+    cos_a = rounded(tl.load(cos_ptr + rope + offs_a[None, :], mask=m_mask[:, None], other=0.0), dt)
+    sin_a = rounded(tl.load(sin_ptr + rope + offs_a[None, :], mask=m_mask[:, None], other=0.0), dt)
+    cos_b = rounded(tl.load(cos_ptr + rope + offs_b[None, :], mask=m_mask[:, None], other=0.0), dt)
+    sin_b = rounded(tl.load(sin_ptr + rope + offs_b[None, :], mask=m_mask[:, None], other=0.0), dt)
     wait_for_previous(USE_GDC)
     if HAS_NORM:
         rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
@@ -113,12 +122,6 @@ def _qkv_rope_kernel(
         y_a = tl.where(is_v[None, :], y_a, rounded(rounded(y_a * rs[:, None], dt) * nw_a[None, :], dt))
         y_b = tl.where(is_v[None, :], y_b, rounded(rounded(y_b * rs[:, None], dt) * nw_b[None, :], dt))
     # HF's apply_rope (x * cos, then addcmul with rotate_half(x) and the sign-folded sin); v rows pass through
-    pos = tl.load(pos_ptr + offs_m, mask=m_mask, other=0)
-    rope = pos[:, None] * stride_rope
-    cos_a = rounded(tl.load(cos_ptr + rope + offs_a[None, :], mask=m_mask[:, None], other=0.0), dt)
-    sin_a = rounded(tl.load(sin_ptr + rope + offs_a[None, :], mask=m_mask[:, None], other=0.0), dt)
-    cos_b = rounded(tl.load(cos_ptr + rope + offs_b[None, :], mask=m_mask[:, None], other=0.0), dt)
-    sin_b = rounded(tl.load(sin_ptr + rope + offs_b[None, :], mask=m_mask[:, None], other=0.0), dt)
     out_a = tl.where(is_v[None, :], y_a, rounded(y_a * cos_a, dt) + y_b * sin_a)
     out_b = tl.where(is_v[None, :], y_b, rounded(y_b * cos_b, dt) + y_a * sin_b)
     store = m_mask[:, None] & real[None, :]
@@ -126,7 +129,6 @@ def _qkv_rope_kernel(
     tl.store(q_ptr + q_row + rows_a[None, :], out_a.to(dt), mask=store & is_q[None, :])
     tl.store(q_ptr + q_row + rows_b[None, :], out_b.to(dt), mask=store & is_q[None, :])
     # K / V: cache[row0 + m // S, kv head, write_idx[m], :]
-    col = tl.load(widx_ptr + offs_m, mask=m_mask, other=0)
     base = (row0 + offs_m // S).to(tl.int64) * stride_cr + col * stride_ct  # int64: caches pass 2**31 elements
     kvh = tl.maximum(tl.where(is_v, head - NQ - NKV, head - NQ), 0)  # q heads: masked, kept in range
     at = base[:, None] + (kvh * stride_ch)[None, :]
