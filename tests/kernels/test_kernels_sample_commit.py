@@ -1,11 +1,14 @@
 """The fused sampler + commit (worker/tlt/kernels/sample_commit.py) against the decode step's torch path
 (rollout/decode_step.py: process + choose_sampled / choose_greedy, then RowState.commit_no_sync) with the same logits
 and noise: every row-state tensor equal (log-probs to 1e-5) for greedy, top-k off, top-k in {1, 5, 50, V - 1} over
-several chunks with a ragged last one, bf16 and fp32 logits; ties (an all-equal row keeps all V; ties at the k-th
-value spread over chunks, one chunk holding more than it stores, so it is rescanned); the commit's EOS / budget /
-done rules with rows past the batch untouched; which top-k it takes; and DecodeStep routing GREEDY and uniform top-k
-batches through it with the tokens and row state of the torch path. CPU cases run in Triton's interpreter
-(tests/conftest.py); the `gpu` case runs compiled at SmolLM2's vocabulary, eager and replayed from a CUDA graph.
+several chunks with a ragged last one, bf16, fp16 and fp32 logits; ties (an all-equal row keeps all V; ties at the
+k-th value spread over chunks, one chunk holding more than it stores, so it is rescanned); a temperature that rounds
+different raw logits to the k-th s (the top-k select runs on raw logits: a chunk whose raw values are all below the
+k-th raw value must still be rescanned); the raw logits' sort keys (16-bit for bf16 / fp16, 32-bit for fp32); the
+commit's EOS / budget / done rules with rows past the batch untouched; which top-k it takes; and DecodeStep routing
+GREEDY and uniform top-k batches through it with the tokens and row state of the torch path. CPU cases run in
+Triton's interpreter (tests/conftest.py); the `gpu` case runs compiled at SmolLM2's vocabulary, eager and replayed
+from a CUDA graph.
 Run: python -m pytest tests/kernels/test_kernels_sample_commit.py -q   (GPU: add -m gpu)"""
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from worker.tlt.kernels import sample_commit as sc
 from worker.tlt.kernels.sample_commit import sample_commit, supported
@@ -90,8 +95,11 @@ def _case(b: int, v: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, 
 SHAPES = [(1, 250, 64), (3, 1000, 256)]
 
 
-@pytest.mark.parametrize(("temp", "dtype"), [(0.7, torch.bfloat16), (1.0, torch.float32)])
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("temp", "dtype", "shape"), [
+    *[(0.7, torch.bfloat16, shape) for shape in SHAPES],
+    *[(1.0, torch.float32, shape) for shape in SHAPES],
+    (0.6, torch.float16, SHAPES[1]),
+], ids=["bf16-V250", "bf16-V1000", "fp32-V250", "fp32-V1000", "fp16-V1000"])
 def test_sampled_equals_torch_path(shape: tuple[int, int, int], temp: float, dtype: torch.dtype) -> None:
     b, v, chunk = shape
     for i, top_k in enumerate([0, 1, 5, 50, v - 1, v]):
@@ -141,6 +149,78 @@ def test_ties_at_kth_spread_over_chunks() -> None:
     logits[3] = -20.0
     tok = _compare(logits[None].clone(), torch.ones(1, v), 1.0, 5, 32, _rows(1, seed=3))
     assert tok.tolist() == [70]
+
+
+def _next_up(x: torch.Tensor) -> torch.Tensor:
+    """The next representable value above x > 0 in x's dtype."""
+    bits = torch.int16 if x.element_size() == 2 else torch.int32
+    return (x.view(bits) + 1).view(x.dtype)
+
+
+# (dtype, T, where to look for a): distinct raw logits meet at one s = x / T only where fp32 rounds coarser than the
+# raw format: below fp32's normal range for 16-bit logits (huge T), at any T for fp32
+COLLAPSE = [(torch.bfloat16, 2.0**20, 2.0**-125), (torch.float16, 2.0**127, 2.0**-14), (torch.float32, 0.7, 1.9)]
+
+
+@pytest.mark.parametrize(("dtype", "temp", "start"), COLLAPSE, ids=["bf16", "fp16", "fp32"])
+def test_kth_s_reached_from_below_the_kth_raw_logit(dtype: torch.dtype, temp: float, start: float) -> None:
+    """k = 5 (8 candidates per chunk of 32) on raw values: 4 at hi, one at c (the 5th largest raw value, col 10) and
+    11 at a < c with a / T == c / T: all 16 are kept. 10 a's fill chunk 4 (cols 130..139, it stores 130..137): its
+    raw values all lie below the k-th raw value, yet its smallest s is the k-th s, so it must be rescanned (a rescan
+    rule on raw values would drop 138 and 139). The a at 210 is a stored candidate of a chunk not rescanned (kept by
+    its s, not its raw value). Each row's noise makes one column win: 139 (not stored), 130, 10, a hi, 210."""
+    v = 256
+    a = torch.tensor([start], dtype=dtype)
+    while (a.float() / temp != _next_up(a).float() / temp).item():  # a few steps at most
+        a = _next_up(a)
+    c = _next_up(a)
+    assert a.item() < c.item() and torch.equal(a.float() / temp, c.float() / temp)
+    logits = torch.full((v,), -20.0, dtype=dtype)
+    logits[[3, 70, 200, 250]] = 4.0  # above a and c for every start
+    logits[10] = c.item()
+    logits[[*range(130, 140), 210]] = a.item()
+    winners = [139, 130, 10, 200, 210]
+    rows_logits = logits.expand(len(winners), v).contiguous()
+    noise = torch.ones(len(winners), v)
+    for r, col in enumerate(winners):
+        noise[r, col] = 1e-4
+    tok = _compare(rows_logits, noise, temp, 5, 32, _rows(len(winners), seed=6))
+    assert tok.tolist() == winners
+
+
+@triton.jit
+def _keys_kernel(x_ptr, key_ptr, back_ptr, N, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < N)
+    u = sc._key(x, BITS)
+    tl.store(key_ptr + i, u, mask=i < N)
+    tl.store(back_ptr + i, sc._from_key(u, x), mask=i < N)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_sort_keys_follow_the_raw_order(dtype: torch.dtype) -> None:
+    """The radix select's keys: every non-NaN 16-bit pattern (fp32: 4096 random ones and the specials) gets a
+    distinct key in [0, 2^bits) in the floats' order (-0.0 just below +0.0), and `_from_key` inverts it bit-exactly."""
+    bits = 8 * torch.empty(0, dtype=dtype).element_size()
+    if bits == 16:
+        pattern = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    else:
+        g = torch.Generator().manual_seed(0)
+        pattern = torch.cat([torch.randint(-(2**31), 2**31, (4096,), generator=g, dtype=torch.int64).to(torch.int32),
+                             torch.tensor([0, -(2**31), 0x7F800000, -8388608, 1, -(2**31) + 1], dtype=torch.int32)])
+    x = pattern.view(dtype)
+    x = x[~torch.isnan(x)]
+    key = torch.empty(x.numel(), dtype=torch.int32 if bits == 16 else torch.int64)
+    back = torch.empty_like(x)
+    _keys_kernel[(1,)](x, key, back, x.numel(), BITS=bits, BLOCK=triton.next_power_of_2(x.numel()))
+    assert torch.equal(back.view(pattern.dtype), x.view(pattern.dtype))
+    assert int(key.min()) >= 0 and int(key.max()) < 2**bits
+    order = key.argsort()
+    sorted_key, sorted_x = key[order], x[order].double()
+    assert bool((sorted_key[1:] > sorted_key[:-1]).all())  # distinct
+    assert bool((sorted_x[1:] >= sorted_x[:-1]).all())  # in the floats' order
+    zeros = (sorted_x == 0).nonzero().flatten()  # -0.0 then +0.0
+    assert torch.signbit(sorted_x[zeros]).tolist() == [True, False]
 
 
 @pytest.mark.parametrize("temp", [0.0, 0.9])

@@ -15,13 +15,22 @@ each device: a true division on CPU, x * fl(1 / T) on CUDA (torch multiplies by 
 
 The vocabulary is split into C chunks of CH columns, so that the pass over V runs in (row, chunk) programs:
 - `_chunk_kernel` (B, C): greedy / no top-k: the chunk's max m_c, sum of exp(s - m_c) and race winner (or argmax);
-  top-k: the chunk's KP largest s (KP = next_pow2(k + 1); ties at the KP-th by lowest column) and their columns,
-  found by a radix select on the float bits (32 counting steps, no sort);
+  top-k: the chunk's KP largest RAW logits x (KP = next_pow2(k + 1); ties at the KP-th by lowest column) and their
+  columns, found by a radix select on x's bits (no sort): 16 counting steps for bf16 / fp16 logits, 32 for fp32;
 - `_finish_kernel` (B): merges the chunks (m = max m_c, Z = sum Z_c exp(m_c - m); winner = max, lowest column on a
-  tie) or, with top-k: kth = the k-th largest candidate (exact: a chunk's share of the global top-k is in its own
-  top-KP), then Z and the race over the candidates >= kth, with the noise gathered at them only. A chunk whose KP-th
-  candidate is still >= kth may hold ties at kth it did not store: it is rescanned whole from the logits (as KP > k,
-  that takes >= KP - k + 1 elements equal to kth; an all-equal row keeps all V). Then the commit.
+  tie) or, with top-k: kth = scale(the k-th largest candidate x) (exact: a chunk's share of the global top-k is in
+  its own top-KP), then Z and the race over the candidates with s >= kth, with the noise gathered at them only. A
+  full chunk whose smallest candidate s is still >= kth may hold columns with s >= kth it did not store: it is
+  rescanned whole from the logits (rare: see below; an all-equal row keeps all V). Then the commit.
+
+Top-k on the raw logits, exactly. scale(x) = fl(x / T) (CPU) or fl(x * fl(1 / T)) (CUDA) is monotone non-decreasing
+for T > 0 (a positive factor, then rounding, which is monotone), so the k-th largest s is scale(the k-th largest x):
+the select runs on x's 16-bit order for 16-bit logits. Rounding may map several x to one s, so the kept set is
+{i : s_i >= kth} on s (a column with x below the k-th x can still reach kth), and the rescan rule is unchanged: a
+column a full chunk did not store has x <= its smallest stored x, hence s <= its smallest stored s (monotone), so a
+chunk whose smallest stored s is < kth holds no unstored kept column; one whose smallest stored s is >= kth may, and
+is rescanned. (The rule on x, smallest stored x >= the k-th x, would be wrong: it misses a chunk whose smallest x is
+below the k-th x but rounds to kth.) A chunk is rescanned only if it holds >= KP - k + 1 columns whose s ties kth.
 No host sync and no data-dependent allocation: it runs inside the decode step's CUDA graph.
 Tests: `python -m pytest tests/kernels/test_kernels_sample_commit.py -q` (CPU interpreter; `-m gpu` at V = 49152).
 """
@@ -38,7 +47,11 @@ from worker.tlt.rollout.state import RowState
 
 TINY = 1e-30  # pick_with_noise's noise floor
 MAX_TOP_K = 256  # larger k: torch's topk
-CHUNKS = (2048, 4096)  # columns per (row, chunk) program, one tile: the first whose candidates fit MERGE_SLOTS
+# Columns per (row, chunk) program, one tile: the first whose candidates fit MERGE_SLOTS. 2048 (24 programs at
+# V = 49152, 4 warps) rather than more, smaller chunks: each radix step's cost is mostly its block-wide reduction
+# (shared memory + barrier), about the same at 16 or 4 columns per thread, while the finish kernel, one program per
+# row, selects over C x KP candidates: 4x the chunks is 4x its tile for a small gain in the parallel kernel.
+CHUNKS = (2048, 4096)
 MERGE_SLOTS = 8192  # candidate slots (chunks x KP, powers of 2) the finish kernel holds in one tile
 
 
@@ -74,25 +87,35 @@ def _scaled(x, T, INV_T, MUL_INV: tl.constexpr):
 
 
 @triton.jit
-def _ordered(s):
-    """fp32 -> int64 in [0, 2^32) with the floats' order (-0.0 just below +0.0; -inf above 0)."""
-    b = s.to(tl.int32, bitcast=True)
-    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+def _key(x, BITS: tl.constexpr):
+    """Raw logits (BITS 16: bf16 / fp16; 32: fp32) -> keys in [0, 2^BITS) with the floats' order (-0.0 just below
+    +0.0): int32 for 16 bits, int64 for 32 (the unsigned range)."""
+    if BITS == 16:
+        b = x.to(tl.int16, bitcast=True).to(tl.int32)
+        return tl.where(b >= 0, b, b ^ 0x7FFF) + 32768
+    else:
+        b = x.to(tl.int32, bitcast=True)
+        return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
 
 
 @triton.jit
-def _from_ordered(u):
-    o = (u - 2147483648).to(tl.int32)
-    return tl.where(o >= 0, o, o ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+def _from_key(u, like):
+    """The inverse of `_key`: the value of `like`'s dtype whose key is u."""
+    if like.dtype.primitive_bitwidth == 16:
+        o = (u - 32768).to(tl.int16)
+        return tl.where(o >= 0, o, o ^ 0x7FFF).to(like.dtype, bitcast=True)
+    else:
+        o = (u - 2147483648).to(tl.int32)
+        return tl.where(o >= 0, o, o ^ 0x7FFFFFFF).to(like.dtype, bitcast=True)
 
 
 @triton.jit
-def _kth_largest(u, live, K):
-    """The K-th largest of u (`_ordered`, any shape) over the live lanes, bit by bit from the top: the largest t with
-    at least K live lanes >= t. Fewer than K live lanes: 0."""
-    t = tl.zeros([], tl.int64)
-    for i in range(32):
-        trial = t | (tl.full([], 1, tl.int64) << (31 - i))
+def _kth_largest(u, live, K, BITS: tl.constexpr):
+    """The K-th largest of u (`_key`, any shape) over the live lanes, bit by bit from the top (BITS counting steps):
+    the largest t with at least K live lanes >= t. Fewer than K live lanes: 0."""
+    t = tl.zeros([], u.dtype)
+    for i in range(BITS):
+        trial = t | (tl.full([], 1, u.dtype) << (BITS - 1 - i))
         t = tl.where(tl.sum((live & (u >= trial)).to(tl.int32)) >= K, trial, t)
     return t
 
@@ -111,22 +134,21 @@ def _race(s, cols, kept, noise_row, m, z, best, best_i, V, TINY: tl.constexpr):
 
 @triton.jit
 def _chunk_kernel(
-    logits_ptr, noise_ptr, part_ptr, part_i_ptr, cand_s_ptr, cand_i_ptr, V, C, stride_l, stride_n, T, INV_T,
+    logits_ptr, noise_ptr, part_ptr, part_i_ptr, cand_x_ptr, cand_i_ptr, V, C, stride_l, stride_n, T, INV_T,
     GREEDY: tl.constexpr, USE_K: tl.constexpr, MUL_INV: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
-    TINY: tl.constexpr, USE_GDC: tl.constexpr,
+    BITS: tl.constexpr, TINY: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     b = tl.program_id(0)
     c = tl.program_id(1)
     cols = c * CH + tl.arange(0, CH)
     mask = cols < V
     wait_for_previous(USE_GDC)
-    s = tl.load(logits_ptr + b.to(tl.int64) * stride_l + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    if not GREEDY:
-        s = _scaled(s, T, INV_T, MUL_INV)
+    x = tl.load(logits_ptr + b.to(tl.int64) * stride_l + cols, mask=mask, other=float("-inf"))  # raw dtype
     if USE_K:
-        # the KP largest: every lane above the KP-th value t, then lanes equal to t by column until KP are taken
-        u = _ordered(s)
-        t = _kth_largest(u, mask, KP)  # 0 when the chunk has fewer than KP columns: all of them are taken
+        # the KP largest raw logits (module docstring): every lane above the KP-th key t, then lanes equal to t by
+        # column until KP are taken
+        u = _key(x, BITS)
+        t = _kth_largest(u, mask, KP, BITS)  # 0 when the chunk has fewer than KP columns: all of them are taken
         gt = mask & (u > t)
         eq = mask & (u == t)
         n_gt = tl.sum(gt.to(tl.int32), axis=0)
@@ -134,13 +156,16 @@ def _chunk_kernel(
         take = gt | (eq & (eq_rank < KP))
         slot = tl.where(gt, tl.cumsum(gt.to(tl.int32), axis=0) - 1, eq_rank)
         base = (b * C + c).to(tl.int64) * KP
-        tl.store(cand_s_ptr + base + slot, s, mask=take)
+        tl.store(cand_x_ptr + base + slot, x, mask=take)
         tl.store(cand_i_ptr + base + slot, cols, mask=take)
         j = tl.arange(0, KP)
         empty = j >= tl.sum(take.to(tl.int32), axis=0)  # slots past the taken ones: padding (column V)
-        tl.store(cand_s_ptr + base + j, tl.full([KP], float("-inf"), tl.float32), mask=empty)
+        tl.store(cand_x_ptr + base + j, tl.full([KP], float("-inf"), x.dtype), mask=empty)
         tl.store(cand_i_ptr + base + j, tl.zeros([KP], tl.int32) + V, mask=empty)
     else:
+        s = x.to(tl.float32)
+        if not GREEDY:
+            s = _scaled(s, T, INV_T, MUL_INV)
         m = tl.max(s, axis=0)
         z = tl.sum(tl.exp(s - tl.where(m == float("-inf"), 0.0, m)), axis=0)  # an all -inf chunk: Z = 0, no NaN
         if GREEDY:
@@ -175,19 +200,23 @@ def _merge_chunks(part_ptr, part_i_ptr, b, V, C, BLOCK_C: tl.constexpr):
 
 @triton.jit
 def _top_k_race(
-    logits_ptr, noise_row, cand_s_ptr, cand_i_ptr, b, V, C, K, stride_l, T, INV_T,
-    MUL_INV: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr, TINY: tl.constexpr,
+    logits_ptr, noise_row, cand_x_ptr, cand_i_ptr, b, V, C, K, stride_l, T, INV_T,
+    MUL_INV: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, BITS: tl.constexpr, BLOCK_C: tl.constexpr,
+    TINY: tl.constexpr,
 ):
     """Top-k: (token, m, Z) of row b from its chunks' candidates (module docstring)."""
     cs = tl.arange(0, BLOCK_C)
     slot = (b * C + cs[:, None]).to(tl.int64) * KP + tl.arange(0, KP)[None, :]  # [BLOCK_C, KP]
     live = (cs < C)[:, None]
-    s = tl.load(cand_s_ptr + slot, mask=live, other=float("-inf"))
+    x = tl.load(cand_x_ptr + slot, mask=live, other=float("-inf"))  # raw dtype
     col = tl.load(cand_i_ptr + slot, mask=live, other=V)
     valid = col < V
-    kth = _from_ordered(_kth_largest(_ordered(s), valid, K))
+    kth_x = _from_key(_kth_largest(_key(x, BITS), valid, K, BITS), x)
+    kth = _scaled(kth_x.to(tl.float32), T, INV_T, MUL_INV)  # the k-th largest s: scaling is monotone
+    s = _scaled(x.to(tl.float32), T, INV_T, MUL_INV)
     m = tl.max(tl.where(valid, s, float("-inf")))
-    # chunks that may hold ties at kth they did not store: all KP slots taken and the smallest still >= kth
+    # chunks that may hold columns with s >= kth they did not store (module docstring: the test is on s, not x):
+    # all KP slots taken and the smallest s still >= kth
     full = tl.sum(valid.to(tl.int32), axis=1) == KP
     rescan = full & (tl.min(tl.where(valid, s, float("inf")), axis=1) >= kth)  # [BLOCK_C]
     kept = valid & (s >= kth) & (rescan[:, None] == 0)
@@ -231,17 +260,17 @@ def _commit(tok, lp, b, done_ptr, max_new_ptr, n_gen_ptr, eos_ptr, out_tok_ptr, 
 
 @triton.jit
 def _finish_kernel(
-    logits_ptr, noise_ptr, part_ptr, part_i_ptr, cand_s_ptr, cand_i_ptr,
+    logits_ptr, noise_ptr, part_ptr, part_i_ptr, cand_x_ptr, cand_i_ptr,
     done_ptr, max_new_ptr, n_gen_ptr, eos_ptr, out_tok_ptr, out_lp_ptr, last_ptr, lens_ptr, n_ptr,
     V, C, K, cap, E, stride_l, stride_n, stride_eos, stride_out, T, INV_T,
     GREEDY: tl.constexpr, USE_K: tl.constexpr, MUL_INV: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, TINY: tl.constexpr, USE_GDC: tl.constexpr,
+    BITS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, TINY: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     b = tl.program_id(0)
     wait_for_previous(USE_GDC)
     if USE_K:
-        tok, m, z = _top_k_race(logits_ptr, noise_ptr + b.to(tl.int64) * stride_n, cand_s_ptr, cand_i_ptr, b, V, C,
-                                K, stride_l, T, INV_T, MUL_INV, KP, CH, BLOCK_C, TINY)
+        tok, m, z = _top_k_race(logits_ptr, noise_ptr + b.to(tl.int64) * stride_n, cand_x_ptr, cand_i_ptr, b, V, C,
+                                K, stride_l, T, INV_T, MUL_INV, KP, CH, BITS, BLOCK_C, TINY)
     else:
         tok, m, z = _merge_chunks(part_ptr, part_i_ptr, b, V, C, BLOCK_C)
     s_tok = tl.load(logits_ptr + b.to(tl.int64) * stride_l + tok).to(tl.float32)
@@ -267,6 +296,8 @@ def sample_commit(
     b, v = logits.shape
     if b != batch:
         raise ValueError(f"logits have {b} rows for a batch of {batch}")
+    if logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"logits must be bf16, fp16 or fp32, not {logits.dtype}")
     greedy = temperature <= 0.0
     if not greedy and (noise is None or noise.dtype != torch.float32 or noise.stride(1) != 1):
         raise ValueError("sampling (temperature > 0) needs fp32 noise [B, V], last dim contiguous")
@@ -284,19 +315,19 @@ def sample_commit(
     inv_t = float(np.float32(1.0) / np.float32(t))
     part = torch.empty(b, c, 3, dtype=torch.float32, device=dev)  # (m_c, Z_c, best race value) per chunk
     part_i = torch.empty(b, c, dtype=torch.int32, device=dev)  # the chunk's winner
-    cand_s, cand_i = part, part_i  # top-k candidates (s, column) per chunk; not read without top-k
+    cand_x, cand_i = part, part_i  # top-k candidates (raw logit, column) per chunk; not read without top-k
     if use_k:
-        cand_s = torch.empty(b, c, kp, dtype=torch.float32, device=dev)
+        cand_x = torch.empty(b, c, kp, dtype=logits.dtype, device=dev)
         cand_i = torch.empty(b, c, kp, dtype=torch.int32, device=dev)
-    consts = dict(GREEDY=greedy, USE_K=use_k, MUL_INV=dev.type == "cuda", KP=kp, CH=chunk, TINY=TINY,
-                  **pdl_args(dev, b))
-    _chunk_kernel[(b, c)](logits, noise_arg, part, part_i, cand_s, cand_i, v, c, logits.stride(0),
+    consts = dict(GREEDY=greedy, USE_K=use_k, MUL_INV=dev.type == "cuda", KP=kp, CH=chunk,
+                  BITS=8 * logits.element_size(), TINY=TINY, **pdl_args(dev, b))
+    _chunk_kernel[(b, c)](logits, noise_arg, part, part_i, cand_x, cand_i, v, c, logits.stride(0),
                           noise_arg.stride(0), t, inv_t, **consts, num_warps=max(4, chunk // 512))
     n = torch.empty(b, dtype=torch.int64, device=dev)
     e = rows.eos.shape[1]
     block_c = triton.next_power_of_2(c)
     _finish_kernel[(b,)](
-        logits, noise_arg, part, part_i, cand_s, cand_i, rows.done.view(torch.uint8), rows.max_new, rows.n_gen,
+        logits, noise_arg, part, part_i, cand_x, cand_i, rows.done.view(torch.uint8), rows.max_new, rows.n_gen,
         rows.eos, rows.out_tok, rows.out_lp, rows.last, rows.lens, n, v, c, top_k, rows.cap, e, logits.stride(0),
         noise_arg.stride(0), rows.eos.stride(0), rows.out_tok.stride(0), t, inv_t, **consts, BLOCK_C=block_c,
         BLOCK_E=triton.next_power_of_2(e), num_warps=max(4, min(16, block_c * kp // 512)))
