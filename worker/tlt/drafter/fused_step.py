@@ -66,7 +66,7 @@ def fused_drafter_step(
     q = qkv_rope_cache(x, None, at.qkv_proj.weight, at.qkv_proj.bias, None, None, t.rope_cos, t.rope_sin, pos, widx,
                        past.k, past.v, s=s, row0=0, n_heads=a.n_heads, eps=a.norm_eps)  # [M, Hq * D]
     o = cache_attention(q, past.k, past.v, mask, widx, row0=0)  # [M, Hq * D]
-    h1 = linear_residual(o, at.o_proj.weight, x)  # [M, H]
+    h1 = linear_residual(o, at.o_proj.weight, x, early_residual=True)  # [M, H]; x: fc's, three kernels back
     u = norm_gate_up(h1, drafter.post_attention_layernorm.weight, mlp.gate_up_proj.weight, a.norm_eps)  # [M, I]
-    out = linear_residual(u, mlp.down_proj.weight, h1)  # [M, H]
+    out = linear_residual(u, mlp.down_proj.weight, h1, early_residual=True)  # [M, H]; h1: two kernels back
     return out.view(b, s, h), past

@@ -63,9 +63,10 @@ def fused_forward_hidden(
             model.rope_cos, model.rope_sin, pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps,
         )
         a = cache_attention(q, ck, cv, mask, widx, row0=row0)
-        h = linear_residual(a, att.o_proj.weight, x)
+        # each residual was written two or more kernels back (x: the last layer's down, h: o_proj before norm_gate_up)
+        h = linear_residual(a, att.o_proj.weight, x, early_residual=True)
         u = norm_gate_up(h, layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, eps)
-        x = linear_residual(u, mlp.down_proj.weight, h)
+        x = linear_residual(u, mlp.down_proj.weight, h, early_residual=True)
     hidden = model.model.norm(x.view(b, s, hdim))
     if not compute_logits:
         return hidden.new_empty(0), hidden, captured

@@ -43,8 +43,8 @@ def _input_tile(a_ptr, offs_m, m_mask, offs_k, K, stride_am):
 @triton.jit(do_not_specialize=["M"])
 def _linear_residual_kernel(
     a_ptr, w_ptr, r_ptr, out_ptr, M, N, K, stride_am, stride_wn, stride_rm, stride_om,
-    HAS_RESIDUAL: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr, LINES: tl.constexpr, EPL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, EARLY_R: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr, LINES: tl.constexpr, EPL: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -56,6 +56,10 @@ def _linear_residual_kernel(
     # the loop from L2, prefetched above. The K tiles accumulate in the same order as a plain loop: bit-identical
     offs_k = tl.arange(0, BLOCK_K)
     w = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
+    mn_mask = m_mask[:, None] & n_mask[None, :]
+    r_at = r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]
+    if HAS_RESIDUAL and EARLY_R:  # the caller says r predates the kernel this one may overlap
+        r = tl.load(r_at, mask=mn_mask, other=0.0).to(tl.float32)
     wait_for_previous(USE_GDC)
     acc = tl.dot(_input_tile(a_ptr, offs_m, m_mask, offs_k, K, stride_am), w, input_precision=DOT_PREC)
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -63,10 +67,11 @@ def _linear_residual_kernel(
         w = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
         acc += tl.dot(_input_tile(a_ptr, offs_m, m_mask, offs_k, K, stride_am), w, input_precision=DOT_PREC)
     dt = out_ptr.dtype.element_ty
-    mn_mask = m_mask[:, None] & n_mask[None, :]
     y = rounded(acc, dt)
     if HAS_RESIDUAL:
-        y += tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mn_mask, other=0.0).to(tl.float32)
+        if not EARLY_R:
+            r = tl.load(r_at, mask=mn_mask, other=0.0).to(tl.float32)
+        y += r
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dt), mask=mn_mask)
 
 
@@ -106,10 +111,12 @@ def _norm_gate_up_kernel(
              mask=m_mask[:, None] & n_mask[None, :])
 
 
-def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, *,
+def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, *, early_residual: bool = False,
                     config: Config | None = None) -> torch.Tensor:
     """r + a @ w^T (or a @ w^T): a [M, K], w [N, K], r [M, N] -> [M, N] (a new tensor: r may be a captured input).
-    config: the sweep's candidate (default: config_for)."""
+    early_residual: r was written before the kernel launched right before this one (a layer's o_proj / down: their
+    residual comes from two or more kernels back), so it is read before the PDL wait, off the critical path; never
+    set it when the previous kernel may write r. config: the sweep's candidate (default: config_for)."""
     m, k = a.shape
     n = w.shape[0]
     assert a.stride(1) == 1 and w.stride(1) == 1 and (r is None or r.stride(1) == 1)
@@ -118,7 +125,7 @@ def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, *,
     out = torch.empty((m, n), device=a.device, dtype=a.dtype)
     _linear_residual_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n))](
         a, w, r if r is not None else out, out, m, n, k, a.stride(0), w.stride(0),
-        r.stride(0) if r is not None else 0, out.stride(0), HAS_RESIDUAL=r is not None,
+        r.stride(0) if r is not None else 0, out.stride(0), HAS_RESIDUAL=r is not None, EARLY_R=early_residual,
         DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(a.device, m),
     )
