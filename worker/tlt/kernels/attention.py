@@ -94,18 +94,18 @@ def _attention_kernel(
         # lens + node; prefill: from 0), and only the kernel this one may overlap (qkv_rope) writes them; the mask
         # is the forward's input. Those fresh columns are loaded after the wait.
         fresh_from = tl.load(widx_ptr + b * S)
-        cols = lo + tl.arange(0, BLOCK_N)
-        in_range = cols < hi
+        cols0 = lo + tl.arange(0, BLOCK_N)
+        in0 = cols0 < hi
         kv_base = (row0 + b).to(tl.int64) * stride_cr + kvh * stride_ch  # int64: caches pass 2**31 elements
         offs_d = tl.arange(0, D)
-        k_at = ck_ptr + kv_base + cols[None, :] * stride_ct + offs_d[:, None]  # [D, BN]
-        v_at = cv_ptr + kv_base + cols[:, None] * stride_ct + offs_d[None, :]  # [BN, D]
-        stable = in_range & (cols < fresh_from)
+        k_at = ck_ptr + kv_base + cols0[None, :] * stride_ct + offs_d[:, None]  # [D, BN]
+        v_at = cv_ptr + kv_base + cols0[:, None] * stride_ct + offs_d[None, :]  # [BN, D]
+        stable = in0 & (cols0 < fresh_from)
         kt = tl.load(k_at, mask=stable[None, :], other=0.0)
         v = tl.load(v_at, mask=stable[:, None], other=0.0)
-        allowed = tl.load(mask_ptr + b * stride_mb + s * stride_ms + cols * stride_mt, mask=in_range, other=0)
+        allowed = tl.load(mask_ptr + b * stride_mb + s * stride_ms + cols0 * stride_mt, mask=in0, other=0)
         wait_for_previous(USE_GDC)
-        fresh = in_range & (cols >= fresh_from)
+        fresh = in0 & (cols0 >= fresh_from)
         kt = tl.where(fresh[None, :], tl.load(k_at, mask=fresh[None, :], other=0.0), kt)
         v = tl.where(fresh[:, None], tl.load(v_at, mask=fresh[:, None], other=0.0), v)
         offs_g = tl.arange(0, BLOCK_G)
@@ -115,7 +115,7 @@ def _attention_kernel(
         m_i = tl.full([BLOCK_G], EMPTY_MAX, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
-        m_i, l_i, acc = _online_block(q, kt, v, in_range & (allowed != 0), m_i, l_i, acc, sm_scale, DOT_PREC)
+        m_i, l_i, acc = _online_block(q, kt, v, in0 & (allowed != 0), m_i, l_i, acc, sm_scale, DOT_PREC)
         for start in range(lo + BLOCK_N, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             in_range = cols < hi
