@@ -310,6 +310,12 @@ def test_samples_fused_says_which_path_runs() -> None:
     assert not on.samples_fused(("uniform", 0.8, 0.9, 20))  # top-p: torch
     assert not on.samples_fused(("uniform", 0.8, 1.0, 300))  # k > MAX_TOP_K: torch
     assert not on.samples_fused(MIXED)
+    from worker.tlt.kernels.sample_commit import MAX_BATCH, TOP_K_MAX_BATCH
+
+    assert on.samples_fused(GREEDY, MAX_BATCH) and not on.samples_fused(GREEDY, MAX_BATCH + 1)  # large: torch
+    assert on.samples_fused(("uniform", 0.8, 1.0, 0), MAX_BATCH)
+    assert on.samples_fused(("uniform", 0.8, 1.0, 20), TOP_K_MAX_BATCH)
+    assert not on.samples_fused(("uniform", 0.8, 1.0, 20), TOP_K_MAX_BATCH + 1)  # top-k at larger batches: torch
     assert not DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True,
                           fused_sampler=False).samples_fused(GREEDY)
     assert not DecodeStep(model, engine.cache, engine.rows, engine.gen).samples_fused(GREEDY)  # torch forward

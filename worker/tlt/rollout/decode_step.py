@@ -138,7 +138,7 @@ class DecodeStep:
         self.fused_max_seqs = fused_max_seqs
         self._fused_forward: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]] | None = None
         self._sample_commit: Callable[..., torch.Tensor] | None = None
-        self._sampler_takes: Callable[[int, int], bool] = lambda top_k, vocab: False
+        self._sampler_takes: Callable[[int, int, int], bool] = lambda top_k, vocab, batch: False
         if fused:
             from worker.tlt.kernels.forward import fused_forward_hidden  # imports triton: only when asked for
 
@@ -179,18 +179,19 @@ class DecodeStep:
             return self._fused_forward(input_ids, positions, cache, **kw)
         return self.model.forward_hidden(input_ids, positions, cache, **kw)
 
-    def samples_fused(self, mode: Mode) -> bool:
+    def samples_fused(self, mode: Mode, batch: int = 1) -> bool:
         """Whether the step after the forward is kernels/sample_commit.py's two kernels: the fused forward and its
         sampler are on (`fused_sampler`, where Triton runs) and the mode is GREEDY or one uniform setting with
-        top-p off and a top-k it takes (`supported`). MIXED, top-p and large top-k keep the torch path."""
+        top-p off and a top-k it takes at this batch (`supported`). MIXED, top-p, large top-k and large batches keep
+        the torch path."""
         if self._sample_commit is None:
             return False
         if mode == GREEDY:
-            return True
+            return self._sampler_takes(0, self.vocab, batch)
         if mode[0] != "uniform":
             return False
         temp, top_p, top_k = mode[1:]
-        return float(temp) > 0.0 and float(top_p) >= 1.0 and self._sampler_takes(int(top_k), self.vocab)
+        return float(temp) > 0.0 and float(top_p) >= 1.0 and self._sampler_takes(int(top_k), self.vocab, batch)
 
     @property
     def vocab(self) -> int:
@@ -241,7 +242,7 @@ class DecodeStep:
         """noise: the sampler's Exp(1) draws [B, V] for sampled modes; None draws them from the generator here
         (a CUDA graph passes a static buffer that is refilled from the generator before each replay)."""
         roots = self.rows.last[:batch].clone()
-        if self.samples_fused(mode):
+        if self.samples_fused(mode, batch):
             logits, hidden = self.forward(batch, tk)
             return StepOut(self.fused_tail(batch, mode, logits, noise), roots, hidden)
         head, tail = (self._head_c, self._tail_c) if self.compiled(batch) else (self.head, self.tail)
