@@ -301,7 +301,7 @@ def test_decode_step_routes_and_matches_torch(params: SamplingParams, monkeypatc
     assert got[names.index("done")][:3].tolist() == [True, True, False]
 
 
-def test_samples_fused_says_which_path_runs() -> None:
+def test_samples_fused_says_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_target()  # vocabulary 320
     engine = Engine(model, eos_ids=(), config=EngineConfig(max_len=32, max_slots=2))
     on = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True)
@@ -310,12 +310,10 @@ def test_samples_fused_says_which_path_runs() -> None:
     assert not on.samples_fused(("uniform", 0.8, 0.9, 20))  # top-p: torch
     assert not on.samples_fused(("uniform", 0.8, 1.0, 300))  # k > MAX_TOP_K: torch
     assert not on.samples_fused(MIXED)
-    from worker.tlt.kernels.sample_commit import MAX_BATCH, TOP_K_MAX_BATCH
-
-    assert on.samples_fused(GREEDY, MAX_BATCH) and not on.samples_fused(GREEDY, MAX_BATCH + 1)  # large: torch
-    assert on.samples_fused(("uniform", 0.8, 1.0, 0), MAX_BATCH)
-    assert on.samples_fused(("uniform", 0.8, 1.0, 20), TOP_K_MAX_BATCH)
-    assert not on.samples_fused(("uniform", 0.8, 1.0, 20), TOP_K_MAX_BATCH + 1)  # top-k at larger batches: torch
+    assert on.samples_fused(("uniform", 0.8, 1.0, 20), 512)
+    monkeypatch.setattr(sc, "MAX_BATCH", 8)  # TLT_SAMPLER_MAX_BATCH: larger batches take the torch path
+    assert on.samples_fused(GREEDY, 8) and not on.samples_fused(GREEDY, 9)
+    assert on.samples_fused(("uniform", 0.8, 1.0, 20), 8) and not on.samples_fused(("uniform", 0.8, 1.0, 20), 9)
     assert not DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True,
                           fused_sampler=False).samples_fused(GREEDY)
     assert not DecodeStep(model, engine.cache, engine.rows, engine.gen).samples_fused(GREEDY)  # torch forward
