@@ -227,3 +227,43 @@ def test_gpu_smollm2_bf16_fused_step_close_and_chains_agree(monkeypatch: pytest.
                               torch.device(dev))
     graph.replay()
     assert torch.equal(out[0], got[0])
+
+
+def test_sampled_chain_with_fused_step_samples_in_kernels(tiny_target: Transformer,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """T = 1, no filters, fused step: each drafted token comes from kernels/draft_sample.py, drawing the same noise
+    from the proposer's generator as the torch path, with the same tokens and q."""
+    from worker.tlt.kernels import draft_sample as ds
+    from worker.tlt.spec.sampling import pick_with_noise, processed_probs
+
+    d = _drafter(tiny_target)
+    d.fused = True  # on CPU: Triton's interpreter
+    w, k, b = 8, 3, 3
+    x = _inputs(b, w, tiny_target.args.dim, hist=[40, 6, 2], m=[8, 3, 0], vocab=256)
+    p = EagleProposer(d, EagleProposerConfig(context=w, cuda_graphs=False))
+
+    def chain() -> Chain:
+        p.gen.manual_seed(4)
+        return p.chain_draft_no_sync(x.toks, x.feats, x.m, x.hist_len, torch.ones(b), torch.ones(b),
+                                     torch.zeros(b, dtype=torch.int64), k, (0, False, 1.0))
+
+    calls: list[float] = []
+    kernel = ds.draft_sample
+
+    def counted(logits, noise, temp):  # type: ignore[no-untyped-def]
+        calls.append(temp)
+        return kernel(logits, noise, temp)
+
+    monkeypatch.setattr(ds, "draft_sample", counted)
+    got = chain()
+    assert calls == [1.0] * k
+
+    def torch_path(logits, noise, temp):  # type: ignore[no-untyped-def]
+        q = processed_probs(logits.float(), temp)
+        return pick_with_noise(q, noise), q
+
+    monkeypatch.setattr(ds, "draft_sample", torch_path)
+    ref = chain()
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[2], ref[2])
+    torch.testing.assert_close(got[3], ref[3], rtol=2e-5, atol=1e-7)
+    assert got[0][:2, 1:].unique().numel() > 1  # varied drafts

@@ -207,7 +207,7 @@ class EagleDrafter(nn.Module):
         write_at: int | None = None,  # write the new K/V into `past` at columns write_at.. and attend to
         # columns [0, write_at + S) (P = write_at): fixed shapes, no allocation of the cache
     ) -> tuple[torch.Tensor, DraftKV]:  # out [B, S, H] (pre-norm feature), K/V of past + the new entries
-        if write_at is not None and past is not None and mask is not None and self._fused_step_on(tokens.device):
+        if write_at is not None and past is not None and mask is not None and self.fused_step_on(tokens.device):
             from worker.tlt.drafter.fused_step import fused_drafter_step  # imports triton: only on this path
             return fused_drafter_step(self, tokens, hidden, positions, past, mask, write_at)
         b, s = tokens.shape
@@ -250,8 +250,9 @@ class EagleDrafter(nn.Module):
         out = h1 + self.mlp(self.post_attention_layernorm(h1))
         return out, kv
 
-    def _fused_step_on(self, device: torch.device) -> bool:
-        """Whether a step with a preallocated K/V runs fused (see `fused`): EAGLE-1, no autograd, kernels runnable."""
+    def fused_step_on(self, device: torch.device) -> bool:
+        """Whether a step with a preallocated K/V runs fused (see `fused`): EAGLE-1, no autograd, kernels runnable.
+        A chain draft then samples in kernels too where its rows allow (drafter/proposer.py)."""
         if self.fused is False or self.cfg.kind != "eagle1" or torch.is_grad_enabled():
             return False
         if self.fused is None and device.type != "cuda":

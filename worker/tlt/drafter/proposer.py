@@ -9,7 +9,9 @@ Each `propose(ctx)` recomputes the drafter over the last `context` positions of 
 after verification; then it drafts with a drafter-side K/V of the draft entries:
 - chain (`topk == 1`): k = min(max_depth, max_nodes - 1) tokens. Every row samples each token from the drafter's
   processed distribution q (same temperature / top-p / top-k as the target row; a greedy row's q is the one-hot at
-  the argmax, so its drafts are the argmax chain) and hands the q rows to the verifier. The draft is k + 1 drafter
+  the argmax, so its drafts are the argmax chain) and hands the q rows to the verifier (rows of one temperature
+  without top-k / top-p, with the drafter's fused step on: kernels/draft_sample.py draws the token and writes q in
+  three kernels instead of ~7 torch ones). The draft is k + 1 drafter
   forwards with fixed shapes and no host sync (`chain_draft_no_sync`): the host packs the last `context` history
   tokens, ring indices and lengths of every row into one int64 array, copied to the device without waiting
   (pinned, non_blocking); the drafter K/V is one buffer [B, Hkv, context + k - 1, D] written by column. On CUDA the
@@ -40,7 +42,7 @@ from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.drafter.train import DrafterSnapshot
 from worker.tlt.drafter.tree_draft import tree_draft
 from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.sampling import processed_probs, sample
+from worker.tlt.spec.sampling import exponential_noise, processed_probs, sample
 from worker.tlt.spec.types import DraftProposal
 
 
@@ -156,9 +158,18 @@ class EagleProposer:
         common_k, use_p, common_t = filters
         row_k = top_k if common_k < 0 else common_k  # a number: skipped (0) or torch.topk, no sort
         row_t = temp if common_t <= 0.0 else common_t  # a number: softmax(logits / T), no per-row greedy one-hot
+        # one temperature, no filters, the drafter on the fused kernels: its sampling too (kernels/draft_sample.py,
+        # 3 kernels for ~7; the same noise draw from the generator, the same law)
+        fused = common_t > 0.0 and common_k == 0 and not use_p and d.fused_step_on(dev)
         for step in range(k):
-            q = processed_probs(d.logits(o[:, 0]).float(), row_t, top_p if use_p else 1.0, row_k)
-            tok = sample(q, self.gen)
+            logits = d.logits(o[:, 0])
+            if fused:
+                from worker.tlt.kernels.draft_sample import draft_sample  # imports triton: only on this path
+
+                tok, q = draft_sample(logits, exponential_noise(logits, self.gen), common_t)
+            else:
+                q = processed_probs(logits.float(), row_t, top_p if use_p else 1.0, row_k)
+                tok = sample(q, self.gen)
             drafts.append(tok)
             qs.append(q)
             if step + 1 == k:
