@@ -5,7 +5,7 @@
   uniform and mixed per-row settings, with and without the hidden-state hook; `warmup()` does not move the stream;
 - torch.compile'd graphs (tiny fp32 model): greedy identical to eager; SmolLM2 bf16 compiled: identical-token
   fraction printed, >= 0.9 (fused kernels round differently);
-- graph capture seconds and memory are reported;
+- graph capture seconds and memory are reported; small prefill chunks replayed from their graphs equal eager ones;
 - greedy SD on CUDA fp32 (tiny model) is token-identical to plain greedy;
 - SmolLM2 bf16: the identical-token fraction of greedy SD vs plain greedy on GSM8K prompts (printed; batch shapes
   change bf16 rounding, so a few late divergences are expected) must stay >= 0.9.
@@ -118,6 +118,29 @@ def test_capture_cost_is_reported(smollm2) -> None:
     assert len(engine.graphs) > 0 and engine.graphs.capture_seconds > 0 and engine.graphs.pool_bytes > 0
     print(f"{len(engine.graphs)} decode graphs: warmup {secs:.1f} s, capture {engine.graphs.capture_seconds:.1f} s, "
           f"{engine.graphs.pool_bytes / 2**20:.1f} MiB")
+
+
+def test_prefill_graphs_replay_small_chunks(smollm2) -> None:
+    """4 greedy requests in 2 slots: those admitted alone (fused prefill chunks, past the active row) run eagerly and
+    are captured the first time, replayed the second; tokens and log-probs equal the engine without graphs'."""
+    model, tok = smollm2
+    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=24 + 16 * i))
+            for i, p in enumerate(chat_prompts(tok, gsm8k_questions("gsm8k", 4)))]
+
+    def run(engine: Engine) -> list[tuple[list[int], list[float]]]:
+        return [(s.tokens, s.logprobs) for s in engine.generate(reqs).sequences]
+
+    graphs = Engine(model, eos_ids=(), config=EngineConfig(max_len=512, max_slots=2))
+    eager = Engine(model, eos_ids=(), config=EngineConfig(max_len=512, max_slots=2, cuda_graphs=False))
+    assert graphs.prefill_graphs is not None and eager.prefill_graphs is None
+    want, first = run(eager), run(graphs)
+    captured = len(graphs.prefill_graphs)
+    again = run(graphs)
+    assert captured >= 1 and len(graphs.prefill_graphs) == captured  # the second run replayed every small chunk
+    for got in (first, again):
+        assert [t for t, _ in got] == [t for t, _ in want]
+        assert [x for _, lp in got for x in lp] == pytest.approx([x for _, lp in want for x in lp], abs=1e-6)
+    assert graphs.release_memory() > 0 and graphs.prefill_graphs is None  # they read the cache: dropped with it
 
 
 def test_sampling_with_graphs_is_reproducible(smollm2) -> None:

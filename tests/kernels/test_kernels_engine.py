@@ -118,3 +118,35 @@ def test_small_prefill_chunks_run_fused(monkeypatch: pytest.MonkeyPatch) -> None
     torch_first = [s.tokens for s in Engine(model, eos_ids=(257,), config=cfg).generate(reqs).sequences]
     assert torch_calls == [(2, 16)]
     assert fused_first == torch_first
+
+
+def test_sampled_first_tokens_of_later_rows_fused_equal_torch_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T = 0.8, top-k 20, 5 requests in 3 slots: the prefill's first tokens of rows that join past the active ones go
+    through the fused sampler at a row offset; tokens and log-probs equal those of the same engine with the torch
+    sampler (same seed, same draws)."""
+    from worker.tlt.rollout.decode_step import DecodeStep
+
+    model = tiny_target()
+    reqs = [Request(p, SamplingParams(temperature=0.8, top_k=20, max_new_tokens=3 + 2 * i)) for i, p in
+            enumerate(random_prompts(5, seed=9, hi=12))]
+
+    def run() -> list[tuple[list[int], list[float]]]:
+        cfg = EngineConfig(max_len=64, max_slots=3, sync_every=2, fused_kernels=True, seed=5)
+        out = Engine(model, eos_ids=(), config=cfg).generate(reqs).sequences
+        return [(s.tokens, s.logprobs) for s in out]
+
+    calls: list[int] = []
+    real = DecodeStep.fused_tail
+
+    def spy(self: DecodeStep, *a: object, **kw: object) -> torch.Tensor:
+        calls.append(int(kw.get("row0", 0)))  # type: ignore[arg-type]
+        return real(self, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DecodeStep, "fused_tail", spy)
+    fused = run()
+    assert max(calls) > 0  # some first tokens committed past row 0
+    monkeypatch.setattr(DecodeStep, "samples_fused", lambda self, mode, batch=1: False)
+    want = run()
+    assert [t for t, _ in fused] == [t for t, _ in want]
+    for (_, lp_f), (_, lp_w) in zip(fused, want, strict=True):
+        torch.testing.assert_close(torch.tensor(lp_f), torch.tensor(lp_w), atol=1e-5, rtol=0.0)

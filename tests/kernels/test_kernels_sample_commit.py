@@ -250,6 +250,26 @@ def test_commit_rules_and_rows_past_the_batch(temp: float) -> None:
     assert all(torch.equal(t[5:], s[5:]) for t, s in zip(got.tensors(), before, strict=True))
 
 
+@pytest.mark.parametrize("temp", [0.0, 0.9])
+def test_row_offset_commits_rows_from_row0(temp: float) -> None:
+    """row0 = 2 (prefill's first tokens, after two active rows): logits row i commits row 2 + i as the torch path's
+    commit of slice(2, 4) does; rows 0, 1 and 4 keep every value."""
+    logits, noise = _case(2, 300, seed=5, dtype=torch.float32)
+    rows = _rows(5, seed=6)
+    want = RowState(5, 64, 16, 4, torch.device("cpu"))
+    want.restore(rows.snapshot())
+    if temp <= 0.0:
+        tok, lp = choose_greedy(logits)
+    else:
+        probs, lsm = process(logits, ("uniform", temp, 1.0, 5), *[torch.empty(0)] * 3)  # uniform: reads no row
+        tok, lp = choose_sampled(probs, noise, lsm, want.temp[2:4])
+    n_want = want.commit_no_sync(slice(2, 4), tok[:, None], lp[:, None], torch.ones_like(tok))
+    n_got = sample_commit(logits, noise if temp > 0 else None, rows, 2, temp, 5, row0=2, chunk_v=64)
+    assert torch.equal(n_got, n_want)
+    _assert_same_rows(rows, want)
+    assert bool((n_got == 1).all())
+
+
 def test_supported_top_k() -> None:
     assert supported(0, 49152) and supported(49152, 49152) and supported(-1, 100)
     assert supported(256, 49152) and not supported(257, 49152)  # MAX_TOP_K
@@ -286,11 +306,11 @@ def _decode(mode_params: SamplingParams, fused_sampler: bool, steps: int,
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=20)])
 def test_decode_step_routes_and_matches_torch(params: SamplingParams, monkeypatch: pytest.MonkeyPatch) -> None:
-    """5 steps (rows 0 and 1 reach their 2 and 4 new tokens on the way, then commit nothing): the fused sampler's
-    row state is the torch path's, with the same draws from the engine's generator."""
+    """The prefill's first tokens and 5 steps (rows 0 and 1 reach their 2 and 4 new tokens on the way, then commit
+    nothing): the fused sampler's row state is the torch path's, with the same draws from the engine's generator."""
     want, n_torch = _decode(params, False, 5, monkeypatch)
     got, n_fused = _decode(params, True, 5, monkeypatch)
-    assert (n_torch, n_fused) == (0, 5)
+    assert (n_torch, n_fused) == (0, 6)  # the prefill's first tokens, then 5 steps
     names = ["lens", "last", "n_gen", "done", "max_new", "prompt_len", "group", "temp", "top_p", "top_k", "eos",
              "out_tok", "out_lp"]
     for name, g, w in zip(names, got, want, strict=True):

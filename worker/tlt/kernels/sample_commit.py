@@ -292,15 +292,16 @@ def _finish_kernel(
 def sample_commit(
     logits: torch.Tensor,  # [B, V] bf16 / fp16 / fp32 head logits (last dim contiguous)
     noise: torch.Tensor | None,  # [B, V] fp32 Exp(1) draws (None: greedy)
-    rows: RowState,  # rows 0..B-1 commit; the rest are untouched
+    rows: RowState,  # rows row0..row0+B-1 commit; the rest are untouched
     batch: int,  # B
     temperature: float,  # 0: greedy
     top_k: int,  # <= 0 or >= V: off (`supported` says which others)
     *,
+    row0: int = 0,  # first row (prefill's first tokens go to the rows past the active ones)
     chunk_v: int | None = None,  # columns per chunk, a power of 2 (tests force small ones; raised to KP)
 ) -> torch.Tensor:  # [B] int64 tokens emitted per row
     """Sample one token per row and commit it (module docstring): what processed_probs + pick_with_noise +
-    token_logprobs + RowState.commit_no_sync(slice(0, B), tok[:, None], lp[:, None], ones) leave behind."""
+    token_logprobs + RowState.commit_no_sync(slice(row0, row0 + B), tok[:, None], lp[:, None], ones) leave behind."""
     b, v = logits.shape
     if b != batch:
         raise ValueError(f"logits have {b} rows for a batch of {batch}")
@@ -334,9 +335,12 @@ def sample_commit(
     n = torch.empty(b, dtype=torch.int64, device=dev)
     e = rows.eos.shape[1]
     block_c = triton.next_power_of_2(c)
+    done, max_new, n_gen, eos, out_tok, out_lp, last, lens = (
+        t[row0:] for t in (rows.done.view(torch.uint8), rows.max_new, rows.n_gen, rows.eos, rows.out_tok, rows.out_lp,
+                           rows.last, rows.lens))
     _finish_kernel[(b,)](
-        logits, noise_arg, part, part_i, cand_x, cand_i, rows.done.view(torch.uint8), rows.max_new, rows.n_gen,
-        rows.eos, rows.out_tok, rows.out_lp, rows.last, rows.lens, n, v, c, top_k, rows.cap, e, logits.stride(0),
+        logits, noise_arg, part, part_i, cand_x, cand_i, done, max_new, n_gen, eos, out_tok, out_lp, last, lens, n,
+        v, c, top_k, rows.cap, e, logits.stride(0),
         noise_arg.stride(0), rows.eos.stride(0), rows.out_tok.stride(0), t, inv_t, **consts, BLOCK_C=block_c,
         BLOCK_E=triton.next_power_of_2(e), num_warps=max(4, min(16, block_c * kp // 512)))
     return n

@@ -229,14 +229,16 @@ class DecodeStep:
         assert lp is not None
         return self.rows.commit_no_sync(slice(0, batch), tok[:, None], lp[:, None], torch.ones_like(tok))
 
-    def fused_tail(self, batch: int, mode: Mode, logits: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-        """`tail` in kernels/sample_commit.py (`samples_fused` modes) from the logits [B, V] -> tokens emitted [B]."""
+    def fused_tail(self, batch: int, mode: Mode, logits: torch.Tensor, noise: torch.Tensor | None,
+                   row0: int = 0) -> torch.Tensor:
+        """`tail` in kernels/sample_commit.py (`samples_fused` modes) from the logits [B, V] of rows row0..row0+B-1
+        (prefill's first tokens start past the active rows) -> tokens emitted [B]."""
         assert self._sample_commit is not None
         if mode == GREEDY:
-            return self._sample_commit(logits, None, self.rows, batch, 0.0, 0)
+            return self._sample_commit(logits, None, self.rows, batch, 0.0, 0, row0=row0)
         if noise is None:
             noise = exponential_noise(logits, self.gen)  # eager: the same draws as the torch path's
-        return self._sample_commit(logits, noise, self.rows, batch, float(mode[1]), int(mode[3]))
+        return self._sample_commit(logits, noise, self.rows, batch, float(mode[1]), int(mode[3]), row0=row0)
 
     def __call__(self, batch: int, tk: int, mode: Mode, noise: torch.Tensor | None = None) -> StepOut:
         """noise: the sampler's Exp(1) draws [B, V] for sampled modes; None draws them from the generator here

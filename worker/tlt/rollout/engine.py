@@ -67,6 +67,7 @@ from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, StepOut, sa
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache, slots_for_budget
 from worker.tlt.rollout.prefill import prefill, round_up
+from worker.tlt.rollout.prefill_graphs import PrefillGraphs
 from worker.tlt.rollout.speculative import row_filters, speculative_step
 from worker.tlt.rollout.state import RowState
 from worker.tlt.rollout.types import (
@@ -153,6 +154,7 @@ class Engine:
         self.graph_pool: object | None = None
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: VerifyGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None  # small prefill chunks (rollout/prefill_graphs.py)
         memory.attach_graphs(self)  # restore_memory() attaches fresh ones the same way
         # host mirrors of the rows 0..n_active-1
         self.n_active = 0

@@ -10,21 +10,24 @@ first use (as after construction without `Engine.warmup`), which costs capture t
 Worth it when the update needs the memory (`rollout.release_kv_for_update`).
 
 What goes: the K/V tensors (replaced by empty tensors inside the one `KVCache` object that the engine, its decode step
-and the verify body share, so no stale reference keeps them alive), the decode and verify graphs with their static
-buffers and their memory pool, and a small-model drafter's own KV cache (re-allocated by its next proposal). What
-stays: the row state, the generator (the sampling stream just continues), the EAGLE proposer's chain graphs (they read
-its feature ring and its own buffers, not the engine's cache; a few MB).
+and the verify body share, so no stale reference keeps them alive), the decode, verify and prefill graphs with their
+static buffers and their memory pool, and a small-model drafter's own KV cache (re-allocated by its next proposal).
+What stays: the row state, the generator (the sampling stream just continues), the EAGLE proposer's chain graphs (they
+read its feature ring and its own buffers, not the engine's cache; a few MB).
 Run the tests: `python -m pytest tests/engine/test_engine_release.py -q` (and `-m gpu` on a GPU).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
 
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache
+from worker.tlt.rollout.prefill import chunk_forward
+from worker.tlt.rollout.prefill_graphs import PrefillGraphs
 from worker.tlt.rollout.verify_graphs import VerifyGraphs
 from worker.tlt.spec.small_model import SmallModelProposer
 
@@ -38,11 +41,13 @@ def kv_released(cache: KVCache) -> bool:
 
 
 def attach_graphs(engine: Engine) -> None:
-    """A fresh memory pool and empty decode / verify graph sets (captured on first use), on CUDA with cuda_graphs."""
+    """A fresh memory pool and empty decode / verify / prefill graph sets (captured on first use), on CUDA with cuda_graphs."""
     on = engine.device.type == "cuda" and engine.config.cuda_graphs
     engine.graph_pool = torch.cuda.graph_pool_handle() if on else None
     engine.graphs = DecodeGraphs(engine.step, engine.graph_pool) if on else None
     engine.verify_graphs = VerifyGraphs.for_engine(engine) if on else None  # reads engine.graph_pool
+    small = functools.partial(chunk_forward, engine, engine.step.forward_hidden)  # small chunks: the fused kernels
+    engine.prefill_graphs = PrefillGraphs(small, engine.graph_pool) if on and engine.step.fused else None
 
 
 def release(engine: Engine) -> int:
@@ -57,10 +62,10 @@ def release(engine: Engine) -> int:
     empty = torch.empty(0, device=engine.device, dtype=engine.dtype)
     cache.k[:] = [empty] * len(cache.k)  # in place: every holder of this KVCache sees the release
     cache.v[:] = [empty] * len(cache.v)
-    for graphs in (engine.graphs, engine.verify_graphs):
+    for graphs in (engine.graphs, engine.verify_graphs, engine.prefill_graphs):
         if graphs is not None:
             freed += graphs.clear()  # emptied too, in case someone else still holds the object
-    engine.graph_pool, engine.graphs, engine.verify_graphs = None, None, None
+    engine.graph_pool, engine.graphs, engine.verify_graphs, engine.prefill_graphs = None, None, None, None
     for p in {id(x): x for x in [engine.proposer, *engine.proposers.values()] if x is not None}.values():
         if isinstance(p, SmallModelProposer) and p.cache is not None:
             freed += p.cache.nbytes

@@ -10,9 +10,10 @@ path); larger chunks run the model's torch forward.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +30,18 @@ FUSED_PREFILL_TOKENS = 512  # padded prompt tokens up to which a prefill chunk r
 
 def round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
+
+
+def chunk_forward(engine: Engine, forward: Callable[..., Any], row0: int, ids: torch.Tensor,
+                  plen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """`forward` (a forward_hidden) of c prompts [c, s] (lengths plen [c], right-padded) into cache rows row0.. ->
+    (logits at each prompt's last token [c, 1, V], final-norm hidden [c, s, H], captured layer inputs)."""
+    c, s = ids.shape
+    cols = engine._cols[:s]
+    pos = cols.expand(c, s)
+    mask = (cols[None, :] <= cols[:, None])[None] & (cols < plen[:, None])[:, None]
+    return forward(ids, pos, engine.cache, cache_rows=slice(row0, row0 + c), write_idx=pos, attn_mask=mask,
+                   logits_at=(plen - 1)[:, None], layers=engine.hook_layers)
 
 
 def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
@@ -58,22 +71,20 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
         for i in range(c):
             ids[i, : plen[i]] = torch.tensor(requests[uniq[j + i]].prompt)
         ids, plen = ids.to(dev), plen.to(dev)
-        pos = engine._cols[:s].expand(c, s)
-        mask = (engine._cols[:s][None, :] <= engine._cols[:s][:, None])[None] & (engine._cols[:s] < plen[:, None])[:, None]
-        layers = engine.hook_layers
         # a small chunk (a batch-1 prompt) in the fused kernels: torch's ~25 launches per layer made a 200-token
-        # GSM8K prompt a 16 ms prefill on an H200, host-bound; large chunks keep torch's GEMMs
-        small = engine.step.fused and c * s <= FUSED_PREFILL_TOKENS
-        forward = engine.step.forward_hidden if small else engine.model.forward_hidden
-        logits, hidden, cap = forward(
-            ids, pos, engine.cache, cache_rows=slice(r0 + j, r0 + j + c), write_idx=pos, attn_mask=mask,
-            logits_at=(plen - 1)[:, None], layers=layers,
-        )
+        # GSM8K prompt a 16 ms prefill on an H200, host-bound; replayed from a CUDA graph once its shape was seen
+        # (rollout/prefill_graphs.py); large chunks keep torch's GEMMs
+        if engine.step.fused and c * s <= FUSED_PREFILL_TOKENS:
+            graphs = engine.prefill_graphs
+            run = graphs if graphs is not None else functools.partial(chunk_forward, engine, engine.step.forward_hidden)
+        else:
+            run = functools.partial(chunk_forward, engine, engine.model.forward_hidden)
+        logits, hidden, cap = run(r0 + j, ids, plen)
         last_logits[j : j + c] = logits[:, 0].float()
         if engine.hidden_hook is not None:
             valid = engine._cols[:s][None, :] < plen[:, None]
             seq = [order[j + i] for i in range(c) for _ in range(int(plen[i]))]
-            engine.hidden_hook(seq, ids[valid], hook_rows(hidden, cap, layers)[valid])
+            engine.hidden_hook(seq, ids[valid], hook_rows(hidden, cap, engine.hook_layers)[valid])
         j += c
     # siblings share their prompt's K/V
     src = [r0 + firsts[r] for r, _ in order[len(uniq):]]
@@ -108,7 +119,10 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
     engine.n_active += m
     engine._rows_changed()
     logits = last_logits[torch.tensor([firsts[r] for r, _ in order], device=dev)]
-    tok, lp = choose(logits, engine._mode, st, rows, engine.gen)
-    n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
+    if engine.step.samples_fused(engine._mode, m):  # two kernels instead of ~40 torch ops (rollout/decode_step.py)
+        n = engine.step.fused_tail(m, engine._mode, logits, None, row0=r0)
+    else:
+        tok, lp = choose(logits, engine._mode, st, rows, engine.gen)
+        n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
     engine._hist_fresh, engine._done_host = False, None
     return StepStats("prefill", m, m, int(max(plens)), int(n.sum()), 0, time.perf_counter() - t0)

@@ -1,0 +1,66 @@
+"""CUDA graphs of small prefill chunks: the fused forward of c prompts padded to s tokens into cache rows
+row0 .. row0+c-1 (rollout/prefill.py's `chunk_forward`), one graph per (row0, c, s).
+
+A batch-1 GSM8K prompt is ~155 Triton launches and a few torch ops: ~10 ms of host work for well under a
+millisecond of GPU work on an H200 (session 7), i.e. 6% of a 256-token batch-1 decode. Replayed, it is two input
+copies and one launch. Only chunks that take the fused kernels come here (at most FUSED_PREFILL_TOKENS padded
+tokens: batch-1 and batch-2 admissions; a rollout's big chunks keep torch's GEMMs and are not launch-bound).
+
+The first chunk of a shape runs eagerly -- that run IS the prefill, writing the real K/V -- and its graph is captured
+right after (not executed: capture only records), so that the next prefill of the same shape replays. The kernels
+take row0 as a launch argument, hence the key; at most `limit` graphs are kept (later new shapes stay eager), in the
+engine's one memory pool. They bake in the cache's addresses: `clear()` drops them (rollout/memory.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+# (row0, ids [c, s], plen [c]) -> (logits [c, 1, V], final-norm hidden [c, s, H], {layer: hidden entering it})
+ChunkForward = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]]
+Outputs = tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]
+
+
+class PrefillGraphs:
+    def __init__(self, body: ChunkForward, pool: object, limit: int = 16) -> None:
+        self.body = body
+        self.pool = pool
+        self.limit = limit
+        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, Outputs]] = {}
+        self.capture_seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def clear(self) -> int:
+        self._graphs.clear()
+        return 0  # their memory is the shared pool's, counted with the decode graphs' growth
+
+    def __call__(self, row0: int, ids: torch.Tensor, plen: torch.Tensor) -> Outputs:
+        """The chunk's forward: replayed when its shape was seen, else run eagerly (and captured, up to `limit`).
+        Replayed outputs are static: read them before the next prefill."""
+        key = (row0, *ids.shape)
+        entry = self._graphs.get(key)
+        if entry is not None:
+            graph, s_ids, s_plen, out = entry
+            s_ids.copy_(ids)
+            s_plen.copy_(plen)
+            graph.replay()
+            return out
+        out = self.body(row0, ids, plen)
+        if len(self._graphs) < self.limit:
+            self._graphs[key] = self._capture(row0, ids, plen)
+        return out
+
+    def _capture(self, row0: int, ids: torch.Tensor, plen: torch.Tensor):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        s_ids, s_plen = ids.clone(), plen.clone()
+        graph = torch.cuda.CUDAGraph()
+        # the eager run just before warmed every kernel of this shape up (Triton compiled, allocator primed)
+        with torch.cuda.graph(graph, pool=self.pool):  # type: ignore[arg-type]
+            out = self.body(row0, s_ids, s_plen)
+        self.capture_seconds += time.perf_counter() - t0
+        return graph, s_ids, s_plen, out
