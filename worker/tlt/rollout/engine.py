@@ -80,6 +80,7 @@ from worker.tlt.rollout.types import (
     StepStats,
 )
 from worker.tlt.rollout.verify_graphs import VerifyGraphs
+from worker.tlt.rollout.windows import PlainWindows
 from worker.tlt.spec.ngram import NGramProposer
 from worker.tlt.spec.proposer import DraftContext, Proposer
 from worker.tlt.spec.stats import AcceptanceStats
@@ -503,6 +504,7 @@ class Engine:
         if ctl is not None:
             ctl.start_rollout()
         pending: Pending | None = None
+        windows = PlainWindows(self)
         while queue or self.n_active:
             if queue and self.n_active < self.slots:
                 items = [queue.popleft() for _ in range(min(self.slots - self.n_active, len(queue)))]
@@ -511,16 +513,10 @@ class Engine:
                 pending = adaptive_iteration(self, ctl, steps, pending, self.tail)
             elif use_spec:
                 steps.append(self.speculative_step(self.n_active))
-            else:
-                t0, active, batch = time.perf_counter(), self.n_active, self.bucket(self.n_active)
-                k = self.config.sync_every
-                emitted = [self.decode_step(batch).sum() for _ in range(k)]
-                # one host read per window: the counts and the done flags that sync() needs
-                packed = torch.cat([torch.stack(emitted), self.rows.done[:active].to(torch.int64)]).tolist()
-                counts, self._done_host = packed[:k], [bool(x) for x in packed[k:]]
-                dt = (time.perf_counter() - t0) / len(counts)
-                steps += [StepStats("decode", active, batch, 1, int(c), 0, dt) for c in counts]
+            elif not windows.step(steps):  # plain decoding, one window ahead of its reads (rollout/windows.py)
+                continue
             self.sync(results, on_finish)
+        windows.drain(steps)
         for p in {id(x): x for x in [self.proposer, *self.proposers.values()] if x is not None}.values():
             p.reset()
         seqs = [results[k] for k in sorted(results)]

@@ -46,8 +46,7 @@ def attach_graphs(engine: Engine) -> None:
     engine.graph_pool = torch.cuda.graph_pool_handle() if on else None
     engine.graphs = DecodeGraphs(engine.step, engine.graph_pool) if on else None
     engine.verify_graphs = VerifyGraphs.for_engine(engine) if on else None  # reads engine.graph_pool
-    small = functools.partial(chunk_forward, engine, engine.step.forward_hidden)  # small chunks: the fused kernels
-    engine.prefill_graphs = PrefillGraphs(small, engine.graph_pool) if on and engine.step.fused else None
+    engine.prefill_graphs = PrefillGraphs(functools.partial(chunk_forward, engine), engine.graph_pool) if on else None
 
 
 def release(engine: Engine) -> int:

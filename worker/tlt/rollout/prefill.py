@@ -3,17 +3,18 @@ per distinct prompt (chunks of prompts within `EngineConfig.prefill_tokens`), th
 siblings (the other samples of a GRPO group), the row state initialised, and each row's first token sampled.
 The hidden-state hook sees every prompt position (with `EngineConfig.capture_layers`, the captured layers too).
 With the fused kernels on, a chunk of at most FUSED_PREFILL_TOKENS padded tokens runs them too (the decode forward's
-path); larger chunks run the model's torch forward.
+path); larger chunks run the model's torch forward. On CUDA with graphs, chunks of at most GRAPH_PREFILL_TOKENS are
+replayed from a CUDA graph per shape (rollout/prefill_graphs.py), and the first tokens go through the fused sampler
+where the decode step would (two kernels instead of ~40 torch ops).
 
 `Engine.prefill(items, requests)` calls `prefill(engine, items, requests)`; see rollout/engine.py.
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,17 +27,26 @@ if TYPE_CHECKING:
 
 
 FUSED_PREFILL_TOKENS = 512  # padded prompt tokens up to which a prefill chunk runs the fused kernels
+# ... and up to which it is replayed from a CUDA graph: batch 8 of GSM8K prompts (8 x 144) was a 32 ms torch prefill
+# on an H200, host-bound; a rollout's chunk (64 x 160) is not launch-bound, and a graph per shape would hold its
+# activations in the pool
+GRAPH_PREFILL_TOKENS = 4096
 
 
 def round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-def chunk_forward(engine: Engine, forward: Callable[..., Any], row0: int, ids: torch.Tensor,
+def chunk_forward(engine: Engine, row0: int, ids: torch.Tensor,
                   plen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-    """`forward` (a forward_hidden) of c prompts [c, s] (lengths plen [c], right-padded) into cache rows row0.. ->
-    (logits at each prompt's last token [c, 1, V], final-norm hidden [c, s, H], captured layer inputs)."""
+    """The forward of c prompts [c, s] (lengths plen [c], right-padded) into cache rows row0.. -> (logits at each
+    prompt's last token [c, 1, V], final-norm hidden [c, s, H], captured layer inputs). A chunk of at most
+    FUSED_PREFILL_TOKENS padded tokens (a batch-1 prompt) runs the fused kernels where they are on: torch's ~25
+    launches per layer made a 200-token GSM8K prompt a 16 ms prefill on an H200, host-bound; larger chunks keep
+    torch's GEMMs."""
     c, s = ids.shape
+    small = engine.step.fused and c * s <= FUSED_PREFILL_TOKENS
+    forward = engine.step.forward_hidden if small else engine.model.forward_hidden
     cols = engine._cols[:s]
     pos = cols.expand(c, s)
     mask = (cols[None, :] <= cols[:, None])[None] & (cols < plen[:, None])[:, None]
@@ -71,15 +81,12 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
         for i in range(c):
             ids[i, : plen[i]] = torch.tensor(requests[uniq[j + i]].prompt)
         ids, plen = ids.to(dev), plen.to(dev)
-        # a small chunk (a batch-1 prompt) in the fused kernels: torch's ~25 launches per layer made a 200-token
-        # GSM8K prompt a 16 ms prefill on an H200, host-bound; replayed from a CUDA graph once its shape was seen
-        # (rollout/prefill_graphs.py); large chunks keep torch's GEMMs
-        if engine.step.fused and c * s <= FUSED_PREFILL_TOKENS:
-            graphs = engine.prefill_graphs
-            run = graphs if graphs is not None else functools.partial(chunk_forward, engine, engine.step.forward_hidden)
+        # chunks up to GRAPH_PREFILL_TOKENS replay a CUDA graph once their shape was seen (rollout/prefill_graphs.py)
+        graphs = engine.prefill_graphs if c * s <= GRAPH_PREFILL_TOKENS else None
+        if graphs is not None:
+            logits, hidden, cap = graphs(r0 + j, ids, plen, engine.hook_layers)
         else:
-            run = functools.partial(chunk_forward, engine, engine.model.forward_hidden)
-        logits, hidden, cap = run(r0 + j, ids, plen)
+            logits, hidden, cap = chunk_forward(engine, r0 + j, ids, plen)
         last_logits[j : j + c] = logits[:, 0].float()
         if engine.hidden_hook is not None:
             valid = engine._cols[:s][None, :] < plen[:, None]

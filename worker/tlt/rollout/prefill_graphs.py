@@ -1,10 +1,10 @@
-"""CUDA graphs of small prefill chunks: the fused forward of c prompts padded to s tokens into cache rows
-row0 .. row0+c-1 (rollout/prefill.py's `chunk_forward`), one graph per (row0, c, s).
+"""CUDA graphs of prefill chunks: the forward of c prompts padded to s tokens into cache rows row0 .. row0+c-1
+(rollout/prefill.py's `chunk_forward`: the fused kernels or torch's), one graph per (row0, c, s, captured layers).
 
 A batch-1 GSM8K prompt is ~155 Triton launches and a few torch ops: ~10 ms of host work for well under a
-millisecond of GPU work on an H200 (session 7), i.e. 6% of a 256-token batch-1 decode. Replayed, it is two input
-copies and one launch. Only chunks that take the fused kernels come here (at most FUSED_PREFILL_TOKENS padded
-tokens: batch-1 and batch-2 admissions; a rollout's big chunks keep torch's GEMMs and are not launch-bound).
+millisecond of GPU work on an H200 (session 7), i.e. 6% of a 256-token batch-1 decode; batch 8 in torch was 32 ms
+(session 8). Replayed, it is two input copies and one launch. Only chunks of at most GRAPH_PREFILL_TOKENS padded
+tokens come here (small admissions); a rollout's big chunks are not launch-bound.
 
 The first chunk of a shape runs eagerly -- that run IS the prefill, writing the real K/V -- and its graph is captured
 right after (not executed: capture only records), so that the next prefill of the same shape replays. The kernels
@@ -14,6 +14,7 @@ engine's one memory pool. They bake in the cache's addresses: `clear()` drops th
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ import torch
 # (row0, ids [c, s], plen [c]) -> (logits [c, 1, V], final-norm hidden [c, s, H], {layer: hidden entering it})
 ChunkForward = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]]
 Outputs = tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]
+log = logging.getLogger(__name__)
 
 
 class PrefillGraphs:
@@ -29,7 +31,8 @@ class PrefillGraphs:
         self.body = body
         self.pool = pool
         self.limit = limit
-        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, Outputs]] = {}
+        self._graphs: dict[tuple[int, int, int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, Outputs]] = {}
+        self._refused: set[tuple[int, int, int, tuple[int, ...]]] = set()
         self.capture_seconds = 0.0
 
     def __len__(self) -> int:
@@ -39,10 +42,11 @@ class PrefillGraphs:
         self._graphs.clear()
         return 0  # their memory is the shared pool's, counted with the decode graphs' growth
 
-    def __call__(self, row0: int, ids: torch.Tensor, plen: torch.Tensor) -> Outputs:
+    def __call__(self, row0: int, ids: torch.Tensor, plen: torch.Tensor, layers: tuple[int, ...] = ()) -> Outputs:
         """The chunk's forward: replayed when its shape was seen, else run eagerly (and captured, up to `limit`).
-        Replayed outputs are static: read them before the next prefill."""
-        key = (row0, *ids.shape)
+        `layers`: the captured layers the body returns (part of the key). Replayed outputs are static: read them
+        before the next prefill."""
+        key = (row0, *ids.shape, layers)
         entry = self._graphs.get(key)
         if entry is not None:
             graph, s_ids, s_plen, out = entry
@@ -51,8 +55,12 @@ class PrefillGraphs:
             graph.replay()
             return out
         out = self.body(row0, ids, plen)
-        if len(self._graphs) < self.limit:
-            self._graphs[key] = self._capture(row0, ids, plen)
+        if len(self._graphs) < self.limit and key not in self._refused:
+            try:
+                self._graphs[key] = self._capture(row0, ids, plen)
+            except RuntimeError as e:  # e.g. an op that syncs with the host: this shape stays eager
+                self._refused.add(key)
+                log.warning("prefill graph %s not captured (%s): eager", key, e)
         return out
 
     def _capture(self, row0: int, ids: torch.Tensor, plen: torch.Tensor):  # type: ignore[no-untyped-def]
