@@ -19,14 +19,12 @@ Run the tests: `python -m pytest tests/engine/test_engine_release.py -q` (and `-
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 import torch
 
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.kv_cache import KVCache
-from worker.tlt.rollout.prefill import chunk_forward
 from worker.tlt.rollout.prefill_graphs import PrefillGraphs
 from worker.tlt.rollout.verify_graphs import VerifyGraphs
 from worker.tlt.spec.small_model import SmallModelProposer
@@ -46,7 +44,7 @@ def attach_graphs(engine: Engine) -> None:
     engine.graph_pool = torch.cuda.graph_pool_handle() if on else None
     engine.graphs = DecodeGraphs(engine.step, engine.graph_pool) if on else None
     engine.verify_graphs = VerifyGraphs.for_engine(engine) if on else None  # reads engine.graph_pool
-    engine.prefill_graphs = PrefillGraphs(functools.partial(chunk_forward, engine), engine.graph_pool) if on else None
+    engine.prefill_graphs = PrefillGraphs(engine.graph_pool) if on else None
 
 
 def release(engine: Engine) -> int:

@@ -12,6 +12,7 @@ where the decode step would (two kernels instead of ~40 torch ops).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -84,7 +85,7 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
         # chunks up to GRAPH_PREFILL_TOKENS replay a CUDA graph once their shape was seen (rollout/prefill_graphs.py)
         graphs = engine.prefill_graphs if c * s <= GRAPH_PREFILL_TOKENS else None
         if graphs is not None:
-            logits, hidden, cap = graphs(r0 + j, ids, plen, engine.hook_layers)
+            logits, hidden, cap = graphs(functools.partial(chunk_forward, engine), r0 + j, ids, plen, engine.hook_layers)
         else:
             logits, hidden, cap = chunk_forward(engine, r0 + j, ids, plen)
         last_logits[j : j + c] = logits[:, 0].float()

@@ -27,8 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class PrefillGraphs:
-    def __init__(self, body: ChunkForward, pool: object, limit: int = 16) -> None:
-        self.body = body
+    def __init__(self, pool: object, limit: int = 16) -> None:
         self.pool = pool
         self.limit = limit
         self._graphs: dict[tuple[int, int, int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, Outputs]] = {}
@@ -42,10 +41,13 @@ class PrefillGraphs:
         self._graphs.clear()
         return 0  # their memory is the shared pool's, counted with the decode graphs' growth
 
-    def __call__(self, row0: int, ids: torch.Tensor, plen: torch.Tensor, layers: tuple[int, ...] = ()) -> Outputs:
-        """The chunk's forward: replayed when its shape was seen, else run eagerly (and captured, up to `limit`).
-        `layers`: the captured layers the body returns (part of the key). Replayed outputs are static: read them
-        before the next prefill."""
+    def __call__(self, body: ChunkForward, row0: int, ids: torch.Tensor, plen: torch.Tensor,
+                 layers: tuple[int, ...] = ()) -> Outputs:
+        """The chunk's forward `body`: replayed when its shape was seen, else run eagerly (and captured, up to
+        `limit`). `layers`: the captured layers the body returns (part of the key). Replayed outputs are static: read
+        them before the next prefill. (The body is passed per call, not kept: an engine holding graphs that hold the
+        engine would be a reference cycle, freed by the cyclic GC at any moment -- once inside another graph's
+        capture, which a graph's destruction there invalidates.)"""
         key = (row0, *ids.shape, layers)
         entry = self._graphs.get(key)
         if entry is not None:
@@ -54,21 +56,21 @@ class PrefillGraphs:
             s_plen.copy_(plen)
             graph.replay()
             return out
-        out = self.body(row0, ids, plen)
+        out = body(row0, ids, plen)
         if len(self._graphs) < self.limit and key not in self._refused:
             try:
-                self._graphs[key] = self._capture(row0, ids, plen)
+                self._graphs[key] = self._capture(body, row0, ids, plen)
             except RuntimeError as e:  # e.g. an op that syncs with the host: this shape stays eager
                 self._refused.add(key)
                 log.warning("prefill graph %s not captured (%s): eager", key, e)
         return out
 
-    def _capture(self, row0: int, ids: torch.Tensor, plen: torch.Tensor):  # type: ignore[no-untyped-def]
+    def _capture(self, body: ChunkForward, row0: int, ids: torch.Tensor, plen: torch.Tensor):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
         s_ids, s_plen = ids.clone(), plen.clone()
         graph = torch.cuda.CUDAGraph()
         # the eager run just before warmed every kernel of this shape up (Triton compiled, allocator primed)
         with torch.cuda.graph(graph, pool=self.pool):  # type: ignore[arg-type]
-            out = self.body(row0, s_ids, s_plen)
+            out = body(row0, s_ids, s_plen)
         self.capture_seconds += time.perf_counter() - t0
         return graph, s_ids, s_plen, out
