@@ -6,11 +6,12 @@
 
 Phases (gpt-fast style; `generate()` only orchestrates):
 - `prefill(items)`: prompts of newly admitted sequences (one forward per distinct prompt, K/V copied to its
-  siblings), first token sampled;
+  siblings; small chunks replayed from CUDA graphs, rollout/prefill_graphs.py), first token sampled;
 - `decode_step(batch)`: one token for rows 0..batch-1, no host sync: the whole step (forward, processing, sampling
   with the engine's generator, log-probs, commit; rollout/decode_step.py) is one CUDA-graph replay on CUDA
   (rollout/graphs.py; torch.compile'd before capture for small batches with `EngineConfig.compile`), the same body
-  run eagerly elsewhere; same seed => same tokens either way;
+  run eagerly elsewhere; same seed => same tokens either way; generate() runs windows of `sync_every` steps with
+  one host read each, on CUDA one window ahead of the reads (rollout/windows.py);
 - `speculative_step(batch, arm=None)`: the proposer drafts a chain or tree per row, ONE target forward verifies all
   rows with the tree mask, spec/verify.py accepts per row, the KV cache keeps only accepted nodes, EOS /
   max_new_tokens cut inside accepted runs; ONE host read at the end (emitted counts, done flags, per-position
