@@ -1,4 +1,6 @@
-"""`tlt selfcheck --model tiny --json` runs the whole lossless check and passes.
+"""`tlt selfcheck --model tiny --json` -- the command as a user runs it, default prompts and samples (~30 s on 2
+cores) -- runs the whole lossless check and passes (`passed` includes its negative control: a wrong acceptance
+rule caught).
 Run: python -m pytest tests/engine/test_engine_selfcheck_cli.py -q"""
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from worker.tlt.selfcheck import main
 
 
 def test_selfcheck_tiny_passes(capsys) -> None:
-    assert main(["--model", "tiny", "--json", "--prompts", "6", "--samples", "2000"]) == 0
+    assert main(["--model", "tiny", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     for key in ("sequences", "identical_sequences", "identical_token_fraction", "sampling_pvalue_min", "passed"):
         assert key in report
