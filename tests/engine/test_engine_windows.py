@@ -1,7 +1,8 @@
 """The plain decode loop one window ahead of its host reads (rollout/windows.py), forced on CPU: greedy outputs
-(tokens and finish reasons; log-probs to 1e-4) equal the read-at-once loop's with early EOS and continuous batching (rows that
-finish are retired a window late, waiting requests join a window late, done flags of moved rows are never used);
-no window runs for nothing when every row ends by its token budget, at most one when rows end by EOS.
+(tokens and finish reasons; log-probs to 1e-4) equal the read-at-once loop's with early EOS and continuous
+batching (rows that finish are retired a window late, waiting requests join a window late, done flags of moved rows
+are never used); no window runs for nothing when every row ends by its token budget, at most one when rows end by
+EOS.
 Run: python -m pytest tests/engine/test_engine_windows.py -q"""
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ def kv_released(cache: KVCache) -> bool:
 
 
 def attach_graphs(engine: Engine) -> None:
-    """A fresh memory pool and empty decode / verify / prefill graph sets (captured on first use), on CUDA with cuda_graphs."""
+    """A fresh memory pool and empty decode / verify / prefill graph sets (captured on first use), on CUDA with
+    cuda_graphs."""
     on = engine.device.type == "cuda" and engine.config.cuda_graphs
     engine.graph_pool = torch.cuda.graph_pool_handle() if on else None
     engine.graphs = DecodeGraphs(engine.step, engine.graph_pool) if on else None

@@ -85,7 +85,8 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
         # chunks up to GRAPH_PREFILL_TOKENS replay a CUDA graph once their shape was seen (rollout/prefill_graphs.py)
         graphs = engine.prefill_graphs if c * s <= GRAPH_PREFILL_TOKENS else None
         if graphs is not None:
-            logits, hidden, cap = graphs(functools.partial(chunk_forward, engine), r0 + j, ids, plen, engine.hook_layers)
+            body = functools.partial(chunk_forward, engine)
+            logits, hidden, cap = graphs(body, r0 + j, ids, plen, engine.hook_layers)
         else:
             logits, hidden, cap = chunk_forward(engine, r0 + j, ids, plen)
         last_logits[j : j + c] = logits[:, 0].float()

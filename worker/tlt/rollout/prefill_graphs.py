@@ -23,6 +23,8 @@ import torch
 # (row0, ids [c, s], plen [c]) -> (logits [c, 1, V], final-norm hidden [c, s, H], {layer: hidden entering it})
 ChunkForward = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]]
 Outputs = tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]
+Key = tuple[int, int, int, tuple[int, ...]]  # (row0, c, s, captured layers)
+Entry = tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, Outputs]  # graph, static ids, static plen, outputs
 log = logging.getLogger(__name__)
 
 
@@ -30,8 +32,8 @@ class PrefillGraphs:
     def __init__(self, pool: object, limit: int = 16) -> None:
         self.pool = pool
         self.limit = limit
-        self._graphs: dict[tuple[int, int, int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, Outputs]] = {}
-        self._refused: set[tuple[int, int, int, tuple[int, ...]]] = set()
+        self._graphs: dict[Key, Entry] = {}
+        self._refused: set[Key] = set()
         self.capture_seconds = 0.0
 
     def __len__(self) -> int:
@@ -39,7 +41,7 @@ class PrefillGraphs:
 
     def clear(self) -> int:
         self._graphs.clear()
-        return 0  # their memory is the shared pool's, counted with the decode graphs' growth
+        return 0  # their pool growth is not measured (the activations of at most GRAPH_PREFILL_TOKENS tokens)
 
     def __call__(self, body: ChunkForward, row0: int, ids: torch.Tensor, plen: torch.Tensor,
                  layers: tuple[int, ...] = ()) -> Outputs:
@@ -48,7 +50,7 @@ class PrefillGraphs:
         them before the next prefill. (The body is passed per call, not kept: an engine holding graphs that hold the
         engine would be a reference cycle, freed by the cyclic GC at any moment -- once inside another graph's
         capture, which a graph's destruction there invalidates.)"""
-        key = (row0, *ids.shape, layers)
+        key: Key = (row0, ids.shape[0], ids.shape[1], layers)
         entry = self._graphs.get(key)
         if entry is not None:
             graph, s_ids, s_plen, out = entry
@@ -65,7 +67,7 @@ class PrefillGraphs:
                 log.warning("prefill graph %s not captured (%s): eager", key, e)
         return out
 
-    def _capture(self, body: ChunkForward, row0: int, ids: torch.Tensor, plen: torch.Tensor):  # type: ignore[no-untyped-def]
+    def _capture(self, body: ChunkForward, row0: int, ids: torch.Tensor, plen: torch.Tensor) -> Entry:
         t0 = time.perf_counter()
         s_ids, s_plen = ids.clone(), plen.clone()
         graph = torch.cuda.CUDAGraph()
