@@ -15,7 +15,6 @@ engine's one memory pool. They bake in the cache's addresses: `clear()` drops th
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import torch
@@ -34,7 +33,6 @@ class PrefillGraphs:
         self.limit = limit
         self._graphs: dict[Key, Entry] = {}
         self._refused: set[Key] = set()
-        self.capture_seconds = 0.0
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -68,11 +66,9 @@ class PrefillGraphs:
         return out
 
     def _capture(self, body: ChunkForward, row0: int, ids: torch.Tensor, plen: torch.Tensor) -> Entry:
-        t0 = time.perf_counter()
         s_ids, s_plen = ids.clone(), plen.clone()
         graph = torch.cuda.CUDAGraph()
         # the eager run just before warmed every kernel of this shape up (Triton compiled, allocator primed)
         with torch.cuda.graph(graph, pool=self.pool):  # type: ignore[arg-type]
             out = body(row0, s_ids, s_plen)
-        self.capture_seconds += time.perf_counter() - t0
         return graph, s_ids, s_plen, out
