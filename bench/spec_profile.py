@@ -158,6 +158,8 @@ def instrument(probe: Probe, engine: Engine, prop: EagleProposer | None) -> None
     probe.wrap(prop, "propose", "propose")
     probe.wrap(prop, "_pack", "pack (host)")
     probe.wrap(prop.features, "gather", "feature gather")
+    probe.wrap(prop, "_load_window", "window load")
+    probe.wrap(prop, "advance", "window advance")
     probe.wrap(engine, "_emit_hidden", "hidden hook")
     probe.wrap(engine, "hidden_hook", "observe (feature ring)")  # the engine holds the bound prop.observe
     if engine.verify_graphs is not None:

@@ -17,11 +17,10 @@ import torch
 
 @dataclass
 class ChainGraph:
-    """A captured chain draft for one (batch bucket, depth): static inputs the host fills, static outputs."""
+    """A captured chain draft for one (batch bucket, depth): the rows' sampling settings the host fills, static
+    outputs."""
 
-    graph: Any  # torch.cuda.CUDAGraph (anything with replay())
-    packed: torch.Tensor  # [Bb, 2W + 2] int64 (layout: FeatureRing.pack)
-    feats: torch.Tensor  # [Bb, W, F]
+    graph: Any  # torch.cuda.CUDAGraph (anything with replay()); its inputs are the proposer's DraftWindow
     temp: torch.Tensor  # [Bb] float32
     top_p: torch.Tensor  # [Bb] float32
     top_k: torch.Tensor  # [Bb] int64

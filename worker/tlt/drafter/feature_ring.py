@@ -107,11 +107,7 @@ class FeatureRing:
             else:
                 wide = True
                 cells += [base + (start + i) % w for i in range(size)]
-        need = len(self._count)
-        if need > self.rows.shape[0]:
-            grown = torch.zeros(max(need, 2 * self.rows.shape[0], 64), w, self.feature_dim, device=self.device)
-            grown[: self.rows.shape[0]] = self.rows
-            self.rows, self.rows2d = grown, grown.view(-1, self.feature_dim)
+        self._grow(len(self._count))
         f = self.feature_dim
         src = hidden if hidden.shape[1] == f else hidden[:, :f]
         src = src.detach() if src.requires_grad else src
@@ -126,6 +122,40 @@ class FeatureRing:
         if src.dtype != torch.float32 or src.device != self.device:
             src = src.to(self.device, torch.float32)
         self.rows2d.index_copy_(0, self._stage.put(cells)[0], src)
+
+    def slots(self, ctx: DraftContext) -> list[int]:
+        """The ring slot of each of the context's sequences (given on first sight)."""
+        return self._pack_slots(ctx)[0]
+
+    def counts(self, ctx: DraftContext) -> list[int]:
+        """Feature rows ever written for each of the context's sequences."""
+        return [self._count[s] for s in self.slots(ctx)]
+
+    def absorb(self, slots: list[int], counts: list[int], source: torch.Tensor) -> None:
+        """Take features written elsewhere: source [B, S, F] holds feature i of slots[b]'s sequence at [b, i mod S]
+        for the last min(counts[b], S) indices (a DraftWindow's rings); counts[b] is how many that sequence has now.
+        The rows this ring lacks are copied (one index_copy) and its counts follow."""
+        w, span = self.context, source.shape[1]
+        src: list[int] = []
+        dst: list[int] = []
+        for b, (slot, c) in enumerate(zip(slots, counts, strict=True)):
+            old = self._count[slot]
+            if c != old:
+                idx = range(max(old, c - w), c)
+                src += [b * span + i % span for i in idx]
+                dst += [slot * w + i % w for i in idx]
+                self._count[slot] = c
+        if src:
+            self._grow(len(self._count))
+            rows = source.reshape(-1, source.shape[2]).index_select(0, to_device_no_sync(np.array(src), self.device))
+            self.rows2d.index_copy_(0, to_device_no_sync(np.array(dst), self.device), rows.to(self.rows.dtype))
+
+    def _grow(self, need: int) -> None:  # device rows for `need` slots
+        if need > self.rows.shape[0]:
+            w = self.context
+            grown = torch.zeros(max(need, 2 * self.rows.shape[0], 64), w, self.feature_dim, device=self.device)
+            grown[: self.rows.shape[0]] = self.rows
+            self.rows, self.rows2d = grown, grown.view(-1, self.feature_dim)
 
     def _pack_slots(self, ctx: DraftContext) -> tuple[list[int], np.ndarray]:  # slots [B], slots * W [2B, 1]
         if self._packed is None or self._packed[0] is not ctx:  # the engine reuses one ctx while its rows stay

@@ -15,20 +15,23 @@ after verification; then it drafts with a drafter-side K/V of the draft entries:
   forwards with fixed shapes and no host sync (`chain_draft_no_sync`): the host packs the last `context` history
   tokens, ring indices and lengths of every row into one int64 array, copied to the device without waiting
   (pinned, non_blocking); the drafter K/V is one buffer [B, Hkv, context + k - 1, D] written by column. On CUDA the
-  whole draft is captured once per (batch bucket, depth) as a CUDA graph and replayed (chain_graph.py).
+  whole draft is captured once per (batch bucket, depth) as a CUDA graph and replayed (chain_graph.py), reading its
+  inputs from a device-side DraftWindow (draft_window.py) that the engine advances after each verification, so
+  consecutive speculative steps on the same rows skip the pack, the upload and the hook's ring writes.
 - tree (`topk > 1`): EAGLE-2 expansion pruned to ctx.max_nodes (tree_draft.py). Eager.
 Weights come from the spot trainer as versioned snapshots, loaded at rollout start (`load_snapshot`, an in-place copy
 that captured graphs see), never mid-rollout. A graphed chain proposal is the graph's output buffers themselves
 (tokens, parents, counts, draft_probs): valid until the next `propose` (the engine verifies and feeds the hook
-before drafting again). Host work per graphed draft (the GPU idles through it): the pack (incremental: only new
-history tokens), one upload through a reused pinned buffer (buffer.HostStage), one feature gather, the replay.
+before drafting again). Host work per graphed draft (the GPU idles through it): the window check and the replay;
+when the rows changed, a window load (the pack, one upload through a reused pinned buffer, one feature gather).
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_proposer.py tests/drafter/test_drafter_chain_graph.py -q`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +40,7 @@ import torch
 
 from worker.tlt.drafter.buffer import HostStage, to_device_no_sync
 from worker.tlt.drafter.chain_graph import ChainGraph, batch_bucket, record_graph
+from worker.tlt.drafter.draft_window import DraftWindow
 from worker.tlt.drafter.feature_ring import FeatureRing, SeqId
 from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.drafter.train import DrafterSnapshot
@@ -66,12 +70,12 @@ class EagleProposer:
         self.features = FeatureRing(self.config.context, drafter.feature_dim, self.device)
         # (batch bucket, depth, DraftContext.filters) -> captured chain draft
         self._graphs: dict[tuple[int, int, tuple[int, bool, float]], ChainGraph] = {}
-        # graph key -> [Bb*W + Bb*(2W+2)] int64: the ring index of every entry, then the graph's `packed` (a view)
-        self._staged: dict[tuple[int, int, tuple[int, bool, float]], torch.Tensor] = {}
-        # (graph key, batch) -> the graph's buffers sliced to the batch: (ring index, feats, temp, top_p, top_k, out)
-        self._views: dict[tuple[tuple[int, int, tuple[int, bool, float]], int], tuple[Any, ...]] = {}
         self._sampled: dict[tuple[int, int, tuple[int, bool, float]], object] = {}  # graph key -> ctx.sampling copied in
-        self._stage = HostStage(self.device)  # the packed inputs -> a graph's buffer, every draft
+        self._stage = HostStage(self.device)  # a window load's packed inputs -> the device, one upload
+        self._load_staged: torch.Tensor | None = None
+        self._window: DraftWindow | None = None  # the graphs' inputs, kept on the device (made at the first capture)
+        self._drafted = False  # the last propose replayed a graph on the window (the engine verifies it next)
+        self._window_fed = False  # inside `advanced`: the hook's rows of that step are already in the window
         self._pool: object | None = None  # one memory pool shared by this proposer's graphs
 
     # ------------------------------------------------------------------------------------------------ weights
@@ -85,6 +89,9 @@ class EagleProposer:
 
     def reset(self) -> None:
         self.features.reset()
+        if self._window is not None:
+            self._window.ctx = None  # forgotten with the ring: nothing to write back
+        self._drafted = False
 
     # ------------------------------------------------------------------------------------------------ features
     def _to_device_no_sync(self, arr: np.ndarray) -> torch.Tensor:
@@ -96,8 +103,40 @@ class EagleProposer:
         token_ids: torch.Tensor,  # [N] (unused: the context tokens come from the histories)
         hidden: torch.Tensor,  # [N, >= F] target feature of each row (the first F columns), in position order
     ) -> None:
-        """The engine hook: remember the last `context` features of each sequence (no host sync)."""
+        """The engine hook: remember the last `context` features of each sequence (no host sync). Rows of a step
+        whose features the draft window took itself (`advanced`) are skipped; any other rows first make the
+        window write its features back (the ring takes rows in order)."""
+        if self._window_fed:
+            return
+        self._flush_window()
         self.features.observe(seq_ids, hidden)
+
+    def _flush_window(self) -> None:
+        if self._window is not None and self._window.ctx is not None:
+            self._window.flush_into(self.features)
+
+    # ------------------------------------------------------------------------------------------------ window
+    def advance(self, tokens: torch.Tensor, hidden: torch.Tensor, emitted: torch.Tensor) -> bool:
+        """The engine, after verifying this proposer's last draft, before reading the result (device work only):
+        tokens [>=B, K] emitted in order, hidden [>=B, >=K, >=F] hook rows of the verified nodes, emitted [>=B].
+        True when the draft window took them: the engine then wraps the step's hook call in `advanced`."""
+        drafted, self._drafted = self._drafted, False
+        if not drafted or self._window is None or self._window.ctx is None:
+            return False
+        self._window.advance(tokens, hidden, emitted)
+        return True
+
+    @contextmanager
+    def advanced(self, emitted: list[int]) -> Iterator[None]:
+        """Once the step's emitted counts are read: the window's host mirror follows, and observe skips the step's
+        hook rows inside this block (they are in the window already)."""
+        assert self._window is not None
+        self._window.mirror(emitted)
+        self._window_fed = True
+        try:
+            yield
+        finally:
+            self._window_fed = False
 
     def _pack(self, ctx: DraftContext, rows: int) -> np.ndarray:  # [rows, 2W + 2] int64, layout: FeatureRing.pack
         return self.features.pack(ctx, rows)
@@ -189,18 +228,21 @@ class EagleProposer:
             with torch.no_grad():
                 return self.propose(ctx)
         bsz = ctx.batch_size
+        self._drafted = False
         if self.config.topk <= 1:
             k = max(0, min(ctx.max_depth, ctx.max_nodes - 1))
+            if k > 0 and self._graphable(bsz, ctx):
+                return self._chain_graphed(ctx, k)
+            self._flush_window()
             if k == 0:
                 root = self._to_device_no_sync(self._pack(ctx, bsz))[:, self.config.context - 1]
                 return DraftProposal(root[:, None], torch.full_like(root[:, None], -1), torch.ones_like(root))
-            if self._graphable(bsz, ctx):
-                return self._chain_graphed(ctx, k)
             packed = self._to_device_no_sync(self._pack(ctx, bsz))
             toks, feats, m = self._inputs(ctx, packed)
             temp, top_p, top_k = self._sampling(ctx)
             t, p, c, q = self.chain_draft_no_sync(toks, feats, m, packed[:, -1], temp, top_p, top_k, k, ctx.filters)
             return DraftProposal(t, p, c, q)
+        self._flush_window()
         packed = self._to_device_no_sync(self._pack(ctx, bsz))
         toks, feats, m = self._inputs(ctx, packed)
         o, kv, valid, last_pos = self._context_forward(toks, feats, m, packed[:, -1], None)
@@ -224,31 +266,46 @@ class EagleProposer:
                 and batch_bucket(bsz) <= self.config.graph_max_batch)
 
     def _chain_graphed(self, ctx: DraftContext, k: int) -> DraftProposal:
-        """Fill the graph's static inputs and replay it. Host work per draft: the pack, one upload, one feature
-        gather; the rows' sampling settings only when ctx.sampling is another object than last time (treated as
-        immutable: the engine builds a new context when its rows change). The proposal is the graph's output
-        buffers (no copies): valid until the next propose."""
-        bsz, w = ctx.batch_size, self.config.context
-        bb = batch_bucket(bsz)
-        key = (bb, k, ctx.filters)
+        """Replay the graph on the draft window, loading the window first unless it holds ctx's rows as they are
+        (draft_window.py). Host work per draft in a run of speculative steps on the same rows: the window check
+        (the history lengths), the replay; the rows' sampling settings only when ctx.sampling is another object than
+        last time (treated as immutable: the engine builds a new context when its rows change). The proposal is the
+        graph's output buffers (no copies): valid until the next propose."""
+        bsz = ctx.batch_size
+        key = (batch_bucket(bsz), k, ctx.filters)
         g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[key] = self._capture(bb, k, ctx.filters)
-        staged = self._staged[key]
-        v = self._views.get((key, bsz))
-        if v is None:
-            v = self._views[(key, bsz)] = (staged[: bsz * w], g.feats[:bsz].view(bsz * w, -1), g.temp[:bsz],
-                                           g.top_p[:bsz], g.top_k[:bsz], tuple(o[:bsz] for o in g.out))
-        ring_idx, feats, temp, top_p, top_k, out = v
-        self.features.pack(ctx, bb, lead=True, out=self._stage.host_for(staged))  # one upload, one gather
-        self._stage.send(staged)
-        torch.index_select(self.features.rows2d, 0, ring_idx, out=feats)
+            g = self._graphs[key] = self._capture(*key)
+        window = self._window
+        assert window is not None
+        if not window.holds(ctx):
+            self._flush_window()
+            self._load_window(ctx)
         if ctx.sampling is None or self._sampled.get(key) is not ctx.sampling:
-            for dst, src in zip((temp, top_p, top_k), self._sampling(ctx), strict=True):
+            for dst, src in zip((g.temp[:bsz], g.top_p[:bsz], g.top_k[:bsz]), self._sampling(ctx), strict=True):
                 dst.copy_(src)
             self._sampled[key] = ctx.sampling
         g.graph.replay()
-        return DraftProposal(*out)
+        self._drafted = True
+        return DraftProposal(*(o[:bsz] for o in g.out))
+
+    def _load_window(self, ctx: DraftContext) -> None:
+        """The window's rows from the ring and the histories: one pack, one upload, one gather."""
+        assert self._window is not None
+        bsz, w = ctx.batch_size, self.config.context
+        staged = self._load_buffer(bsz)
+        self.features.pack(ctx, bsz, lead=True, out=self._stage.host_for(staged))
+        self._stage.send(staged)
+        packed = staged[bsz * w:].view(bsz, 2 * w + 2)
+        feats = self.features.gather(staged[: bsz * w].view(bsz, w))
+        self._window.load(ctx, packed[:, :w], feats, self.features.counts(ctx))
+
+    def _load_buffer(self, rows: int) -> torch.Tensor:  # [rows*W + rows*(2W+2)] int64 on the device (pack's lead)
+        w = self.config.context
+        size = rows * w + rows * (2 * w + 2)
+        if self._load_staged is None or self._load_staged.numel() < size:
+            self._load_staged = torch.zeros(size, dtype=torch.int64, device=self.device)
+        return self._load_staged[:size]
 
     @torch.no_grad()
     def capture_chain(self, batches: Sequence[int], depth: int,
@@ -265,24 +322,22 @@ class EagleProposer:
         return len(todo)
 
     def _capture(self, bb: int, k: int, filters: tuple[int, bool, float]) -> ChainGraph:
-        """Capture the chain draft of `k` tokens for a batch bucket `bb` (static buffers allocated here)."""
-        w, dev = self.config.context, self.device
-        staged = self._staged[(bb, k, filters)] = torch.zeros(bb * w + bb * (2 * w + 2), dtype=torch.int64,
-                                                               device=dev)
-        packed = staged[bb * w:].view(bb, 2 * w + 2)  # the ring index leads (contiguous, for the gather)
-        packed[:, -1] = 2
-        feats = torch.zeros(bb, w, self.features.feature_dim, device=dev)
+        """Capture the chain draft of `k` tokens for a batch bucket `bb`, reading its inputs from the draft window."""
+        dev = self.device
+        if self._window is None:
+            rows = max(batch_bucket(self.config.graph_max_batch), bb)
+            self._window = DraftWindow(rows, self.config.context, self.features.feature_dim, dev)
+        window = self._window
         temp, top_p = torch.zeros(bb, device=dev), torch.ones(bb, device=dev)
         top_k = torch.zeros(bb, dtype=torch.int64, device=dev)
 
         def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-            return self.chain_draft_no_sync(packed[:, :w], feats, packed[:, 2 * w], packed[:, -1], temp, top_p,
-                                            top_k, k, filters)
+            toks, feats, m, hist_len = window.inputs(bb)
+            return self.chain_draft_no_sync(toks, feats, m, hist_len, temp, top_p, top_k, k, filters)
 
         graph, out = self._record(run)
         self._sampled.pop((bb, k, filters), None)  # fresh buffers: the next draft copies the settings in
-        self._views = {vk: v for vk, v in self._views.items() if vk[0] != (bb, k, filters)}
-        return ChainGraph(graph, packed, feats, temp, top_p, top_k, out)
+        return ChainGraph(graph, temp, top_p, top_k, out)
 
     def _record(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
         """Capture `run` into a CUDA graph in this proposer's memory pool -> (graph, its static outputs)."""

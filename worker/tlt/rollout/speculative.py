@@ -28,11 +28,12 @@ import torch
 
 from worker.tlt.adaptive.arms import Arm
 from worker.tlt.rollout.adaptive_loop import proposer_topk, set_proposer_topk
-from worker.tlt.rollout.spec_body import SpecInputs, verify_commit
+from worker.tlt.rollout.spec_body import SpecInputs, SpecOut, verify_commit
 from worker.tlt.rollout.types import StepStats
 from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.sampling import SamplingParams as RowParams
 from worker.tlt.spec.tree import children_table, node_depths
+from worker.tlt.spec.types import DraftProposal
 
 if TYPE_CHECKING:
     from worker.tlt.rollout.engine import Engine
@@ -116,16 +117,18 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
                             tk=engine._tk(engine.n_active, n_nodes), chain=is_chain)
         rr = batch
     d_max = max(d, 1)
+    at_tokens = 2 * rr + 2 * d_max + 2  # packed: the emitted tokens [rr, d + 1] come last
+    advance = getattr(proposer, "advance", None) if is_chain else None  # EagleProposer's draft window
+    fed = advance is not None and advance(out.packed[at_tokens:].view(rr, d + 1), out.hidden, out.n)
     packed = out.packed.tolist()  # the step's one device -> host read (layout: rollout/spec_body.py)
     n_host = packed[:batch]
-    if engine.hidden_hook is not None:  # root + the accepted nodes that were kept (the last kept token is the new root)
-        if is_chain:  # a chain keeps nodes 0..n-1: no gather of the kept nodes
-            engine._emit_hidden(batch, prop.tokens, out.hidden, out.n, n_host)
-        else:
-            kept = out.kept[:batch]
-            hid = out.hidden[:batch]
-            engine._emit_hidden(batch, prop.tokens.gather(1, kept.clamp_max(n_nodes - 1)),
-                                hid.gather(1, kept[..., None].expand(-1, -1, hid.shape[-1])), out.n[:batch], n_host)
+    hook = engine.hidden_hook
+    if fed:  # the window holds the step's features: the hook runs only for other consumers (a training buffer)
+        with proposer.advanced(n_host):  # type: ignore[attr-defined]
+            if hook is not None and hook != proposer.observe:  # type: ignore[attr-defined]
+                _emit_step_hidden(engine, batch, prop, out, n_host, is_chain)
+    elif hook is not None:
+        _emit_step_hidden(engine, batch, prop, out, n_host, is_chain)
     at = 2 * rr  # per-position counts, then active rows and verify nodes, then the emitted tokens
     acc_host, dr_host = packed[at: at + d_max], packed[at + d_max: at + 2 * d_max]
     active_rows, verify_nodes = packed[at + 2 * d_max: at + 2 * d_max + 2]
@@ -153,3 +156,16 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
     return StepStats("spec", engine.n_active, batch, n_nodes, sum(n_host), sum(acc_host), engine.clock() - t0,
                      arm=arm.name if arm is not None else None, accepted_pos=tuple(acc_host),
                      drafted_pos=tuple(dr_host))
+
+
+def _emit_step_hidden(engine: Engine, batch: int, prop: DraftProposal, out: SpecOut, n_host: list[int],
+                      is_chain: bool) -> None:
+    """The hidden hook's rows of a step: root + the accepted nodes that were kept (the last kept token is the new
+    root)."""
+    if is_chain:  # a chain keeps nodes 0..n-1: no gather of the kept nodes
+        engine._emit_hidden(batch, prop.tokens, out.hidden, out.n, n_host)
+        return
+    kept = out.kept[:batch]
+    hid = out.hidden[:batch]
+    engine._emit_hidden(batch, prop.tokens.gather(1, kept.clamp_max(prop.num_nodes - 1)),
+                        hid.gather(1, kept[..., None].expand(-1, -1, hid.shape[-1])), out.n[:batch], n_host)
