@@ -13,7 +13,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from worker.tlt.kernels import attention, chain_verify, draft_sample, linear, qkv_rope, sample_commit
+from worker.tlt.kernels import attention, chain_verify, draft_sample, linear, qkv_rope, sample_commit, spec_commit
 from worker.tlt.kernels.common import Config
 from worker.tlt.rollout.state import RowState
 
@@ -93,14 +93,20 @@ def cases() -> dict[str, Callable[[], None]]:
         for dtype in (BF, torch.float32):
             draft_sample.draft_sample(torch.randn(8, 49152, dtype=dtype), torch.rand(8, 49152), 1.0)
 
-    return {"attention_split": attn(Config(128, 64, 8, 2, split=128)), "attention": attn(Config(64, 64, 4, 2)),
+    def spec_commits() -> None:
+        rows = RowState(8, 64, 32, 8, torch.device("cpu"))
+        t, n = torch.randint(0, 9, (8, 7)), torch.full((8,), 3)
+        for depth in (None, n):  # chain, tree
+            spec_commit.spec_commit(t, torch.randn(8, 7), n, n, depth, torch.tensor([8]), rows, 6)
+
+    return {"spec_commit": spec_commits, "attention_split": attn(Config(128, 64, 8, 2, split=128)), "attention": attn(Config(64, 64, 4, 2)),
             "gemms": gemms, "qkv_norm": qkv(True, False, False, 32), "qkv_drafter": qkv(False, False, False, 16),
             "qkv_qwen3": qkv(True, True, True, 64), "sampler_bf16": sampler(BF), "sampler_fp32": sampler(torch.float32), "draft_sample": drafts}
 
 
 def main() -> None:
     case = [""]
-    for mod in (attention, linear, qkv_rope, sample_commit, chain_verify, draft_sample):
+    for mod in (attention, linear, qkv_rope, sample_commit, chain_verify, draft_sample, spec_commit):
         if hasattr(mod, "pdl_args"):
             mod.pdl_args = lambda device, m: {"USE_GDC": True, "launch_pdl": True}  # type: ignore[attr-defined]
         for name in dir(mod):

@@ -21,6 +21,7 @@ EXPECTED = {  # case -> kernels its launches compile, in order
     "sampler_bf16": ["_chunk_kernel", "_finish_kernel"] * 3,
     "sampler_fp32": ["_chunk_kernel", "_finish_kernel"] * 3,
     "draft_sample": ["_chunk_kernel", "_merge_kernel", "_q_kernel"] * 2,
+    "spec_commit": ["_spec_commit_kernel"] * 2,
 }
 
 

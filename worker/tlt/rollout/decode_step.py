@@ -165,6 +165,12 @@ class DecodeStep:
     def fused(self) -> bool:  # the cached forward runs the fused kernels (up to fused_max_seqs sequences)
         return self._fused_forward is not None
 
+    @property
+    def commits_fused(self) -> bool:
+        """Commits run in Triton kernels (the fused sampler's condition: fused on, Triton runs on the device); the
+        speculative body's commit follows it (kernels/spec_commit.py)."""
+        return self._sample_commit is not None
+
     def forward_hidden(
         self,
         input_ids: torch.Tensor,  # [B, S]

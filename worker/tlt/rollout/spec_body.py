@@ -26,6 +26,7 @@ import torch
 
 from worker.tlt.kernels import fused_available
 from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows
+from worker.tlt.rollout.state import RowState
 from worker.tlt.spec.sampling import processed_probs
 from worker.tlt.spec.tree import ancestor_mask, depths_from_ancestors
 from worker.tlt.spec.types import DraftProposal
@@ -80,12 +81,16 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
     node_i = torch.arange(w, device=dev)
     in_batch = row_i < inp.n_rows
     lens = torch.where(in_batch, st.lens[:r], 0)
-    anc = ancestor_mask(inp.parents)  # [R, W, W] ancestor-or-self
-    node_depth = depths_from_ancestors(anc)  # [R, W]
+    if chain:  # node i at depth i, its ancestors the nodes before it (padding nodes too: nothing reads them)
+        node_depth = node_i.expand(r, w)
+        anc = node_i[None, :] <= node_i[:, None]
+    else:
+        anc = ancestor_mask(inp.parents)  # [R, W, W] ancestor-or-self
+        node_depth = depths_from_ancestors(anc)  # [R, W]
     pos = lens[:, None] + node_depth
     widx = lens[:, None] + node_i[None, :]
     mask = (torch.arange(tk, device=dev)[None, None, :] < lens[:, None, None]).expand(r, w, tk).clone()
-    mask.scatter_(2, widx[:, None, :].expand(r, w, w), anc)
+    mask.scatter_(2, widx[:, None, :].expand(r, w, w), anc.expand(r, w, w))
     layers = engine.hook_layers
     # the engine's cached forward: torch, or the fused Triton kernels (EngineConfig.fused_kernels)
     logits, hidden, cap = engine.step.forward_hidden(inp.tokens, pos, cache, write_idx=widx, attn_mask=mask,
@@ -110,15 +115,30 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
     acc_nodes = res.accepted_nodes[:, :depth].clamp_min(0)  # [R, D]
     if not chain:  # a chain's accepted nodes already sit at lens+1.. (node i at column lens+i)
         cache.compact_accepted(lens, acc_nodes, n_acc)
-    active = ~st.done[:r] & in_batch
-    n = st.commit_no_sync(slice(0, r), res.tokens, res.logprobs, torch.where(in_batch, res.num_emitted, 0))
-    ks = torch.arange(1, max(depth, 1) + 1, device=dev)
-    row_depth = node_depth.masked_fill(node_i[None, :] >= inp.counts[:, None], 0).max(dim=1).values  # [R]
-    acc_pos = ((n_acc[:, None] >= ks[None, :]) & active[:, None]).sum(0)
-    dr_pos = ((row_depth[:, None] >= ks[None, :]) & active[:, None]).sum(0)
-    nodes = torch.where(active, inp.counts, 0).sum()
-    packed = torch.cat([n, st.done[:r].to(torch.int64), acc_pos, dr_pos, torch.stack([active.sum(), nodes]),
-                        res.tokens.reshape(-1)])
     kept = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes], dim=1)
+    row_depth = None if chain else node_depth.masked_fill(node_i[None, :] >= inp.counts[:, None], 0).amax(1)
+    commit = torch_commit
+    if engine.step.commits_fused:  # one kernel for ~60 small torch ones
+        from worker.tlt.kernels.spec_commit import spec_commit as commit  # triton: imported on the fused path only
+    packed, n = commit(res.tokens, res.logprobs, res.num_emitted, inp.counts, row_depth, inp.n_rows, st, depth)
     return SpecOut(packed, hook_rows(hidden, cap, layers), kept, n)
 
+
+def torch_commit(tokens: torch.Tensor, logprobs: torch.Tensor, emitted: torch.Tensor, counts: torch.Tensor,
+                 row_depth: torch.Tensor | None, n_rows: torch.Tensor, st: RowState,
+                 depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The body's commit and counts in torch (kernels/spec_commit.py's reference and its arguments): rows 0..R-1
+    commit their runs (rows past n_rows nothing); -> (packed result, tokens emitted per row)."""
+    r = tokens.shape[0]
+    in_batch = torch.arange(r, device=tokens.device) < n_rows
+    active = ~st.done[:r] & in_batch
+    n = st.commit_no_sync(slice(0, r), tokens, logprobs, torch.where(in_batch, emitted, 0))
+    ks = torch.arange(1, max(depth, 1) + 1, device=tokens.device)
+    if row_depth is None:  # a chain's
+        row_depth = counts - 1
+    acc_pos = (((emitted - 1)[:, None] >= ks[None, :]) & active[:, None]).sum(0)
+    dr_pos = ((row_depth[:, None] >= ks[None, :]) & active[:, None]).sum(0)
+    nodes = torch.where(active, counts, 0).sum()
+    packed = torch.cat([n, st.done[:r].to(torch.int64), acc_pos, dr_pos, torch.stack([active.sum(), nodes]),
+                        tokens.reshape(-1)])
+    return packed, n
