@@ -33,6 +33,7 @@ import logging
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/reward", "timing_s/update",
           "timing_s/reward_work", "perf/tail_hook_s", "perf/tokens_per_s", "perf/tokens_per_s_tail", "response_length/mean",
           "response_length/max", "response_length/clip_ratio", "sd/on_fraction", "sd/accept_len", "reward/mean",
           "drafter/steps")
+PER_BUCKET = ("perf/tokens_per_s_bucket/", "sd/arm/")  # keys by prefix: tokens/s per batch bucket, arms chosen
 MODE_PRESETS = {"tlt": "h200-gsm8k-tlt", "off": "h200-gsm8k-sd-off"}
 
 
@@ -84,7 +86,7 @@ def run_mode(a: argparse.Namespace, mode: str, max_new: int, profile: dict[str, 
     steps: list[dict[str, float]] = []
 
     def record(step: int, metrics: dict[str, float]) -> None:
-        row = {k: float(metrics[k]) for k in QUOTED if k in metrics}
+        row = {k: float(v) for k, v in metrics.items() if k in QUOTED or k.startswith(PER_BUCKET)}
         print(f"{mode} <= {max_new} new, step {step}: {json.dumps(row)}", flush=True)
         if step > a.steps and profile is not None:
             profile["step_metrics"] = row  # profiler overhead inside: never averaged
@@ -216,6 +218,28 @@ def trl_step_s(peers_json: Path | None) -> tuple[float | None, list[float]]:
     return statistics.fmean(quoted), times
 
 
+def bucket_table(res: dict[str, Any]) -> list[str]:
+    """Tokens/s per active-batch bucket, SD off vs TLT (mean of the quoted steps), with the arms TLT's bandit ran
+    (switch-on steps of the quoted steps, summed over buckets): where adaptive SD gains or loses."""
+    lines: list[str] = []
+    pre, arm_pre = PER_BUCKET
+    for setting, runs in res["settings"].items():
+        off, tlt = runs.get("off"), runs.get("tlt")
+        if off is None or tlt is None:
+            continue
+        buckets = [k[len(pre):] for k in tlt["mean"] if k.startswith(pre)]
+        arms: Counter[str] = Counter()
+        for step in tlt["steps"][1:] or tlt["steps"]:  # the quoted steps
+            arms.update({k[len(arm_pre):]: v for k, v in step.items() if k.startswith(arm_pre)})
+        lines += ["", f"{setting}: tokens/s per active-batch bucket (quoted steps' mean); TLT's switch-on steps per "
+                  f"arm, all buckets: {', '.join(f'{n} {fmt(c, 0)}' for n, c in sorted(arms.items())) or '-'}", "",
+                  "| bucket | SD off tok/s | TLT tok/s | TLT / off |", "|---|---|---|---|"]
+        for b in buckets:
+            o, t = off["mean"].get(pre + b), tlt["mean"].get(pre + b)
+            lines.append(f"| {b} | {fmt(o)} | {fmt(t)} | {ratio(t, o)} |")
+    return lines
+
+
 def render(res: dict[str, Any]) -> str:
     a = res["args"]
     trl = res.get("trl_step_s")
@@ -248,6 +272,7 @@ def render(res: dict[str, Any]) -> str:
     if trl is not None:
         lines.append(f"| main: <= {a['max_new_tokens']} new | TRL GRPOTrainer | {fmt(trl)} | — | — | — | — | — | — | — | — "
                      f"| 1.00x | — |")
+    lines += bucket_table(res)
     notes = [
         "step s = mean of the steps after the first (the first includes CUDA graph capture); rollout includes the "
         "drafter's spot training inside the tail (perf/tail_hook_s); reward = scoring left after the rollout "

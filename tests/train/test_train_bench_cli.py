@@ -48,6 +48,11 @@ def test_train_bench_quick_table_with_trl_ratio(tmp_path: Path) -> None:
     main_off = res["settings"]["main"]["off"]["mean"]["timing_s/step"]
     assert f"{21.0 / main_off:.2f}x" in table  # TRL / ours column
     assert "| long-tail: <= 16 new | tlt (1 steps)" in table and "TRL GRPOTrainer | 21.00" in table
+    # per active-batch bucket: off vs TLT tokens/s, and the arms TLT's bandit ran (none = plain decoding)
+    tlt_main = res["settings"]["main"]["tlt"]["mean"]
+    buckets = [k.rsplit("/", 1)[1] for k in tlt_main if k.startswith("perf/tokens_per_s_bucket/")]
+    assert buckets and all(f"| {b} | " in table for b in buckets)
+    assert "main: tokens/s per active-batch bucket" in table and "arm, all buckets: " in table
 
 
 @pytest.mark.slow
