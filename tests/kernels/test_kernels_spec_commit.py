@@ -18,7 +18,7 @@ from worker.tlt.rollout.state import RowState
 def _case(seed: int, r: int, depth: int, device: str) -> tuple[RowState, tuple]:  # type: ignore[type-arg]
     g = torch.Generator().manual_seed(seed)
     k = depth + 1
-    st = RowState(r + 2, 64, 24, spare=k, device=torch.device(device))
+    st = RowState(r + 2, 64, 24, spare=k, device=torch.device("cpu"))  # drawn on the CPU, then moved
     st.done[:r] = torch.rand(r, generator=g) < 0.2
     st.n_gen[:r] = torch.randint(0, 20, (r,), generator=g)
     st.max_new[:r] = st.n_gen[:r] + torch.randint(1, 8, (r,), generator=g)  # some rows run out within the run
@@ -33,6 +33,9 @@ def _case(seed: int, r: int, depth: int, device: str) -> tuple[RowState, tuple]:
     row_depth = counts - 1 - torch.randint(0, 2, (r,), generator=g).clamp_max(counts - 1)  # a tree: <= counts - 1
     n_rows = torch.tensor([max(r - 2, 1)])  # the last rows are padding
     dev = torch.device(device)
+    moved = RowState(st.slots, st.max_len, st.cap, st.spare, dev)
+    moved.restore([t.to(dev) for t in st.snapshot()])
+    st = moved
     args = tuple(t.to(dev) for t in (tokens, logprobs, emitted, counts, row_depth, n_rows))
     return st, args
 
