@@ -237,7 +237,7 @@ def sd_rows(runs: dict, a: argparse.Namespace) -> list[str]:
         return fmt(y / x if better_low else x / y) + "x vs SD off"
 
     off_m = off.get("sd_metrics", {})
-    off_b = {b["bucket"]: b["tokens_per_s"] for b in off.get("buckets", [])}
+    off_b = {b["bucket"]: b for b in off.get("buckets", [])}
     for mode, r in runs.items():
         if mode == "off":
             continue
@@ -248,10 +248,13 @@ def sd_rows(runs: dict, a: argparse.Namespace) -> list[str]:
                            ("perf/tokens_per_s_full", "full-batch tok/s")):
             lines.append(f"| {what}, SD off / {mode}: {label} | {fmt(off_m.get(key))} / {fmt(m.get(key))} | — | — "
                          f"| — | — | {ratio(m.get(key), off_m.get(key))} |")
-        for b in r.get("buckets", []):
-            lines.append(f"| {what}, SD off / {mode}: tok/s, {b['bucket']} active ({b['sd_on_steps']} of {b['steps']} "
-                         f"steps SD on) | {fmt(off_b.get(b['bucket']))} / {fmt(b['tokens_per_s'])} | — | — | — | — "
-                         f"| {ratio(b['tokens_per_s'], off_b.get(b['bucket']))} |")
+        for b in r.get("buckets", []):  # tok/s, and tok/s of one sequence (fair when the batch mix differs)
+            ob = off_b.get(b["bucket"], {})
+            arms = ", ".join(f"{k} {v}" for k, v in b.get("arms", {}).items()) or "-"
+            for key, unit in (("tokens_per_s", "tok/s"), ("seq_tokens_per_s", "tok/s per sequence")):
+                lines.append(f"| {what}, SD off / {mode}: {unit}, {b['bucket']} active ({b['sd_on_steps']} of "
+                             f"{b['steps']} steps SD on: {arms}) | {fmt(ob.get(key))} / {fmt(b.get(key))} | — | — | — "
+                             f"| — | {ratio(b.get(key), ob.get(key))} |")
         lines.append(f"| {what}, SD {mode}: accept length / SD-on fraction of steps | {fmt(m.get('sd/accept_len'))} / "
                      f"{fmt(m.get('sd/on_fraction'))} | — | — | — | — | — |")
     return lines

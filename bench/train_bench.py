@@ -48,7 +48,8 @@ QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/reward", "timing_s/update",
           "timing_s/reward_work", "perf/tail_hook_s", "perf/tokens_per_s", "perf/tokens_per_s_tail", "response_length/mean",
           "response_length/max", "response_length/clip_ratio", "sd/on_fraction", "sd/accept_len", "reward/mean",
           "drafter/steps")
-PER_BUCKET = ("perf/tokens_per_s_bucket/", "sd/arm/")  # keys by prefix: tokens/s per batch bucket, arms chosen
+# keys by prefix: tokens/s per batch bucket, the same per sequence (fair when the batch mix differs), arms chosen
+PER_BUCKET = ("perf/tokens_per_s_bucket/", "sd/arm/", "perf/seq_tokens_per_s_bucket/")
 MODE_PRESETS = {"tlt": "h200-gsm8k-tlt", "off": "h200-gsm8k-sd-off"}
 
 
@@ -222,7 +223,7 @@ def bucket_table(res: dict[str, Any]) -> list[str]:
     """Tokens/s per active-batch bucket, SD off vs TLT (mean of the quoted steps), with the arms TLT's bandit ran
     (switch-on steps of the quoted steps, summed over buckets): where adaptive SD gains or loses."""
     lines: list[str] = []
-    pre, arm_pre = PER_BUCKET
+    pre, arm_pre, seq_pre = PER_BUCKET
     for setting, runs in res["settings"].items():
         off, tlt = runs.get("off"), runs.get("tlt")
         if off is None or tlt is None:
@@ -233,10 +234,12 @@ def bucket_table(res: dict[str, Any]) -> list[str]:
             arms.update({k[len(arm_pre):]: v for k, v in step.items() if k.startswith(arm_pre)})
         lines += ["", f"{setting}: tokens/s per active-batch bucket (quoted steps' mean); TLT's switch-on steps per "
                   f"arm, all buckets: {', '.join(f'{n} {fmt(c, 0)}' for n, c in sorted(arms.items())) or '-'}", "",
-                  "| bucket | SD off tok/s | TLT tok/s | TLT / off |", "|---|---|---|---|"]
+                  "| bucket | SD off tok/s | TLT tok/s | TLT / off | SD off tok/s per sequence | TLT tok/s per sequence "
+                  "| TLT / off per sequence |", "|---|---|---|---|---|---|---|"]
         for b in buckets:
             o, t = off["mean"].get(pre + b), tlt["mean"].get(pre + b)
-            lines.append(f"| {b} | {fmt(o)} | {fmt(t)} | {ratio(t, o)} |")
+            os_, ts = off["mean"].get(seq_pre + b), tlt["mean"].get(seq_pre + b)
+            lines.append(f"| {b} | {fmt(o)} | {fmt(t)} | {ratio(t, o)} | {fmt(os_)} | {fmt(ts)} | {ratio(ts, os_)} |")
     return lines
 
 

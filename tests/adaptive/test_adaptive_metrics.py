@@ -52,6 +52,23 @@ def test_summary_of_a_small_rollout() -> None:
     # per bucket, for the "adaptive vs SD off" table: tokens/s and what the bandit played there
     assert rows["2-4"]["arms"] == {"ngram-c3": 1, "none": 1} and rows["5-20"]["arms"] == {}
     assert rows["2-4"]["tokens_per_s"] == pytest.approx(6 / 0.03) and rows["1"]["arms"] == {"ngram-c3": 1}
+    # one sequence's rate: tokens over active x seconds (2-4: 6 tokens over 2 x 0.02 + 2 x 0.01 sequence-seconds)
+    assert rows["2-4"]["seq_tokens_per_s"] == pytest.approx(6 / 0.06)
+    assert s["perf/seq_tokens_per_s_bucket/5-20"] == pytest.approx(8 / 0.8)
+
+
+def test_per_sequence_rate_does_not_depend_on_the_batch_mix() -> None:
+    """Two runs at the same step time per batch size, one spending its bucket's steps at larger batches: tokens/s
+    differs, the per-sequence rate does not."""
+    fuller, emptier = RolloutSdMetrics(), RolloutSdMetrics()
+    for active in (20, 20, 20, 6):
+        fuller.observe_step(active=active, sd_on=False, arm=None, verify_tokens=1, emitted=active, seconds=0.002)
+    for active in (6, 6, 6, 20):
+        emptier.observe_step(active=active, sd_on=False, arm=None, verify_tokens=1, emitted=active, seconds=0.002)
+    a, b = fuller.per_bucket()[0], emptier.per_bucket()[0]
+    assert a["bucket"] == b["bucket"] == "5-20"
+    assert a["tokens_per_s"] == pytest.approx(66 / 0.008) and b["tokens_per_s"] == pytest.approx(38 / 0.008)
+    assert a["seq_tokens_per_s"] == pytest.approx(b["seq_tokens_per_s"]) == pytest.approx(500.0)
 
 
 def test_drafted_counts_shorter_than_active() -> None:

@@ -53,6 +53,7 @@ def test_train_bench_quick_table_with_trl_ratio(tmp_path: Path) -> None:
     buckets = [k.rsplit("/", 1)[1] for k in tlt_main if k.startswith("perf/tokens_per_s_bucket/")]
     assert buckets and all(f"| {b} | " in table for b in buckets)
     assert "main: tokens/s per active-batch bucket" in table and "arm, all buckets: " in table
+    assert all(f"perf/seq_tokens_per_s_bucket/{b}" in tlt_main for b in buckets) and "TLT / off per sequence" in table
 
 
 @pytest.mark.slow

@@ -12,7 +12,11 @@ hands `summary()` to the Reporter at the end of the rollout. Names (DESIGN.md):
 - `sd/arm/<name>`: switch-on steps that ran arm <name> ("none" = the bandit chose plain decoding);
 - `perf/tokens_per_s_full` / `perf/tokens_per_s_tail`: emitted tokens / wall seconds over steps with
   active >= on_below (full batch) and active < on_below (the tail);
-- `perf/tokens_per_s_bucket/<label>`: the same per batch-size bucket ("1", "2-4", "5-20", "ge21").
+- `perf/tokens_per_s_bucket/<label>`: the same per batch-size bucket ("1", "2-4", "5-20", "ge21");
+- `perf/seq_tokens_per_s_bucket/<label>`: per bucket, tokens / sum over steps of (active x seconds): the rate of one
+  sequence. Two runs (SD off, adaptive) that spend their steps in a bucket at different batch sizes compare fairly
+  on it; tokens/s mixes in how full the bucket's batches happened to be (a 17-32 bucket at 22 vs 19 rows on average
+  reads 13% apart at the same step time).
 
 A metric with nothing to average over (no tail steps, no drafting) is left out rather than reported as 0.
 
@@ -44,11 +48,17 @@ class _Totals:
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    seq_seconds: float = 0.0  # sum of active x seconds
 
-    def add(self, tokens: int, seconds: float) -> None:
+    def add(self, tokens: int, seconds: float, active: int) -> None:
         self.steps += 1
         self.tokens += tokens
         self.seconds += seconds
+        self.seq_seconds += active * seconds
+
+    @property
+    def seq_tokens_per_s(self) -> float | None:  # tokens per second of one sequence
+        return self.tokens / self.seq_seconds if self.seq_seconds > 0 else None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -96,9 +106,9 @@ class RolloutSdMetrics:
         if accepted is not None and (accepted < 0 or (accepted_per_pos and accepted != total)):
             raise ValueError(f"accepted={accepted} disagrees with sum(accepted_per_pos)={total}")
         self.steps += 1
-        (self.tail if active < self.on_below else self.full).add(emitted, seconds)
+        (self.tail if active < self.on_below else self.full).add(emitted, seconds, active)
         bucket = self.scheme.bucket(active)
-        self.buckets.setdefault(bucket, _Totals()).add(emitted, seconds)
+        self.buckets.setdefault(bucket, _Totals()).add(emitted, seconds, active)
         if sd_on:
             self.sd_on_steps += 1
             self.bucket_sd_steps[bucket] += 1
@@ -134,12 +144,15 @@ class RolloutSdMetrics:
         for b, totals in sorted(self.buckets.items()):
             if totals.tokens_per_s is not None:
                 out[f"perf/tokens_per_s_bucket/{self.scheme.label(b)}"] = totals.tokens_per_s
+            if totals.seq_tokens_per_s is not None:
+                out[f"perf/seq_tokens_per_s_bucket/{self.scheme.label(b)}"] = totals.seq_tokens_per_s
         return out
 
     def per_bucket(self) -> list[dict]:
         """Rows for a benchmark table ("adaptive vs SD off per bucket"): bucket label, steps, SD-on steps, tokens,
-        seconds, tokens/s, and the switch-on steps of each arm ({"none": ..., "ngram-c3": ...})."""
+        seconds, tokens/s, tokens/s of one sequence, and the switch-on steps of each arm ({"none": ..., ...})."""
         return [{"bucket": self.scheme.label(b), "steps": t.steps, "sd_on_steps": self.bucket_sd_steps[b],
                  "tokens": t.tokens, "seconds": t.seconds, "tokens_per_s": t.tokens_per_s,
+                 "seq_tokens_per_s": t.seq_tokens_per_s,
                  "arms": dict(sorted(self.bucket_arms.get(b, Counter()).items()))}
                 for b, t in sorted(self.buckets.items())]
