@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from tests.drafter.eager_graphs import record_eagerly
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import preset, random_model
@@ -125,17 +126,6 @@ def test_preallocated_kv_drafts_what_the_concatenating_kv_drafts(tiny_target: Tr
     assert torch.equal(prop.tokens[:, 0], torch.tensor([h[-1] for h in hist]))
 
 
-class ReplayEagerly:
-    """Stands in for a CUDA graph on the CPU: replay() re-runs the recorded function into its static outputs."""
-
-    def __init__(self, run, out) -> None:  # type: ignore[no-untyped-def]
-        self.run, self.out = run, out
-
-    def replay(self) -> None:
-        for o, n in zip(self.out, self.run(), strict=True):
-            o.copy_(n)
-
-
 def _assert_same_q(a: DraftProposal, b: DraftProposal) -> None:
     """Row i of draft_probs is q(. | nodes 0..i): it must match (fp32 rounding only, atol 1e-5) wherever both
     proposals drafted the same nodes 0..i -- always the root row q(. | context), which no random draw precedes."""
@@ -157,11 +147,7 @@ def test_graph_plumbing_pads_to_the_bucket_and_matches_eager(tiny_target: Transf
     d = _drafter(tiny_target)
     w, k = 16, 6
 
-    def record(self, run):  # type: ignore[no-untyped-def]
-        out = run()
-        return ReplayEagerly(run, out), out
-
-    monkeypatch.setattr(EagleProposer, "_record", record)
+    monkeypatch.setattr(EagleProposer, "_record", record_eagerly)
     monkeypatch.setattr(EagleProposer, "_graphable", lambda self, bsz, ctx: True)
     for lengths, bucket in (((9, 40, 3, 70, 5), 8), ((12, 6, 30, 25), 4), ((12, 6, 30), 4)):
         hist = _hist(lengths)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.drafter.eager_graphs import record_eagerly
 from worker.tlt.drafter.draft_window import DraftWindow
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
@@ -18,22 +19,6 @@ from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
 from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.types import DraftProposal
-
-
-class ReplayEagerly:
-    """A CUDA graph's stand-in: replay() re-runs the recorded function into its static outputs."""
-
-    def __init__(self, run, out) -> None:  # type: ignore[no-untyped-def]
-        self.run, self.out = run, out
-
-    def replay(self) -> None:
-        for o, n in zip(self.out, self.run(), strict=True):
-            o.copy_(n)
-
-
-def _record(self, run):  # type: ignore[no-untyped-def]
-    out = run()
-    return ReplayEagerly(run, out), out
 
 
 def _prompts() -> list[list[int]]:
@@ -52,7 +37,7 @@ def test_window_drafts_what_the_ring_pack_drafts_through_an_engine_run(tiny_targ
     context (the rings wrap): at every speculative step the window's draft equals a twin proposer's that packs its
     feature ring on the host; the outputs equal plain decoding; the window is loaded far fewer times than it drafts;
     written back, the window's features are the twin's, cell for cell."""
-    monkeypatch.setattr(EagleProposer, "_record", _record)
+    monkeypatch.setattr(EagleProposer, "_record", record_eagerly)
     drafter = EagleDrafter(tiny_target, EagleConfig())
     drafter.reset_parameters(std=0.1, seed=5)
     win = EagleProposer(drafter, EagleProposerConfig(topk=1, context=context))

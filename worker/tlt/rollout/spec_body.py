@@ -2,6 +2,9 @@
 KV cache -> ONE target forward of every node -> exact acceptance (spec/verify.py) -> keep the accepted K/V ->
 commit with EOS / max_new_tokens cuts -> per-position stats, all packed into one int64 vector for one host read.
 
+The commit and the counts after the acceptance are one Triton kernel where the engine's commits are fused
+(kernels/spec_commit.py; `torch_commit` is the same in torch, the CPU path and the kernel's reference).
+
 The same body runs eagerly (CPU, or a drafter without a fixed branching) and captured whole in a CUDA graph per
 (rows, width, depth, topk, sampling mode, drafter probs or not) (rollout/verify_graphs.py). On an H200 the eager
 acceptance and bookkeeping alone launched ~400 small kernels per step (as much time as a whole graphed decode step),

@@ -9,7 +9,9 @@ directly (the drafters read those), so consecutive speculative steps never re-re
 On CUDA the body is replayed from a graph per (batch bucket, arm shape, sampling mode) (rollout/verify_graphs.py)
 whenever the drafter's frozen config fixes its branching (`topk`: n-gram, small model, EAGLE); a drafter without
 one runs the body eagerly after reading its tree's bounds (host syncs). What remains per step outside the graph:
-the drafter's own work, copying its proposal into the graph's buffers, and the hidden-state hook's gathers.
+the drafter's own work, copying its proposal into the graph's buffers, and the hidden-state hook's gathers. An
+EAGLE chain drafted on its draft window (drafter/draft_window.py) advances the window on the device right after
+the verification (`proposer.advance`), so the hook runs only for other consumers (the spot trainer's buffer).
 Everything from the read to the next step's replay leaves the GPU idle (bench/spec_host.py measures it), so that
 host path is kept short: the DraftContext is reused while the rows stay (`draft_context`), a chain's kept nodes
 are 0..n-1 (the hook indexes its tensors directly, one upload), and the per-row bookkeeping is Python on host ints.
