@@ -128,20 +128,20 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
 
 
 def torch_commit(tokens: torch.Tensor, logprobs: torch.Tensor, emitted: torch.Tensor, counts: torch.Tensor,
-                 row_depth: torch.Tensor | None, n_rows: torch.Tensor, st: RowState,
+                 row_depth: torch.Tensor | None, n_rows: torch.Tensor, rows: RowState,
                  depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The body's commit and counts in torch (kernels/spec_commit.py's reference and its arguments): rows 0..R-1
     commit their runs (rows past n_rows nothing); -> (packed result, tokens emitted per row)."""
     r = tokens.shape[0]
     in_batch = torch.arange(r, device=tokens.device) < n_rows
-    active = ~st.done[:r] & in_batch
-    n = st.commit_no_sync(slice(0, r), tokens, logprobs, torch.where(in_batch, emitted, 0))
+    active = ~rows.done[:r] & in_batch
+    n = rows.commit_no_sync(slice(0, r), tokens, logprobs, torch.where(in_batch, emitted, 0))
     ks = torch.arange(1, max(depth, 1) + 1, device=tokens.device)
     if row_depth is None:  # a chain's
         row_depth = counts - 1
     acc_pos = (((emitted - 1)[:, None] >= ks[None, :]) & active[:, None]).sum(0)
     dr_pos = ((row_depth[:, None] >= ks[None, :]) & active[:, None]).sum(0)
     nodes = torch.where(active, counts, 0).sum()
-    packed = torch.cat([n, st.done[:r].to(torch.int64), acc_pos, dr_pos, torch.stack([active.sum(), nodes]),
+    packed = torch.cat([n, rows.done[:r].to(torch.int64), acc_pos, dr_pos, torch.stack([active.sum(), nodes]),
                         tokens.reshape(-1)])
     return packed, n
