@@ -44,10 +44,6 @@ class DraftWindow:
         self.host_lengths: list[int] = []  # mirrors of `lengths` / `counts` for rows 0..B-1
         self.host_counts: list[int] = []
 
-    @property
-    def rows(self) -> int:
-        return self.tokens.shape[0]
-
     def holds(self, ctx: DraftContext) -> bool:
         """Whether rows 0..B-1 are this context's, as it stands now (its histories grew only by `advance`)."""
         return self.ctx is ctx and self.host_lengths == [len(h) for h in ctx.histories]
@@ -66,7 +62,7 @@ class DraftWindow:
     def load(self, ctx: DraftContext, toks: torch.Tensor, feats: torch.Tensor, counts: list[int]) -> None:
         """Rows 0..B-1 from a host pack of `ctx`: toks [B, W] (right-aligned at the history length), feats [B, W, F]
         (right-aligned at the feature count), counts [B] the features written per row (FeatureRing.counts)."""
-        b, w = toks.shape
+        b = toks.shape[0]
         lengths = [len(h) for h in ctx.histories]
         both = to_device_no_sync(np.array([lengths, counts], dtype=np.int64), toks.device)
         self.lengths[:b], self.counts[:b] = both[0], both[1]
