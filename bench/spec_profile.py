@@ -19,6 +19,9 @@ runs over the same GSM8K prompts at T=1 several times:
 Host time of a phase that contains a sync includes waiting for the GPU work queued before it; the GPU span of a
 phase includes GPU idle time inside it. Prints one markdown table (phase | host ms/step | GPU ms/step | share of the
 step's wall) plus the top lists; writes --out (md) and --json-out. Needs CUDA unless --device cpu.
+--draft-vocab N: chain drafts over the N most frequent tokens of plain T=1 responses to --vocab-prompts *other*
+GSM8K prompts (what a job's drafter buffer would hold: drafter.draft_vocab_size), reported with the share of the SD-off
+arm's tokens inside that set.
 Run the smoke test: `python -m pytest tests/drafter/test_spec_profile_smoke.py -x -q`.
 """
 
@@ -185,6 +188,21 @@ def load(a: argparse.Namespace) -> tuple[Transformer, Any, list[list[int]], tupl
     return model, tok, prompts, eos
 
 
+def pick_draft_vocab(model: Transformer, tok: Any, a: argparse.Namespace) -> torch.Tensor:  # [N] target ids
+    """The --draft-vocab most frequent tokens of plain T=1 responses to the --vocab-prompts GSM8K prompts after the
+    measured ones (never the measured prompts themselves)."""
+    prompts = chat_prompts(tok, gsm8k_questions("gsm8k", a.batch + a.vocab_prompts)[a.batch:])
+    if a.model == "tiny":
+        prompts = [p[-48:] for p in prompts]
+    params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens)
+    eng = Engine(model, eos_ids=tuple(tok.eos_ids), config=EngineConfig(
+        max_len=max(len(p) for p in prompts) + a.new_tokens + 8, max_slots=len(prompts)))
+    out = eng.generate([Request(p, params) for p in prompts])
+    counts = torch.bincount(torch.tensor([t for s in out.sequences for t in s.tokens]),
+                            minlength=model.args.vocab_size)[: model.args.vocab_size]
+    return torch.topk(counts.float(), a.draft_vocab).indices
+
+
 def make_proposer(model: Transformer, a: argparse.Namespace) -> EagleProposer:
     if a.drafter:
         from worker.tlt.drafter.export import load_exported
@@ -195,7 +213,10 @@ def make_proposer(model: Transformer, a: argparse.Namespace) -> EagleProposer:
         drafter = EagleDrafter(model, EagleConfig())
     # in the target's dtype, as the engine's copy runs in a job (drafter/online.py): bf16 on GPU
     drafter = drafter.to(model.head_weight.device, model.head_weight.dtype)
-    return EagleProposer(drafter, EagleProposerConfig(topk=1, context=a.context))
+    prop = EagleProposer(drafter, EagleProposerConfig(topk=1, context=a.context))
+    if a.vocab is not None:
+        prop.set_draft_vocab(a.vocab)
+    return prop
 
 
 def make_engine(model: Transformer, eos: tuple[int, ...], prop: EagleProposer | None, a: argparse.Namespace,
@@ -363,7 +384,11 @@ def measure_arm(model: Transformer, eos: tuple[int, ...], prompts: list[list[int
     setup_s = time.perf_counter() - t0
     kind = "spec" if sd else "decode"
     run(eng, prompts, params)  # one untimed rollout (allocator, lazy kernels)
-    clean = step_stats(run(eng, prompts, params), kind)
+    out = run(eng, prompts, params)
+    clean = step_stats(out, kind)
+    if a.vocab is not None:  # the share of this arm's tokens a draft over the vocabulary could propose
+        toks = torch.tensor([t for s in out.sequences for t in s.tokens])
+        clean["vocab_coverage"] = float(torch.isin(toks, a.vocab).float().mean())
     phases = phase_pass(eng, prop, prompts, params, kind)
     prof = profile_pass(eng, prop, prompts, params, a.profile_steps)
     census = sync_census(eng, prop, prompts, params, a.profile_steps)
@@ -401,6 +426,9 @@ def render(res: dict[str, Any]) -> str:
     arms = res["arms"]
     lines = [f"# Where an SD step's time goes: {res['model']}, batch {res['batch']}, chain depth {res['depth']}, T=1, "
              f"{res['device_name']}, torch {torch.__version__}", ""]
+    if res.get("draft_vocab"):
+        cover = ", ".join(f"{r['arm']} {100 * r['clean']['vocab_coverage']:.1f}%" for r in arms)
+        lines += [f"Draft vocabulary: {res['draft_vocab']} tokens (share of each arm's tokens inside it: {cover})", ""]
     lines += ["| arm | steps | wall ms/step (clean) | wall ms/step (instrumented) | accept len | tok/s | "
               "GPU busy ms/step (profiler) | GPU ops/step | host syncs/step (census) |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -454,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--profile-steps", type=int, default=20)
     ap.add_argument("--eos", action="store_true", help="stop rows at EOS (the batch then shrinks as rows finish)")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="chain drafts over this many frequent tokens (0: all)")
+    ap.add_argument("--vocab-prompts", type=int, default=64, help="prompts whose plain responses pick --draft-vocab")
     ap.add_argument("--arms", default="off,chain")
     ap.add_argument("--out", default="bench/results/spec_profile_h200.md")
     ap.add_argument("--json-out", default="")
@@ -462,9 +492,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("spec_profile needs CUDA (or --device cpu for a smoke run)")
     if a.device == "cpu":
         torch.set_num_threads(1)  # tiny shapes: threads cost more than they give
-    model, _, prompts, eos = load(a)
+    model, tok, prompts, eos = load(a)
+    a.vocab = pick_draft_vocab(model, tok, a) if a.draft_vocab else None
     res: dict[str, Any] = {"model": a.model, "batch": a.batch, "depth": a.depth, "new_tokens": a.new_tokens,
-                           "drafter": a.drafter or "random weights",
+                           "drafter": a.drafter or "random weights", "draft_vocab": a.draft_vocab or None,
                            "device_name": torch.cuda.get_device_name(0) if a.device != "cpu" else "cpu", "arms": []}
     for arm in a.arms.split(","):
         res["arms"].append(measure_arm(model, eos, prompts, a, sd=arm == "chain"))

@@ -61,7 +61,7 @@ def bench_spec(a: argparse.Namespace, mode: str, max_new: int, extra_steps: int 
                       "temperature": a.temperature, "top_k": a.top_k,
                       **({"micro_batch_tokens": a.micro_batch_tokens} if a.micro_batch_tokens else {})},
         "rollout": {"sd_on_below": a.sd_on_below, "kv_cache_gb": a.kv_cache_gb},
-        "drafter": {"max_train_steps_per_rl_step": a.drafter_steps},
+        "drafter": {"max_train_steps_per_rl_step": a.drafter_steps, "draft_vocab_size": a.draft_vocab},
         "max_steps": a.steps + extra_steps, "seed": a.seed,
     }
     if mode == "off":
@@ -324,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-steps", type=int, default=None,
                     help="tlt: drafter spot-training steps per RL step (default: the preset's)")
     ap.add_argument("--drafter-warm-start", default=None, help="tlt: an exported drafter directory to start from")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="tlt: drafter.draft_vocab_size (chain drafts over the N most frequent response tokens)")
     ap.add_argument("--kv-cache-gb", type=float, default=24.0)
     ap.add_argument("--micro-batch-tokens", type=int, default=0,
                     help="algorithm.micro_batch_tokens of the update (0 = the spec's default); fewer, larger "

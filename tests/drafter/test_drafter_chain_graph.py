@@ -212,10 +212,11 @@ def test_graphed_chain_equals_eager_and_never_syncs(tiny_target: Transformer, te
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graphed_chain_in_the_engine_is_lossless() -> None:
+@pytest.mark.parametrize("draft_vocab", [0, 150], ids=["all", "vocab150"])
+def test_graphed_chain_in_the_engine_is_lossless(draft_vocab: int) -> None:
     """Chain drafts from captured graphs inside the engine's speculative steps: greedy output == plain decoding
     (fp32, so both paths round alike); then bf16 target + bf16 drafter (how OnlineDrafter serves on GPU) sampled at
-    T=1 finish with a sane acceptance."""
+    T=1 finish with a sane acceptance. Also with a draft vocabulary (the fused race over its 150 ids)."""
     from worker.tlt.rollout.engine import Engine
     from worker.tlt.rollout.types import EngineConfig, Request, SpecConfig
     from worker.tlt.rollout.types import SamplingParams as ReqParams
@@ -229,6 +230,8 @@ def test_graphed_chain_in_the_engine_is_lossless() -> None:
         target = random_model(preset("tiny-llama", n_layers=4), seed=1, std=0.15, device=dev, dtype=dtype)
         d = _drafter(target).to(dev, dtype)
         prop = EagleProposer(d, EagleProposerConfig(topk=1, context=16))
+        if draft_vocab:
+            prop.set_draft_vocab(torch.randperm(258, generator=torch.Generator().manual_seed(0))[:draft_vocab])
         eng = Engine(target, eos_ids=(257,), config=cfg, spec=spec, proposer=prop, hidden_hook=prop.observe)
         if dtype == torch.float32:
             greedy = ReqParams(temperature=0.0, max_new_tokens=40)

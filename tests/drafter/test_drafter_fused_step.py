@@ -229,10 +229,12 @@ def test_gpu_smollm2_bf16_fused_step_close_and_chains_agree(monkeypatch: pytest.
     assert torch.equal(out[0], got[0])
 
 
-def test_sampled_chain_with_fused_step_samples_in_kernels(tiny_target: Transformer,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("draft_vocab", [None, 97], ids=["all", "vocab97"])
+def test_sampled_chain_with_fused_step_samples_in_kernels(tiny_target: Transformer, monkeypatch: pytest.MonkeyPatch,
+                                                         draft_vocab: int | None) -> None:
     """T = 1, no filters, fused step: each drafted token comes from kernels/draft_sample.py, drawing the same noise
-    from the proposer's generator as the torch path, with the same tokens and q."""
+    from the proposer's generator as the torch path, with the same tokens and q; with a draft vocabulary too (the
+    kernel's token and q in target ids)."""
     from worker.tlt.kernels import draft_sample as ds
     from worker.tlt.spec.sampling import pick_with_noise, processed_probs
 
@@ -241,6 +243,11 @@ def test_sampled_chain_with_fused_step_samples_in_kernels(tiny_target: Transform
     w, k, b = 8, 3, 3
     x = _inputs(b, w, tiny_target.args.dim, hist=[40, 6, 2], m=[8, 3, 0], vocab=256)
     p = EagleProposer(d, EagleProposerConfig(context=w, cuda_graphs=False))
+    vocab = None
+    if draft_vocab is not None:
+        vocab = torch.sort(torch.randperm(tiny_target.args.vocab_size,
+                                          generator=torch.Generator().manual_seed(1))[:draft_vocab]).values
+        p.set_draft_vocab(vocab)
 
     def chain() -> Chain:
         p.gen.manual_seed(4)
@@ -250,20 +257,26 @@ def test_sampled_chain_with_fused_step_samples_in_kernels(tiny_target: Transform
     calls: list[float] = []
     kernel = ds.draft_sample
 
-    def counted(logits, noise, temp):  # type: ignore[no-untyped-def]
+    def counted(logits, noise, temp, **kw):  # type: ignore[no-untyped-def]
         calls.append(temp)
-        return kernel(logits, noise, temp)
+        return kernel(logits, noise, temp, **kw)
 
     monkeypatch.setattr(ds, "draft_sample", counted)
     got = chain()
     assert calls == [1.0] * k
 
-    def torch_path(logits, noise, temp):  # type: ignore[no-untyped-def]
+    def torch_path(logits, noise, temp, vocab, out):  # type: ignore[no-untyped-def]
         q = processed_probs(logits.float(), temp)
-        return pick_with_noise(q, noise), q
+        if vocab is None:
+            out.copy_(q)
+            return pick_with_noise(q, noise), out
+        out.index_copy_(-1, vocab, q)
+        return vocab[pick_with_noise(q, noise)], out
 
     monkeypatch.setattr(ds, "draft_sample", torch_path)
     ref = chain()
     assert torch.equal(got[0], ref[0]) and torch.equal(got[2], ref[2])
     torch.testing.assert_close(got[3], ref[3], rtol=2e-5, atol=1e-7)
     assert got[0][:2, 1:].unique().numel() > 1  # varied drafts
+    if vocab is not None:
+        assert bool(torch.isin(got[0][:, 1:], vocab).all())

@@ -71,3 +71,28 @@ def test_hook_rows_of_the_wrong_width_are_refused(tiny_target: Transformer) -> N
     od = OnlineDrafter(_spec(kind="eagle3"), tiny_target)
     with pytest.raises(ValueError, match="capture_layers"):
         od.hidden_hook([(0, 0)], torch.tensor([1]), torch.zeros(1, tiny_target.args.dim))
+
+
+def test_draft_vocab_is_picked_from_the_responses_and_checkpointed(tiny_target: Transformer) -> None:
+    """drafter.draft_vocab_size: the first rollout drafts over every token; at the next rollout start the proposer
+    drafts over the most frequent response tokens of the buffer; a checkpoint restores that set."""
+    od = OnlineDrafter(_spec(draft_vocab_size=40), tiny_target)
+    eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
+                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 hidden_hook=od.hidden_hook)
+    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    od.begin_rollout(0)
+    assert od.proposer.draft_vocab is None
+    eng.generate(reqs)
+    counts = od.buffer.token_counts(tiny_target.args.vocab_size)
+    od.begin_rollout(1)
+    vocab = od.proposer.draft_vocab
+    assert vocab is not None and vocab.numel() == 40
+    assert int(counts[vocab].min()) >= int(counts[~torch.isin(torch.arange(counts.numel()), vocab)].max())
+    eng.generate(reqs)  # drafts inside the set (test_drafter_vocab.py checks the drafts themselves)
+    other = OnlineDrafter(_spec(draft_vocab_size=40), tiny_target)
+    other.load_state_dict(od.state_dict())
+    other_vocab = other.proposer.draft_vocab
+    assert other_vocab is not None and torch.equal(other_vocab, vocab)
+    od.begin_rollout(2)  # a later rollout start keeps the set
+    assert torch.equal(od.proposer.draft_vocab, vocab)  # type: ignore[arg-type]

@@ -41,3 +41,19 @@ def test_tiny_cpu_run_reports_phases_and_positive_walls(tmp_path: Path) -> None:
     assert set(sd["profile"]["ranges"]) >= {"step", "step/propose", "step/verify (eager)"}
     text = md.read_text()
     assert "| arm | phase | ms per step (host) |" in text and "Top CUDA kernels by self time" in text
+
+
+def test_draft_vocab_run_reports_its_coverage(tmp_path: Path) -> None:
+    main = runpy.run_path(str(BENCH), run_name="spec_profile_bench")["main"]
+    md, js = tmp_path / "sp.md", tmp_path / "sp.json"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--new-tokens", "16", "--profile-steps",
+                     "1", "--draft-vocab", "40", "--vocab-prompts", "4", "--out", str(md), "--json-out", str(js)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    res = json.loads(js.read_text())
+    assert res["draft_vocab"] == 40
+    for arm in res["arms"]:
+        assert 0.0 < arm["clean"]["vocab_coverage"] < 1.0
+    assert "Draft vocabulary: 40 tokens" in md.read_text()

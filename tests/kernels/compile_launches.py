@@ -67,6 +67,8 @@ def cases() -> dict[str, Callable[[], None]]:
             linear.linear_residual(x, torch.randn(576, 576, dtype=BF), x, early_residual=early,
                                    config=Config(16, 256, 2, 3))
         linear.linear_residual(x, torch.randn(1024, 576, dtype=BF), None, config=Config(32, 64, 4, 3))
+        linear.linear_residual(x, torch.randn(576, 1152, dtype=BF), None,  # an EAGLE-1 fc gathering its embedding
+                               gather=(torch.randn(100, 576, dtype=BF), torch.tensor([3])), config=Config(16, 128, 4, 3))
         linear.norm_gate_up(x, torch.randn(576, dtype=BF), torch.randn(2 * 1536, 576, dtype=BF), 1e-5,
                             config=Config(32, 256, 4, 2))
 
@@ -92,6 +94,8 @@ def cases() -> dict[str, Callable[[], None]]:
     def drafts() -> None:
         for dtype in (BF, torch.float32):
             draft_sample.draft_sample(torch.randn(8, 49152, dtype=dtype), torch.rand(8, 49152), 1.0)
+        draft_sample.draft_sample(torch.randn(8, 8192, dtype=BF), torch.rand(8, 8192), 1.0,  # a draft vocabulary
+                                  vocab=torch.arange(8192), out=torch.zeros(8, 49152))
 
     def spec_commits() -> None:
         rows = RowState(8, 64, 32, 8, torch.device("cpu"))

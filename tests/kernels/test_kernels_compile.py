@@ -14,13 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {  # case -> kernels its launches compile, in order
     "attention_split": ["_attention_kernel"],
     "attention": ["_attention_kernel"],
-    "gemms": ["_linear_residual_kernel"] * 3 + ["_norm_gate_up_kernel"],
+    "gemms": ["_linear_residual_kernel"] * 4 + ["_norm_gate_up_kernel"],
     "qkv_norm": ["_qkv_rope_kernel"],
     "qkv_drafter": ["_qkv_rope_kernel"],
     "qkv_qwen3": ["_qkv_rope_kernel"],
     "sampler_bf16": ["_chunk_kernel", "_finish_kernel"] * 3,
     "sampler_fp32": ["_chunk_kernel", "_finish_kernel"] * 3,
-    "draft_sample": ["_chunk_kernel", "_merge_kernel", "_q_kernel"] * 2,
+    "draft_sample": ["_chunk_kernel", "_merge_kernel", "_q_kernel"] * 3,
     "spec_commit": ["_spec_commit_kernel"] * 2,
 }
 

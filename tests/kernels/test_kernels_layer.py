@@ -128,3 +128,36 @@ def test_projections_with_residual_and_swiglu(m: int) -> None:
         # without a residual: the lm head
         logits = linear_residual(h, model.head_weight, None, config=cfg)
         torch.testing.assert_close(logits, h @ model.head_weight.T, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kt", [24, 32])  # a table width that splits a K tile, and one on a tile boundary
+def test_gathered_input_equals_concat(kt: int) -> None:
+    """gather=(table, ids): the input is concat(table[ids], a) (an EAGLE-1 drafter's fc over its token embedding
+    and the target feature), bit for bit what the kernel computes on the concatenated input."""
+    g = torch.Generator().manual_seed(kt)
+    m, ka, n = 7, 40, 48
+    table, a = torch.randn(50, kt, generator=g), torch.randn(m, ka, generator=g)
+    w = torch.randn(n, kt + ka, generator=g)
+    ids = torch.randint(0, 50, (m,), generator=g)
+    for cfg in (None, Config(block_n=32, block_k=16, num_warps=2, num_stages=1)):
+        got = linear_residual(a, w, None, gather=(table, ids), config=cfg)
+        assert torch.equal(got, linear_residual(torch.cat([table[ids], a], -1), w, None, config=cfg))
+    torch.testing.assert_close(got, torch.cat([table[ids], a], -1) @ w.T, atol=ATOL, rtol=0)
+
+
+def test_qkv_rope_clamps_positions_into_the_table() -> None:
+    """Positions below 0 or past the RoPE table read its first / last row (the drafter's chain passes unclamped
+    positions; a kernel must never read outside the table)."""
+    model = model_of("llama-g2")
+    a, layer = model.args, cast(DecoderLayer, model.model.layers[0])
+    att, last = layer.self_attn, model.rope_cos.shape[0] - 1
+    x = torch.randn(3, a.dim, generator=torch.Generator().manual_seed(0))
+    widx = torch.tensor([0, 1, 2])
+
+    def q_at(pos: list[int]) -> torch.Tensor:
+        cache = random_cache(model, slots=2, seed=1)
+        return qkv_rope_cache(x, layer.input_layernorm.weight, att.qkv_proj.weight, att.qkv_proj.bias, None, None,
+                              model.rope_cos, model.rope_sin, torch.tensor(pos), widx, cache.k[0], cache.v[0],
+                              s=3, row0=0, n_heads=a.n_heads, eps=a.norm_eps)
+
+    assert torch.equal(q_at([-5, last + 1, last + 900]), q_at([0, last, last]))

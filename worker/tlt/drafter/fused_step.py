@@ -2,9 +2,10 @@
 draft's context forward and its one-token steps) on the target's fused Triton kernels (worker/tlt/kernels/) instead of
 ~30 torch kernels:
 
-  x   = fc(concat(embed(tok), h))        embedding + concat in torch, then linear_residual without a residual
+  x   = fc(concat(embed(tok), h))        linear_residual gathering the embedding rows itself (no concat)
   q   = rope(x @ Wqkv^T), K/V -> past    qkv_rope_cache with no input norm (EAGLE-1's layer has none), the
-                                         target's RoPE tables, K/V written at columns write_at + s of past.k / past.v
+                                         target's RoPE tables (positions clamped into them by the kernel), K/V
+                                         written at columns write_at + s of past.k / past.v
   o   = attention(q, past, mask)         cache_attention over columns 0..write_at + s of each entry
   a   = x + o_proj(o)                    linear_residual
   out = a + down(silu(g) * u)            norm_gate_up (post_attention_layernorm), linear_residual
@@ -13,7 +14,7 @@ The drafter layer has the target's shapes and DraftKV's [B, Hkv, T, D] buffers a
 so the target's kernels run it unchanged. The attention kernel reads, for entry s, only the columns up to its own
 (write_at + s) and skips those its mask row forbids: exact for the causal masks chain drafting builds, never for a
 mask that lets an entry see columns to its right. Inference only (no autograd), no host sync, fixed shapes: a CUDA
-graph captures it. The dispatch lives in `EagleDrafter.step` (its `fused` flag); on CPU the kernels run in Triton's
+graph captures it. Six kernels per step: a chain draft of k tokens runs k + 1 steps. The dispatch lives in `EagleDrafter.step` (its `fused` flag); on CPU the kernels run in Triton's
 interpreter (TRITON_INTERPRET=1 before importing this module).
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_fused_step.py -q` (GPU: add `-m gpu`).
@@ -41,6 +42,21 @@ def rope_mismatch(drafter: EagleDrafter) -> str | None:
     return None
 
 
+_COLUMNS: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
+
+
+def _write_columns(write_at: int, s: int, b: int, device: torch.device) -> torch.Tensor:  # [B * S] int64
+    """Cache columns write_at .. write_at + S - 1 of each row: made once per shape, so a captured draft replays no
+    kernel for them (a constant; nothing writes it)."""
+    key = (write_at, s, b, device)
+    cols = _COLUMNS.get(key)
+    if cols is None:
+        cols = torch.arange(write_at, write_at + s, device=device).repeat(b)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):  # a capture only records it
+            _COLUMNS[key] = cols
+    return cols
+
+
 @torch.no_grad()
 def fused_drafter_step(
     drafter: EagleDrafter,
@@ -55,13 +71,13 @@ def fused_drafter_step(
     b, s = tokens.shape
     a, t = drafter.args, drafter.target
     m, h, dt = b * s, a.dim, drafter.fc.weight.dtype
-    dev = tokens.device
-    e = drafter._embed(tokens).to(dt)
-    xin = torch.cat([e, hidden.to(dt)], dim=-1).reshape(m, 2 * h)  # [M, 2H]
-    x = linear_residual(xin, drafter.fc.weight, None)  # [M, H]
-    # positions index the target's table: clamped so an out-of-range position can never read past it
-    pos = positions.reshape(m).clamp(0, t.rope_cos.shape[0] - 1)  # [M]
-    widx = torch.arange(write_at, write_at + s, device=dev).repeat(b)  # [M] cache column of each entry
+    embed = drafter.embed_weight.detach()
+    if embed.dtype != dt:
+        raise ValueError(f"the fused drafter step reads the target's embedding as is: {embed.dtype}, not {dt}")
+    hid = hidden.reshape(m, h).to(dt)
+    x = linear_residual(hid, drafter.fc.weight, None, gather=(embed, tokens.reshape(m)))  # [M, H]
+    pos = positions.reshape(m).contiguous()  # [M] (qkv_rope_cache clamps them into the target's table)
+    widx = _write_columns(write_at, s, b, tokens.device)  # [M] cache column of each entry
     at, mlp = drafter.self_attn, drafter.mlp
     q = qkv_rope_cache(x, None, at.qkv_proj.weight, at.qkv_proj.bias, None, None, t.rope_cos, t.rope_sin, pos, widx,
                        past.k, past.v, s=s, row0=0, n_heads=a.n_heads, eps=a.norm_eps)  # [M, Hq * D]

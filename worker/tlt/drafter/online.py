@@ -104,11 +104,23 @@ class OnlineDrafter:
         if self.trainer.steps != self._published_at:
             self.proposer.load_snapshot(self.trainer.snapshot())
             self._published_at = self.trainer.steps
+        self._pick_draft_vocab()
         self.buffer.begin_step(self._rollouts)
         self._rollouts += 1
         self.capture.reset()
         self.proposer.reset()
         self._steps_this_rl_step = 0
+
+    def _pick_draft_vocab(self) -> None:
+        """spec.drafter.draft_vocab_size (EAGLE-1): once responses are in the buffer, the most frequent tokens
+        become the proposer's draft vocabulary (kept from then on, checkpointed)."""
+        n, d = self.spec.drafter.draft_vocab_size, self.train_drafter
+        vocab = d.args.vocab_size
+        if d.cfg.kind != "eagle1" or not 0 < n < vocab or self.proposer.draft_vocab_size < vocab:
+            return
+        counts = self.buffer.token_counts(vocab)
+        if int(counts.sum()) > 0:
+            self.proposer.set_draft_vocab(torch.topk(counts.float(), n).indices)
 
     def observe_rollout(self, out: GenerationOutput) -> float:
         """Tail seconds of a finished rollout (steps with fewer than `sd_on_below` active sequences)."""
@@ -147,6 +159,7 @@ class OnlineDrafter:
             "steps_this_rl_step": self._steps_this_rl_step,
             "tail_s": self._tail_s,
             "rollouts": self._rollouts,
+            "draft_vocab": self.proposer.draft_vocab,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -165,3 +178,5 @@ class OnlineDrafter:
         self._steps_this_rl_step = int(state["steps_this_rl_step"])
         self._tail_s = float(state["tail_s"])
         self._rollouts = int(state["rollouts"])
+        vocab = state.get("draft_vocab")
+        self.proposer.set_draft_vocab(vocab.to(self.proposer.device) if vocab is not None else None)

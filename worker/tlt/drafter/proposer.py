@@ -46,7 +46,7 @@ from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.drafter.train import DrafterSnapshot
 from worker.tlt.drafter.tree_draft import tree_draft
 from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.sampling import exponential_noise, processed_probs, sample
+from worker.tlt.spec.sampling import processed_probs, sample
 from worker.tlt.spec.types import DraftProposal
 
 
@@ -77,6 +77,9 @@ class EagleProposer:
         self._drafted = False  # the last propose replayed a graph on the window (the engine verifies it next)
         self._window_fed = False  # inside `advanced`: the hook's rows of that step are already in the window
         self._pool: object | None = None  # one memory pool shared by this proposer's graphs
+        self._vocab: torch.Tensor | None = None  # EAGLE-1 draft vocabulary (sorted target ids; None: all)
+        self._head_rows: torch.Tensor | None = None  # the target head's rows of it
+        self._head_key: tuple[int, int] | None = None  # (data_ptr, version) of the head they were copied from
 
     # ------------------------------------------------------------------------------------------------ weights
     def load_snapshot(self, snap: DrafterSnapshot) -> bool:
@@ -193,35 +196,92 @@ class EagleProposer:
         kv = DraftKV.allocate(bsz, d.args, w + k - 1, like=d.fc.weight)
         o, kv, valid, last_pos = self._context_forward(toks, feats, m, hist_len, kv)
         attend = torch.cat([valid, torch.ones(bsz, k - 1, dtype=torch.bool, device=dev)], dim=1)  # [B, W + k - 1]
-        drafts, qs = [], []
+        drafts: list[torch.Tensor] = []
         common_k, use_p, common_t = filters
         row_k = top_k if common_k < 0 else common_k  # a number: skipped (0) or torch.topk, no sort
         row_t = temp if common_t <= 0.0 else common_t  # a number: softmax(logits / T), no per-row greedy one-hot
         # one temperature, no filters, the drafter on the fused kernels: its sampling too (kernels/draft_sample.py,
         # 3 kernels for ~7; the same noise draw from the generator, the same law)
         fused = common_t > 0.0 and common_k == 0 and not use_p and d.fused_step_on(dev)
+        head, vocab = self._draft_head()
+        # row i of draft_probs is the q that sampled node i's child (the last node has none: zeros); each step writes
+        # its row in place (zeros outside a draft vocabulary)
+        probs = torch.zeros(bsz, k + 1, d.args.vocab_size, dtype=torch.float32, device=dev)
+        noise = torch.empty(k, bsz, head.shape[0], dtype=torch.float32, device=dev).exponential_(
+            generator=self.gen) if fused else None  # the whole chain's race noise in one draw
+        pos = last_pos[None, :] + 1 + torch.arange(k, device=dev)[:, None]  # [k, B] positions of the draft entries
         for step in range(k):
-            logits = d.logits(o[:, 0])
-            if fused:
+            logits = self._draft_logits(o[:, 0], head)  # [B, V'] over the draft vocabulary
+            if noise is not None:
                 from worker.tlt.kernels.draft_sample import draft_sample  # imports triton: only on this path
 
-                tok, q = draft_sample(logits, exponential_noise(logits, self.gen), common_t)
+                tok, _ = draft_sample(logits, noise[step], common_t, vocab=vocab, out=probs[:, step])
             else:
                 q = processed_probs(logits.float(), row_t, top_p if use_p else 1.0, row_k)
                 tok = sample(q, self.gen)
+                if vocab is None:
+                    probs[:, step] = q
+                else:
+                    probs[:, step].index_copy_(-1, vocab, q)
+                    tok = vocab[tok]
             drafts.append(tok)
-            qs.append(q)
             if step + 1 == k:
                 break
-            pos = (last_pos + 1 + step)[:, None]
-            o, kv = d.step(tok[:, None], o, pos, kv, attend[:, None, : w + step + 1], write_at=w + step)
+            o, kv = d.step(tok[:, None], o, pos[step][:, None], kv, attend[:, None, : w + step + 1],
+                           write_at=w + step)
         tokens = torch.cat([toks[:, -1:], torch.stack(drafts, 1)], dim=1)
         counts = torch.where(m > 0, k + 1, 1)
         idx = torch.arange(k + 1, device=dev).expand(bsz, k + 1)
         parents = torch.where(idx < counts[:, None], idx - 1, -1)
-        # row i of draft_probs is the q that sampled node i's child; the last node has none
-        probs = torch.cat([torch.stack(qs, 1), qs[0].new_zeros(bsz, 1, qs[0].shape[-1])], dim=1)
         return tokens, parents, counts, probs
+
+    # ------------------------------------------------------------------------------------------------ draft vocab
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Chain drafts of an EAGLE-1 drafter sample from its distribution restricted to these target ids
+        (renormalised; EAGLE-3's d2t idea for TLT's shared head): the head GEMM and the race shrink from V to V'
+        columns. Lossless whatever the set (the verifier sees q, zero outside it); acceptance drops by the target
+        mass outside it. None: the whole vocabulary. Captured chain graphs are dropped (their shapes change)."""
+        if ids is not None and self.drafter.cfg.kind != "eagle1":
+            raise ValueError("an EAGLE-3 drafter drafts over its own draft vocabulary (EagleDrafter.set_draft_vocab)")
+        self._vocab = None if ids is None else torch.unique(ids.to(self.device, torch.int64))  # sorted
+        self._head_rows, self._head_key = None, None
+        self._graphs.clear()
+        self._sampled.clear()
+
+    @property
+    def draft_vocab(self) -> torch.Tensor | None:  # [V'] sorted target ids (a copy on the host) or None: all
+        return None if self._vocab is None else self._vocab.cpu()
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.drafter.draft_vocab_size if self._vocab is None else int(self._vocab.numel())
+
+    def _draft_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (the head drafts read: [V', H], the target id of each of its rows [V'] or None for all V in order).
+        An EAGLE-1 draft vocabulary's head rows are a copy of the target head's, refreshed in place (captured graphs
+        read it) whenever the target's head changed since (a weight sync, an optimizer step: its version)."""
+        d = self.drafter
+        if d.cfg.kind == "eagle3":
+            return d.lm_head.weight, (d.draft_to_target(torch.arange(d.draft_vocab_size, device=self.device))
+                                      if d.draft_vocab_size < d.args.vocab_size else None)
+        w = d.target.head_weight.detach()
+        if self._vocab is None:
+            return w, None
+        key = (w.data_ptr(), w._version)
+        if self._head_rows is None or self._head_key != key:
+            rows = w.index_select(0, self._vocab)
+            if self._head_rows is None:
+                self._head_rows = rows
+            else:
+                self._head_rows.copy_(rows)
+            self._head_key = key
+        return self._head_rows, self._vocab
+
+    def _draft_logits(self, out: torch.Tensor, head: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, V']
+        d = self.drafter
+        if d.cfg.kind == "eagle3":
+            return d.draft_logits(out)
+        return torch.nn.functional.linear(out, head.to(out.dtype))
 
     def propose(self, ctx: DraftContext) -> DraftProposal:
         if torch.is_grad_enabled():  # a direct call; the engine's step already runs without (a decorator: ~10 us)
@@ -272,6 +332,7 @@ class EagleProposer:
         last time (treated as immutable: the engine builds a new context when its rows change). The proposal is the
         graph's output buffers (no copies): valid until the next propose."""
         bsz = ctx.batch_size
+        self._draft_head()  # refresh a draft vocabulary's head rows if the target's head changed
         key = (batch_bucket(bsz), k, ctx.filters)
         g = self._graphs.get(key)
         if g is None:

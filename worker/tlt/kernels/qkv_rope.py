@@ -55,7 +55,7 @@ def _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, dt: tl.
 def _qkv_rope_kernel(
     x_ptr, ln_w_ptr, w_ptr, b_ptr, qn_w_ptr, kn_w_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr,
     q_ptr, ck_ptr, cv_ptr,
-    M, K, S, row0, eps,
+    M, K, S, row0, eps, MAX_POS,
     stride_xm, stride_wn, stride_rope, stride_cr, stride_ch, stride_ct,
     NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     QK_NORM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -85,7 +85,7 @@ def _qkv_rope_kernel(
     w_b = _pair_tile(w_ptr, rows_b, real, offs_k, K, stride_wn)
     # RoPE rows and cache columns too: positions and write columns are the forward's inputs, written before its
     # first kernel, never by the kernel this one may overlap (as attention's widx)
-    pos = tl.load(pos_ptr + offs_m, mask=m_mask, other=0)
+    pos = tl.minimum(tl.maximum(tl.load(pos_ptr + offs_m, mask=m_mask, other=0), 0), MAX_POS)  # in the table
     col = tl.load(widx_ptr + offs_m, mask=m_mask, other=0)
     rope = pos[:, None] * stride_rope
     cos_a = rounded(tl.load(cos_ptr + rope + offs_a[None, :], mask=m_mask[:, None], other=0.0), dt)
@@ -157,7 +157,7 @@ def qkv_rope_cache(
     k_norm: torch.Tensor | None,  # [D]
     cos: torch.Tensor,  # [T, D] fp32 rope table
     sin: torch.Tensor,  # [T, D] fp32 sign-folded
-    pos: torch.Tensor,  # [M] int64 RoPE positions
+    pos: torch.Tensor,  # [M] int64 RoPE positions (clamped into the table's rows)
     widx: torch.Tensor,  # [M] int64 cache column of each token
     ck: torch.Tensor,  # [slots, Hkv, T, D] this layer's K cache (written)
     cv: torch.Tensor,  # [slots, Hkv, T, D] V cache (written)
@@ -167,6 +167,7 @@ def qkv_rope_cache(
     m, k = x.shape
     n_kv, d = ck.shape[1], ck.shape[3]
     assert ck.stride(3) == 1 and cv.stride() == ck.stride() and w.stride(1) == 1 and cos.stride(1) == 1
+    assert pos.is_contiguous() and widx.is_contiguous()  # read as flat [M] arrays
     cfg = config or config_for("qkv_rope", w.shape[0], k, x.device)
     block_n = head_tile(cfg.block_n, d, qk_norm=q_norm is not None)
     # a whole head where the config meant a narrower tile: two [BLOCK_K, D] weight tiles per step, half as deep
@@ -178,7 +179,7 @@ def qkv_rope_cache(
     _qkv_rope_kernel[grid](
         x, ln, w, bias if bias is not None else w, q_norm if q_norm is not None else ln,
         k_norm if k_norm is not None else ln, cos, sin, pos, widx, q, ck, cv,
-        m, k, s, row0, eps,
+        m, k, s, row0, eps, cos.shape[0] - 1,
         x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
         NQ=n_heads, NKV=n_kv, D=d, HAS_NORM=ln_w is not None, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
         DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
