@@ -74,8 +74,9 @@ def test_hook_rows_of_the_wrong_width_are_refused(tiny_target: Transformer) -> N
 
 
 def test_draft_vocab_is_picked_from_the_responses_and_checkpointed(tiny_target: Transformer) -> None:
-    """drafter.draft_vocab_size: the first rollout drafts over every token; at the next rollout start the proposer
-    drafts over the most frequent response tokens of the buffer; a checkpoint restores that set."""
+    """drafter.draft_vocab_size: the first rollout drafts over every token; each later rollout start re-picks the
+    most frequent tokens of all responses so far, in place (the same tensor: captured graphs stay valid); a
+    checkpoint restores the counts and the set."""
     od = OnlineDrafter(_spec(draft_vocab_size=40), tiny_target)
     eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
                  spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
@@ -83,16 +84,23 @@ def test_draft_vocab_is_picked_from_the_responses_and_checkpointed(tiny_target: 
     reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
     od.begin_rollout(0)
     assert od.proposer.draft_vocab is None
-    eng.generate(reqs)
-    counts = od.buffer.token_counts(tiny_target.args.vocab_size)
+    out = eng.generate(reqs)
+    od.observe_rollout(out)
+    assert int(od.token_counts.sum()) == sum(len(s.tokens) for s in out.sequences)
     od.begin_rollout(1)
     vocab = od.proposer.draft_vocab
     assert vocab is not None and vocab.numel() == 40
+    counts = od.token_counts
     assert int(counts[vocab].min()) >= int(counts[~torch.isin(torch.arange(counts.numel()), vocab)].max())
-    eng.generate(reqs)  # drafts inside the set (test_drafter_vocab.py checks the drafts themselves)
+    held = od.proposer._vocab
+    od.observe_rollout(eng.generate(reqs))  # drafts inside the set (test_drafter_vocab.py checks the drafts)
+    od.begin_rollout(2)
+    assert od.proposer._vocab is held  # re-picked in place
+    again = od.proposer.draft_vocab
+    assert again is not None and int(counts[again].min()) >= int(
+        counts[~torch.isin(torch.arange(counts.numel()), again)].max())
     other = OnlineDrafter(_spec(draft_vocab_size=40), tiny_target)
     other.load_state_dict(od.state_dict())
+    assert torch.equal(other.token_counts, od.token_counts)
     other_vocab = other.proposer.draft_vocab
-    assert other_vocab is not None and torch.equal(other_vocab, vocab)
-    od.begin_rollout(2)  # a later rollout start keeps the set
-    assert torch.equal(od.proposer.draft_vocab, vocab)  # type: ignore[arg-type]
+    assert other_vocab is not None and torch.equal(other_vocab, again)

@@ -86,8 +86,13 @@ def test_vocab_head_rows_follow_the_target_head(tiny_target: Transformer, traine
     again, _ = p._draft_head()
     assert again.data_ptr() == rows.data_ptr()  # refreshed in place: a captured graph reads the new rows
     assert torch.equal(again, target.head_weight[vocab])
+    p._graphs[(1, 4, (0, False, 1.0))] = "a captured graph"  # type: ignore[assignment]
+    p.set_draft_vocab(vocab + 1)  # the same size: in place, captured graphs kept
+    moved, ids = p._draft_head()
+    assert moved.data_ptr() == rows.data_ptr() and ids is not None and torch.equal(ids, vocab + 1)
+    assert torch.equal(moved, target.head_weight[vocab + 1]) and len(p._graphs) == 1
     p.set_draft_vocab(None)
-    assert p._draft_head()[1] is None and p.draft_vocab_size == 320
+    assert p._draft_head()[1] is None and p.draft_vocab_size == 320 and not p._graphs
     with pytest.raises(ValueError, match="EAGLE-3"):
         from worker.tlt.drafter.model import EagleConfig
         EagleProposer(EagleDrafter(target, EagleConfig(kind="eagle3"))).set_draft_vocab(vocab)

@@ -133,8 +133,8 @@ class DrafterConfig(_Strict):
     buffer_gb: float = Field(1.0, gt=0.0)  # hidden-state buffer budget (last two RL steps)
     max_train_steps_per_rl_step: int = Field(200, ge=0)  # spot-training cap per RL step
     export_format: Literal["eagle3", "eagle1"] = "eagle3"
-    # EAGLE-1: chain drafts sample over the N most frequent tokens of the responses seen so far (set once, at the
-    # first rollout that finds responses in the buffer; a smaller head and race per drafted token); 0 = all tokens
+    # EAGLE-1: chain drafts sample over the N most frequent tokens of the responses seen so far (re-picked at each
+    # rollout start; the first rollout drafts over all; a smaller head and race per drafted token); 0 = all tokens
     draft_vocab_size: int = Field(0, ge=0)
 
 

@@ -76,6 +76,7 @@ class OnlineDrafter:
         self._steps_this_rl_step = 0
         self._tail_s = 0.0  # idle time offered by the last rollout, not yet accounted
         self._rollouts = 0  # training rollouts begun: the buffer's step numbers (checkpointed with the buffer)
+        self.token_counts = torch.zeros(target.args.vocab_size, dtype=torch.int64)  # response tokens seen, per id
 
     # ------------------------------------------------------------------------------------------------ engine side
     @property
@@ -112,18 +113,19 @@ class OnlineDrafter:
         self._steps_this_rl_step = 0
 
     def _pick_draft_vocab(self) -> None:
-        """spec.drafter.draft_vocab_size (EAGLE-1): once responses are in the buffer, the most frequent tokens
-        become the proposer's draft vocabulary (kept from then on, checkpointed)."""
+        """spec.drafter.draft_vocab_size (EAGLE-1): the most frequent tokens of all responses so far become the
+        proposer's draft vocabulary, re-picked at every rollout start (in place: captured graphs stay valid)."""
         n, d = self.spec.drafter.draft_vocab_size, self.train_drafter
-        vocab = d.args.vocab_size
-        if d.cfg.kind != "eagle1" or not 0 < n < vocab or self.proposer.draft_vocab_size < vocab:
-            return
-        counts = self.buffer.token_counts(vocab)
-        if int(counts.sum()) > 0:
-            self.proposer.set_draft_vocab(torch.topk(counts.float(), n).indices)
+        if d.cfg.kind == "eagle1" and 0 < n < d.args.vocab_size and int(self.token_counts.sum()) > 0:
+            self.proposer.set_draft_vocab(torch.topk(self.token_counts.float(), n).indices)
 
     def observe_rollout(self, out: GenerationOutput) -> float:
-        """Tail seconds of a finished rollout (steps with fewer than `sd_on_below` active sequences)."""
+        """Tail seconds of a finished rollout (steps with fewer than `sd_on_below` active sequences); its response
+        tokens join the counts the draft vocabulary is picked from."""
+        toks = [t for s in out.sequences for t in s.tokens]
+        if toks:
+            self.token_counts += torch.bincount(torch.tensor(toks), minlength=self.token_counts.numel())[
+                : self.token_counts.numel()]
         tail = sum(s.seconds for s in out.steps if s.kind != "prefill" and s.active < self.spec.rollout.sd_on_below)
         self._tail_s += tail
         return tail
@@ -160,6 +162,7 @@ class OnlineDrafter:
             "tail_s": self._tail_s,
             "rollouts": self._rollouts,
             "draft_vocab": self.proposer.draft_vocab,
+            "token_counts": self.token_counts.clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -178,5 +181,6 @@ class OnlineDrafter:
         self._steps_this_rl_step = int(state["steps_this_rl_step"])
         self._tail_s = float(state["tail_s"])
         self._rollouts = int(state["rollouts"])
+        self.token_counts = state.get("token_counts", torch.zeros_like(self.token_counts)).clone()
         vocab = state.get("draft_vocab")
         self.proposer.set_draft_vocab(vocab.to(self.proposer.device) if vocab is not None else None)

@@ -240,10 +240,16 @@ class EagleProposer:
         """Chain drafts of an EAGLE-1 drafter sample from its distribution restricted to these target ids
         (renormalised; EAGLE-3's d2t idea for TLT's shared head): the head GEMM and the race shrink from V to V'
         columns. Lossless whatever the set (the verifier sees q, zero outside it); acceptance drops by the target
-        mass outside it. None: the whole vocabulary. Captured chain graphs are dropped (their shapes change)."""
+        mass outside it. None: the whole vocabulary. A set of the current size is copied in place (the captured
+        chain graphs read it and stay valid); any other change drops them (their shapes change)."""
         if ids is not None and self.drafter.cfg.kind != "eagle1":
             raise ValueError("an EAGLE-3 drafter drafts over its own draft vocabulary (EagleDrafter.set_draft_vocab)")
-        self._vocab = None if ids is None else torch.unique(ids.to(self.device, torch.int64))  # sorted
+        new = None if ids is None else torch.unique(ids.to(self.device, torch.int64))  # sorted
+        if new is not None and self._vocab is not None and new.numel() == self._vocab.numel():
+            self._vocab.copy_(new)
+            self._head_key = None  # the head rows follow, in place, at the next draft
+            return
+        self._vocab = new
         self._head_rows, self._head_key = None, None
         self._graphs.clear()
         self._sampled.clear()
