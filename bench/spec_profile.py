@@ -28,6 +28,7 @@ Run the smoke test: `python -m pytest tests/drafter/test_spec_profile_smoke.py -
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -197,9 +198,12 @@ def pick_draft_vocab(model: Transformer, tok: Any, a: argparse.Namespace) -> tor
     params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens)
     eng = Engine(model, eos_ids=tuple(tok.eos_ids), config=EngineConfig(
         max_len=max(len(p) for p in prompts) + a.new_tokens + 8, max_slots=len(prompts)))
-    out = eng.generate([Request(p, params) for p in prompts])
-    counts = torch.bincount(torch.tensor([t for s in out.sequences for t in s.tokens]),
-                            minlength=model.args.vocab_size)[: model.args.vocab_size]
+    toks = torch.tensor([t for s in eng.generate([Request(p, params) for p in prompts]).sequences for t in s.tokens])
+    del eng  # its cache, graphs and Python objects must not weigh on the measured arms
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    counts = torch.bincount(toks, minlength=model.args.vocab_size)[: model.args.vocab_size]
     return torch.topk(counts.float(), a.draft_vocab).indices
 
 

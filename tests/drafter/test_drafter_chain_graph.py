@@ -243,3 +243,28 @@ def test_graphed_chain_in_the_engine_is_lossless(draft_vocab: int) -> None:
         steps = [s for s in sampled.steps if s.kind == "spec"]
         per_verify = sum(s.emitted for s in steps) / sum(s.active for s in steps)
         assert 1.0 <= per_verify <= 6.0 and all(len(s.tokens) > 0 for s in sampled.sequences)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_chain_follows_an_in_place_draft_vocab_change(tiny_target: Transformer) -> None:
+    """OnlineDrafter re-picks the draft vocabulary at each rollout start with a set of the same size: copied in
+    place, so the captured graph (no re-capture) drafts from the new set and its head rows. fp32, T=1."""
+    dev = torch.device("cuda")
+    d = _drafter(copy.deepcopy(tiny_target).to(dev)).to(dev)
+    hist = _hist((9, 40, 3, 70))
+    p = _filled(d, EagleProposerConfig(topk=1, context=16), hist)
+    ctx = _ctx(hist, 6, 1.0, dev)
+    perm = torch.randperm(320, generator=torch.Generator().manual_seed(3))
+    first, second = perm[:100], perm[100:200]  # disjoint sets
+    p.set_draft_vocab(first)
+    a = p.propose(ctx)
+    assert bool(torch.isin(a.tokens[:, 1:].cpu(), first).all())
+    graphs = dict(p._graphs)
+    p.set_draft_vocab(second)
+    b = p.propose(ctx)
+    assert bool(torch.isin(b.tokens[:, 1:].cpu(), second).all())
+    assert p._graphs == graphs and all(p._graphs[k] is g for k, g in graphs.items())  # replayed, not re-captured
+    assert b.draft_probs is not None
+    outside = ~torch.isin(torch.arange(320), second)
+    assert bool((b.draft_probs[:, :-1, outside.to(dev)] == 0).all())
