@@ -195,7 +195,7 @@ def pick_draft_vocab(model: Transformer, tok: Any, a: argparse.Namespace) -> tor
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", a.batch + a.vocab_prompts)[a.batch:])
     if a.model == "tiny":
         prompts = [p[-48:] for p in prompts]
-    params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens)
+    params = SamplingParams(temperature=1.0, top_k=a.top_k, max_new_tokens=a.new_tokens)
     eng = Engine(model, eos_ids=tuple(tok.eos_ids), config=EngineConfig(
         max_len=max(len(p) for p in prompts) + a.new_tokens + 8, max_slots=len(prompts)))
     toks = torch.tensor([t for s in eng.generate([Request(p, params) for p in prompts]).sequences for t in s.tokens])
@@ -380,7 +380,7 @@ def sync_census(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]
 
 def measure_arm(model: Transformer, eos: tuple[int, ...], prompts: list[list[int]], a: argparse.Namespace,
                 sd: bool) -> dict[str, Any]:
-    params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens)
+    params = SamplingParams(temperature=1.0, top_k=a.top_k, max_new_tokens=a.new_tokens)
     max_len = max(len(p) for p in prompts) + a.new_tokens + 8
     prop = make_proposer(model, a) if sd else None
     t0 = time.perf_counter()
@@ -429,6 +429,7 @@ def phase_rows(arm: dict[str, Any]) -> list[dict[str, Any]]:
 def render(res: dict[str, Any]) -> str:
     arms = res["arms"]
     lines = [f"# Where an SD step's time goes: {res['model']}, batch {res['batch']}, chain depth {res['depth']}, T=1, "
+             f"top-k {res.get('top_k', 0)}, "
              f"{res['device_name']}, torch {torch.__version__}", ""]
     if res.get("draft_vocab"):
         cover = ", ".join(f"{r['arm']} {100 * r['clean']['vocab_coverage']:.1f}%" for r in arms)
@@ -485,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=64, help="drafter positions recomputed per propose")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--profile-steps", type=int, default=20)
+    ap.add_argument("--top-k", type=int, default=0, help="rows sample from the top-k tokens (0: all; HF generate: 50)")
     ap.add_argument("--eos", action="store_true", help="stop rows at EOS (the batch then shrinks as rows finish)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="chain drafts over this many frequent tokens (0: all)")
     ap.add_argument("--vocab-prompts", type=int, default=64, help="prompts whose plain responses pick --draft-vocab")
@@ -499,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tok, prompts, eos = load(a)
     a.vocab = pick_draft_vocab(model, tok, a) if a.draft_vocab else None
     res: dict[str, Any] = {"model": a.model, "batch": a.batch, "depth": a.depth, "new_tokens": a.new_tokens,
+                           "top_k": a.top_k,
                            "drafter": a.drafter or "random weights", "draft_vocab": a.draft_vocab or None,
                            "device_name": torch.cuda.get_device_name(0) if a.device != "cpu" else "cpu", "arms": []}
     for arm in a.arms.split(","):

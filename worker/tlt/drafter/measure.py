@@ -1,10 +1,13 @@
-"""Measure the EAGLE-1 drafter on a real model: warm up from the target's own GSM8K responses, then accept length and
-tail tokens/s of chain / tree speculative decoding against SD off (small batches = the rollout's tail).
+"""Measure EAGLE drafter training recipes on a real model: one buffer of the target's own GSM8K responses, a drafter
+trained on it per recipe (same steps, same seed), then accept length, acceptance per draft position and tail
+tokens/s of chain / tree speculative decoding against SD off (small batches = the rollout's tail).
 
-    python -m worker.tlt.drafter.measure --device cuda --out results.json      # SmolLM2-135M-Instruct + GSM8K
+    python -m worker.tlt.drafter.measure --device cuda --recipes eagle1,eagle1-ttt3 --out results.json  # SmolLM2
     python -m worker.tlt.drafter.measure --device cpu --model tiny-llama --train-prompts 8 --train-steps 20 \
         --new-tokens 32 --eval-prompts 2                                         # smoke run
-Prints one table row per (drafter state, decoding) and writes them as JSON.
+Per recipe and evaluation arm it prints one row: accept length (tokens emitted per sequence per verify), the
+conditional acceptance rate of each chain position (P(position k accepted | k-1 accepted): where a chain decays),
+tokens/s against SD off; `--export DIR` writes the recipe with the longest chain accept length (EAGLE-1 export).
 """
 
 from __future__ import annotations
@@ -87,7 +90,83 @@ def run_arm(target: Transformer, drafter: EagleDrafter | None, prompts: list[lis
     n_spec = max(len(spec_steps), 1)
     return {"arm": arm, "tokens": emitted, "tokens_per_s": emitted / max(secs, 1e-9),
             "accept_len": sum(s.emitted for s in spec_steps) / rows if rows else 1.0,
-            "step_ms": 1e3 * secs / max(len(dec), 1), "propose_ms": 1e3 * spent[0] / n_spec}
+            "step_ms": 1e3 * secs / max(len(dec), 1), "propose_ms": 1e3 * spent[0] / n_spec,
+            "spec_rows": rows, "accepted_pos": position_sums(spec_steps, "accepted_pos"),
+            "drafted_pos": position_sums(spec_steps, "drafted_pos")}
+
+
+def position_sums(steps: list[Any], field: str) -> list[int]:
+    """Per draft position k = 1.., the sum over steps of StepStats.accepted_pos / drafted_pos (rows with position k
+    accepted / drafted)."""
+    sums: list[int] = []
+    for s in steps:
+        for k, c in enumerate(getattr(s, field)):
+            if k == len(sums):
+                sums.append(0)
+            sums[k] += c
+    return sums
+
+
+def conditional_rates(r: dict[str, Any]) -> list[float]:
+    """P(position k accepted | position k-1 accepted) per k (position 0 = the root, always 'accepted'): a chain
+    with a constant rate a has accept length (1 - a^(d+1)) / (1 - a) at depth d."""
+    prev, rates = float(r["spec_rows"]), []
+    for a, d in zip(r["accepted_pos"], r["drafted_pos"], strict=True):
+        rates.append(a / prev if prev and d else 0.0)
+        prev = float(a)
+    return rates
+
+
+def accept_len_at(r: dict[str, Any], depth: int) -> float:
+    """Accept length a chain of `depth` drafts would have had in this run (its first `depth` positions behave as
+    they did here): 1 (the recovered / bonus token) + accepted positions 1..depth per row."""
+    rows = r["spec_rows"]
+    return 1.0 + sum(r["accepted_pos"][:depth]) / rows if rows else 1.0
+
+
+# ------------------------------------------------------------------------------------------------------ recipes
+RECIPES: dict[str, EagleConfig] = {  # drafter training recipes (EAGLE-1 form: TLT's, the target's head)
+    "eagle1": EagleConfig(),  # teacher forcing on the target's features (TLT, EAGLE-1 without noise)
+    "eagle1-noise": EagleConfig(feature_noise=0.1),  # + EAGLE-1's uniform feature noise U(-0.1, 0.1)
+    "eagle1-ttt2": EagleConfig(ttt_steps=2),  # + training-time test: a second step fed its own predicted feature
+    "eagle1-ttt3": EagleConfig(ttt_steps=3),  # + a third unrolled step (EAGLE-3's recipe, EAGLE-1's layer)
+}
+
+
+FINAL_STEPS = 200  # training loss / accuracy are reported over the last this many steps
+
+
+def response_buffer(target: Transformer, prompts: list[list[int]], params: SamplingParams, eos: tuple[int, ...],
+                    max_len: int, feature_dim: int, gb: float) -> tuple[HiddenStateBuffer, torch.Tensor, float]:
+    """The target's responses to `prompts` (the engine's hidden hook fills the buffer, response rows only)
+    -> (buffer, response-token counts per id [V], generation seconds)."""
+    dev = target.head_weight.device
+    buf = HiddenStateBuffer(feature_dim, int(gb * 2**30), device=dev,
+                            dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    gen = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)),
+                 hidden_hook=EngineCapture(buf))
+    t0 = time.perf_counter()
+    out = gen.generate([Request(p, params) for p in prompts])
+    secs = time.perf_counter() - t0
+    toks = torch.tensor([t for s in out.sequences for t in s.tokens], dtype=torch.int64)
+    counts = torch.bincount(toks, minlength=target.args.vocab_size)[: target.args.vocab_size]
+    log.info("responses: %d tokens in %.1f s, buffer %d rows", out.tokens, secs, len(buf))
+    return buf, counts, secs
+
+
+def train_recipe(target: Transformer, buf: HiddenStateBuffer, cfg: EagleConfig, a: argparse.Namespace,
+                 ) -> tuple[EagleDrafter, dict[str, Any]]:
+    """A fresh drafter (seed 0) trained --train-steps steps on the buffer -> (drafter, its training figures:
+    drafter/loss and drafter/acc averaged over the last FINAL_STEPS steps, where the run ended)."""
+    torch.manual_seed(0)
+    drafter = EagleDrafter(target, cfg).to(target.head_weight.device)
+    tr = SpotTrainer(drafter, buf, SpotTrainerConfig(batch_size=a.batch, window=a.window, learning_rate=a.lr))
+    final = min(FINAL_STEPS, a.train_steps)
+    t0 = time.perf_counter()
+    tr.train(lambda: False, a.train_steps - final)
+    tr.metrics()  # resets the running averages
+    tr.train(lambda: False, final)
+    return drafter, {**tr.metrics(), "train_s": time.perf_counter() - t0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,16 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--gguf", default="", help="a GGUF file instead of --model (e.g. the SmolLM2 file, copied)")
+    ap.add_argument("--recipes", default="eagle1,eagle1-ttt3", help=f"comma-separated, of {', '.join(RECIPES)}")
     ap.add_argument("--train-prompts", type=int, default=256)
+    ap.add_argument("--train-new-tokens", type=int, default=0, help="training responses' max length (0: --new-tokens)")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--train-steps", type=int, default=1500)
-    ap.add_argument("--eval-prompts", type=int, default=8)
+    ap.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts decoded at once (the tail)")
+    ap.add_argument("--arms", default="chain k=6", help=f"comma-separated, of {', '.join(a for a in ARMS if a != 'off')}")
+    ap.add_argument("--draft-vocab", default="0", help="comma-separated draft vocabulary sizes (0: all tokens)")
     ap.add_argument("--batch", type=int, default=16, help="training windows per step")
     ap.add_argument("--window", type=int, default=128, help="rows per training window")
     ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--ttt", type=int, default=1, help="unrolled training steps (training-time test)")
-    ap.add_argument("--noise", type=float, default=0.0, help="uniform feature noise half-width in training")
-    ap.add_argument("--temperatures", default="1.0,0.0", help="comma-separated evaluation temperatures")
+    ap.add_argument("--buffer-gb", type=float, default=2.0)
+    ap.add_argument("--top-k", type=int, default=0, help="responses sample from the top-k tokens (0: all; HF: 50)")
+    ap.add_argument("--temperatures", default="1.0", help="comma-separated evaluation temperatures")
+    ap.add_argument("--export", default="", help="export the recipe with the longest chain accept length here")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -116,45 +200,54 @@ def main(argv: list[str] | None = None) -> int:
     sysmsg = DatasetSource().system_prompt
     train_p = [list(p.ids) for p in render_examples(train_rows[: a.train_prompts], tok, sysmsg, 384)]
     eval_p = [list(p.ids) for p in render_examples(val_rows[: a.eval_prompts], tok, sysmsg, 384)]
-    max_len = max(len(p) for p in train_p + eval_p) + a.new_tokens + 8
-    params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens)  # RL rollouts sample at T=1
-
-    drafter = EagleDrafter(target, EagleConfig(ttt_steps=a.ttt, feature_noise=a.noise)).to(dev)
-    untrained = EagleDrafter(target, EagleConfig()).to(dev)
-    untrained.load_state_dict(drafter.state_dict())
-    buf = HiddenStateBuffer(drafter.feature_dim, 2 * 2**30, device=dev,
-                            dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    cap = EngineCapture(buf)
-    gen = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(train_p)), hidden_hook=cap)
-    t0 = time.perf_counter()
-    out = gen.generate([Request(p, params) for p in train_p])
-    t_gen = time.perf_counter() - t0
-    log.info("warm-up rollout: %d tokens in %.1f s, buffer %d rows", out.tokens, t_gen, len(buf))
-    tr = SpotTrainer(drafter, buf, SpotTrainerConfig(batch_size=a.batch, window=a.window, learning_rate=a.lr))
-    t0 = time.perf_counter()
-    tr.train(lambda: False, a.train_steps)
-    m = tr.metrics()
-    log.info("spot training: %s in %.1f s", m, time.perf_counter() - t0)
-
+    train_new = a.train_new_tokens or a.new_tokens
+    max_len = max(len(p) for p in train_p + eval_p) + max(train_new, a.new_tokens) + 8
+    params = SamplingParams(temperature=1.0, top_k=a.top_k, max_new_tokens=train_new)  # RL rollouts: T=1
+    buf, counts, t_gen = response_buffer(target, train_p, params, eos, max_len, target.args.dim, a.buffer_gb)
+    vocabs = [int(v) for v in a.draft_vocab.split(",")]
+    arms = [x.strip() for x in a.arms.split(",")]
     results: list[dict[str, Any]] = []
+    trained: dict[str, tuple[EagleDrafter, dict[str, Any]]] = {}
     for temp in (float(t) for t in a.temperatures.split(",")):
-        ev = SamplingParams(temperature=temp, max_new_tokens=a.new_tokens)
-        for label, d in (("untrained", untrained), (f"warm-up {a.train_steps} steps", drafter)):
-            for arm in ARMS:
-                if arm == "off" and label == "untrained":
-                    continue
-                r = run_arm(target, d, eval_p, ev, arm, eos, max_len)
-                r.update(drafter=label, batch=len(eval_p), temperature=temp)
-                results.append(r)
-                log.info("%s", r)
-    print(f"{'T':>4} {'drafter':<24}{'decoding':<20}{'accept_len':>11}{'tok/s':>10}{'vs off':>8}{'step ms':>9}"
-          f"{'draft ms':>9}")
+        ev = SamplingParams(temperature=temp, top_k=a.top_k, max_new_tokens=a.new_tokens)
+        off = run_arm(target, None, eval_p, ev, "off", eos, max_len)
+        off.update(recipe="-", draft_vocab=0, temperature=temp)
+        results.append(off)
+        for name in (x.strip() for x in a.recipes.split(",")):
+            if name not in trained:
+                trained[name] = train_recipe(target, buf, RECIPES[name], a)
+                log.info("%s: %s", name, trained[name][1])
+            drafter, fig = trained[name]
+            serve = EagleDrafter(target, drafter.cfg).to(dev, target.head_weight.dtype)  # the engine's copy
+            serve.load_state_dict(drafter.state_dict())
+            for arm in arms:
+                for nv in vocabs:
+                    prop = EagleProposer(serve, EagleProposerConfig(topk=ARMS[arm][1]))
+                    if 0 < nv < target.args.vocab_size and ARMS[arm][1] == 1:
+                        prop.set_draft_vocab(torch.topk(counts.float(), nv).indices)
+                    elif nv:
+                        continue
+                    r = run_arm(target, None, eval_p, ev, arm, eos, max_len, proposer=prop, time_propose=False)
+                    r.update(recipe=name, draft_vocab=nv, temperature=temp, train=fig,
+                             speedup=r["tokens_per_s"] / off["tokens_per_s"])
+                    results.append(r)
+                    log.info("%s", r)
+    print(f"{'T':>4} {'recipe':<14}{'decoding':<20}{'vocab':>6}{'acc':>6}{'accept':>8}{'@d4':>6}"
+          f"  {'P(k | k-1), k = 1..':<36}{'tok/s':>9}{'vs off':>8}")
     for r in results:
-        base = next(x["tokens_per_s"] for x in results if x["arm"] == "off" and x["temperature"] == r["temperature"])
-        r["speedup"] = r["tokens_per_s"] / base
-        print(f"{r['temperature']:>4.1f} {r['drafter']:<24}{r['arm']:<20}{r['accept_len']:>11.2f}"
-              f"{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}{r['step_ms']:>9.1f}{r['propose_ms']:>9.1f}")
-    summary = {"results": results, "train": {**m, "gen_s": t_gen, "buffer_rows": len(buf)}}
+        rates = " ".join(f"{x:.2f}" for x in conditional_rates(r)) if r["arm"] != "off" else ""
+        acc = f"{r['train']['drafter/acc']:.3f}" if "train" in r else "-"
+        print(f"{r['temperature']:>4.1f} {r['recipe']:<14}{r['arm']:<20}{r['draft_vocab']:>6}{acc:>6}"
+              f"{r['accept_len']:>8.2f}{accept_len_at(r, 4):>6.2f}  {rates:<36}{r['tokens_per_s']:>9.0f}"
+              f"{r.get('speedup', 1.0):>8.2f}")
+    chains = [r for r in results if r["arm"].startswith("chain") and r["draft_vocab"] == 0]
+    if a.export and chains:
+        from worker.tlt.drafter.export import export_eagle1
+
+        best = max(chains, key=lambda r: r["accept_len"])
+        export_eagle1(trained[best["recipe"]][0], a.export)
+        log.info("exported %s to %s", best["recipe"], a.export)
+    summary = {"results": results, "gen_s": t_gen, "buffer_rows": len(buf), "settings": vars(a)}
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=2))
     return 0

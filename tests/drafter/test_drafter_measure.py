@@ -1,0 +1,48 @@
+"""The drafter-recipe measurement (worker/tlt/drafter/measure.py): per-position acceptance arithmetic, and a CPU smoke
+run that trains two recipes on one buffer, evaluates them (with a draft vocabulary too) and exports the best."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from worker.tlt.drafter import measure
+from worker.tlt.drafter.export import load_exported
+from worker.tlt.model import preset, random_model
+
+
+def test_position_sums_add_steps_of_different_depths() -> None:
+    steps = [SimpleNamespace(accepted_pos=(3, 1), drafted_pos=(4, 4)),
+             SimpleNamespace(accepted_pos=(2, 2, 1), drafted_pos=(2, 2, 2))]
+    assert measure.position_sums(steps, "accepted_pos") == [5, 3, 1]
+    assert measure.position_sums(steps, "drafted_pos") == [6, 6, 2]
+
+
+def test_conditional_rates_and_accept_length_at_a_shallower_depth() -> None:
+    r = {"spec_rows": 10, "accepted_pos": [6, 3, 0], "drafted_pos": [10, 10, 10]}
+    assert measure.conditional_rates(r) == pytest.approx([0.6, 0.5, 0.0])
+    assert measure.accept_len_at(r, 1) == pytest.approx(1.6)  # 1 emitted token + 6 of 10 rows accepted position 1
+    assert measure.accept_len_at(r, 3) == pytest.approx(1.9)
+    # no speculative step at all: plain decoding emits one token per row per step
+    assert measure.accept_len_at({"spec_rows": 0, "accepted_pos": [], "drafted_pos": []}, 4) == 1.0
+
+
+def test_recipe_smoke_run_exports_the_longest_chain(tmp_path: Path) -> None:
+    out, exported = tmp_path / "m.json", tmp_path / "best"
+    rc = measure.main(["--device", "cpu", "--model", "tiny-llama", "--train-prompts", "4", "--train-steps", "3",
+                       "--new-tokens", "12", "--eval-prompts", "2", "--recipes", "eagle1,eagle1-ttt2",
+                       "--draft-vocab", "0,64", "--export", str(exported), "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())["results"]
+    chains = [r for r in res if r["arm"] == "chain k=6"]
+    assert {(r["recipe"], r["draft_vocab"]) for r in chains} == {
+        ("eagle1", 0), ("eagle1", 64), ("eagle1-ttt2", 0), ("eagle1-ttt2", 64)}
+    for r in chains:
+        assert len(r["accepted_pos"]) == len(r["drafted_pos"]) <= 6
+        assert all(a <= d for a, d in zip(r["accepted_pos"], r["drafted_pos"], strict=True))
+        assert r["accept_len"] <= measure.accept_len_at(r, 6) + 1e-9  # EOS / budget cuts only shorten a run
+    target = random_model(preset("tiny-llama"), seed=0)
+    assert load_exported(exported, target).cfg.kind == "eagle1"
