@@ -1,9 +1,11 @@
 """The drafter-recipe measurement (worker/tlt/drafter/measure.py): per-position acceptance arithmetic, and a CPU smoke
-run that trains two recipes on one buffer, evaluates them (with a draft vocabulary too) and exports the best."""
+run that trains EAGLE-1 recipes on one buffer, evaluates them (with a draft vocabulary too) and exports the best, and
+an EAGLE-3 recipe trained on teacher-forced rows of the same responses."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,7 +13,10 @@ import pytest
 
 from worker.tlt.drafter import measure
 from worker.tlt.drafter.export import load_exported
+from worker.tlt.drafter.measure import RECIPES
 from worker.tlt.model import preset, random_model
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rollout.types import SamplingParams
 
 
 def test_position_sums_add_steps_of_different_depths() -> None:
@@ -46,3 +51,17 @@ def test_recipe_smoke_run_exports_the_longest_chain(tmp_path: Path) -> None:
         assert r["accept_len"] <= measure.accept_len_at(r, 6) + 1e-9  # EOS / budget cuts only shorten a run
     target = random_model(preset("tiny-llama"), seed=0)
     assert load_exported(exported, target).cfg.kind == "eagle1"
+
+
+def test_eagle3_recipe_trains_on_teacher_forced_rows_of_the_same_responses(tiny_target: Transformer) -> None:
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    resp = measure.generate_responses(tiny_target, prompts, params, eos=(), max_len=16, gb=0.01)
+    buf3 = measure.buffer_for(tiny_target, resp, "eagle3", gb=0.01)
+    # each prompt's last position + its responses; the engine hook never computes the last response token's hidden
+    # state, the teacher-forced forward does
+    assert len(resp.buffers["eagle1"]) == 2 * 6 and len(buf3) == 2 * 7
+    assert buf3.hidden.shape[-1] == 4 * tiny_target.args.dim  # 3 layers' inputs + the final hidden
+    a = SimpleNamespace(batch=2, window=4, lr=1e-3, train_steps=3, buffer_gb=0.01)
+    drafter, fig = measure.train_recipe(tiny_target, resp, RECIPES["eagle3-ttt3"], a)
+    assert drafter.cfg.kind == "eagle3" and fig["drafter/steps"] == 3 and math.isfinite(fig["drafter/loss"])

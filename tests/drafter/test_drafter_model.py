@@ -64,3 +64,17 @@ def test_unroll_matches_stepwise_drafting(tiny_target: Transformer, kind: Kind) 
                 mask = torch.ones(1, 1, kv.length + 1, dtype=torch.bool)
                 o, kv = d.step(toks[:, j + st: j + st + 1], o, torch.tensor([[j + st]]), kv, mask)
                 torch.testing.assert_close(o[:, 0], outs[st][:, j], atol=1e-5, rtol=1e-5)
+
+
+def test_eagle3_head_starts_as_the_targets_over_its_draft_vocab(tiny_target: Transformer) -> None:
+    d = EagleDrafter(tiny_target, EagleConfig(kind="eagle3", draft_vocab_size=100))
+    x = torch.randn(3, tiny_target.args.dim)  # a pre-norm hidden state
+    want = tiny_target.logits_from_hidden(tiny_target.model.norm(x))  # [3, V]
+    torch.testing.assert_close(d.draft_logits(x), want[:, :100])  # draft ids 0..99 before any vocabulary is set
+    counts = torch.zeros(tiny_target.args.vocab_size)
+    picked = torch.randperm(tiny_target.args.vocab_size)[:100]
+    counts[picked] = torch.rand(100) + 1.0
+    d.set_draft_vocab(counts)
+    ids = d.draft_to_target(torch.arange(100))
+    assert torch.equal(ids, torch.sort(picked).values)
+    torch.testing.assert_close(d.draft_logits(x), want[:, ids])  # the head follows the new vocabulary

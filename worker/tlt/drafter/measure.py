@@ -1,13 +1,14 @@
-"""Measure EAGLE drafter training recipes on a real model: one buffer of the target's own GSM8K responses, a drafter
-trained on it per recipe (same steps, same seed), then accept length, acceptance per draft position and tail
-tokens/s of chain / tree speculative decoding against SD off (small batches = the rollout's tail).
+"""Measure EAGLE drafter training recipes on a real model: the target's own GSM8K responses, a drafter trained on them
+per recipe (`RECIPES`: EAGLE-1 teacher forcing, feature noise, training-time test; EAGLE-3 on teacher-forced rows of
+the same responses; same steps, same seed), then accept length, acceptance per draft position and tail tokens/s of
+chain / tree speculative decoding against SD off (small batches = the rollout's tail).
 
     python -m worker.tlt.drafter.measure --device cuda --recipes eagle1,eagle1-ttt3 --out results.json  # SmolLM2
     python -m worker.tlt.drafter.measure --device cpu --model tiny-llama --train-prompts 8 --train-steps 20 \
         --new-tokens 32 --eval-prompts 2                                         # smoke run
 Per recipe and evaluation arm it prints one row: accept length (tokens emitted per sequence per verify), the
 conditional acceptance rate of each chain position (P(position k accepted | k-1 accepted): where a chain decays),
-tokens/s against SD off; `--export DIR` writes the recipe with the longest chain accept length (EAGLE-1 export).
+tokens/s against SD off; `--export DIR` writes the recipe with the longest chain accept length (its own form).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,11 @@ from worker.tlt.config import DatasetSource, ModelSource
 from worker.tlt.data.dataset import load_examples, split_examples
 from worker.tlt.data.prompts import render_examples
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
+from worker.tlt.drafter.export import export_drafter
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
+from worker.tlt.drafter.warmup import eagle3_rows
 from worker.tlt.model.load import load_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
@@ -125,24 +129,38 @@ def accept_len_at(r: dict[str, Any], depth: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------ recipes
-RECIPES: dict[str, EagleConfig] = {  # drafter training recipes (EAGLE-1 form: TLT's, the target's head)
+RECIPES: dict[str, EagleConfig] = {  # drafter training recipes, same steps and seed each
     "eagle1": EagleConfig(),  # teacher forcing on the target's features (TLT, EAGLE-1 without noise)
     "eagle1-noise": EagleConfig(feature_noise=0.1),  # + EAGLE-1's uniform feature noise U(-0.1, 0.1)
     "eagle1-ttt2": EagleConfig(ttt_steps=2),  # + training-time test: a second step fed its own predicted feature
     "eagle1-ttt3": EagleConfig(ttt_steps=3),  # + a third unrolled step (EAGLE-3's recipe, EAGLE-1's layer)
+    "eagle3": EagleConfig(kind="eagle3"),  # EAGLE-3's features (target layers 2, L//2, L-3), own head (full vocab)
+    "eagle3-ttt3": EagleConfig(kind="eagle3", ttt_steps=3),  # + EAGLE-3's three-step training-time test
 }
-
 
 FINAL_STEPS = 200  # training loss / accuracy are reported over the last this many steps
 
 
-def response_buffer(target: Transformer, prompts: list[list[int]], params: SamplingParams, eos: tuple[int, ...],
-                    max_len: int, feature_dim: int, gb: float) -> tuple[HiddenStateBuffer, torch.Tensor, float]:
-    """The target's responses to `prompts` (the engine's hidden hook fills the buffer, response rows only)
-    -> (buffer, response-token counts per id [V], generation seconds)."""
+@dataclass
+class Responses:
+    """The target's responses to the training prompts, and the training buffer of each drafter kind."""
+
+    prompts: list[list[int]]
+    tokens: list[list[int]]  # response token ids per prompt
+    counts: torch.Tensor  # [V] response-token counts per id (draft vocabularies come from these)
+    gen_s: float
+    buffers: dict[str, HiddenStateBuffer]  # drafter kind -> buffer ("eagle3" made on first use)
+
+
+def buffer_dtype(dev: torch.device) -> torch.dtype:
+    return torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+
+def generate_responses(target: Transformer, prompts: list[list[int]], params: SamplingParams,
+                       eos: tuple[int, ...], max_len: int, gb: float) -> Responses:
+    """The target's responses to `prompts`; the engine's hidden hook fills the EAGLE-1 buffer (response rows)."""
     dev = target.head_weight.device
-    buf = HiddenStateBuffer(feature_dim, int(gb * 2**30), device=dev,
-                            dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    buf = HiddenStateBuffer(target.args.dim, int(gb * 2**30), device=dev, dtype=buffer_dtype(dev))
     gen = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)),
                  hidden_hook=EngineCapture(buf))
     t0 = time.perf_counter()
@@ -151,15 +169,32 @@ def response_buffer(target: Transformer, prompts: list[list[int]], params: Sampl
     toks = torch.tensor([t for s in out.sequences for t in s.tokens], dtype=torch.int64)
     counts = torch.bincount(toks, minlength=target.args.vocab_size)[: target.args.vocab_size]
     log.info("responses: %d tokens in %.1f s, buffer %d rows", out.tokens, secs, len(buf))
-    return buf, counts, secs
+    return Responses(prompts, [list(s.tokens) for s in out.sequences], counts, secs, {"eagle1": buf})
 
 
-def train_recipe(target: Transformer, buf: HiddenStateBuffer, cfg: EagleConfig, a: argparse.Namespace,
+def buffer_for(target: Transformer, resp: Responses, kind: str, gb: float) -> HiddenStateBuffer:
+    """The buffer a drafter of `kind` trains on. EAGLE-3's rows (3 target layers' inputs + the final hidden) come
+    from one teacher-forced target forward per response (the engine hook reports the final hidden only), in a
+    budget 4x the EAGLE-1 one (rows 4x as wide: the same rows fit)."""
+    if kind not in resp.buffers:
+        template = EagleDrafter(target, EagleConfig(kind="eagle3"))
+        dev = target.head_weight.device
+        buf = HiddenStateBuffer(template.feature_dim + target.args.dim, int(4 * gb * 2**30), device=dev,
+                                dtype=buffer_dtype(dev))
+        toks, rows = eagle3_rows(target, template, resp.prompts, resp.tokens)
+        for i, (t, r) in enumerate(zip(toks, rows, strict=True)):
+            buf.capture(torch.full((t.shape[0],), i, dtype=torch.int64), t, r)
+        resp.buffers[kind] = buf
+    return resp.buffers[kind]
+
+
+def train_recipe(target: Transformer, resp: Responses, cfg: EagleConfig, a: argparse.Namespace,
                  ) -> tuple[EagleDrafter, dict[str, Any]]:
     """A fresh drafter (seed 0) trained --train-steps steps on the buffer -> (drafter, its training figures:
     drafter/loss and drafter/acc averaged over the last FINAL_STEPS steps, where the run ended)."""
     torch.manual_seed(0)
     drafter = EagleDrafter(target, cfg).to(target.head_weight.device)
+    buf = buffer_for(target, resp, cfg.kind, a.buffer_gb)
     tr = SpotTrainer(drafter, buf, SpotTrainerConfig(batch_size=a.batch, window=a.window, learning_rate=a.lr))
     final = min(FINAL_STEPS, a.train_steps)
     t0 = time.perf_counter()
@@ -203,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     train_new = a.train_new_tokens or a.new_tokens
     max_len = max(len(p) for p in train_p + eval_p) + max(train_new, a.new_tokens) + 8
     params = SamplingParams(temperature=1.0, top_k=a.top_k, max_new_tokens=train_new)  # RL rollouts: T=1
-    buf, counts, t_gen = response_buffer(target, train_p, params, eos, max_len, target.args.dim, a.buffer_gb)
+    resp = generate_responses(target, train_p, params, eos, max_len, a.buffer_gb)
     vocabs = [int(v) for v in a.draft_vocab.split(",")]
     arms = [x.strip() for x in a.arms.split(",")]
     results: list[dict[str, Any]] = []
@@ -215,18 +250,18 @@ def main(argv: list[str] | None = None) -> int:
         results.append(off)
         for name in (x.strip() for x in a.recipes.split(",")):
             if name not in trained:
-                trained[name] = train_recipe(target, buf, RECIPES[name], a)
+                trained[name] = train_recipe(target, resp, RECIPES[name], a)
                 log.info("%s: %s", name, trained[name][1])
             drafter, fig = trained[name]
             serve = EagleDrafter(target, drafter.cfg).to(dev, target.head_weight.dtype)  # the engine's copy
             serve.load_state_dict(drafter.state_dict())
             for arm in arms:
                 for nv in vocabs:
+                    if nv and (ARMS[arm][1] != 1 or serve.cfg.kind != "eagle1" or nv >= target.args.vocab_size):
+                        continue  # draft vocabularies: EAGLE-1 chains (EAGLE-3 drafts over its own head)
                     prop = EagleProposer(serve, EagleProposerConfig(topk=ARMS[arm][1]))
-                    if 0 < nv < target.args.vocab_size and ARMS[arm][1] == 1:
-                        prop.set_draft_vocab(torch.topk(counts.float(), nv).indices)
-                    elif nv:
-                        continue
+                    if nv:
+                        prop.set_draft_vocab(torch.topk(resp.counts.float(), nv).indices)
                     r = run_arm(target, None, eval_p, ev, arm, eos, max_len, proposer=prop, time_propose=False)
                     r.update(recipe=name, draft_vocab=nv, temperature=temp, train=fig,
                              speedup=r["tokens_per_s"] / off["tokens_per_s"])
@@ -242,12 +277,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r.get('speedup', 1.0):>8.2f}")
     chains = [r for r in results if r["arm"].startswith("chain") and r["draft_vocab"] == 0]
     if a.export and chains:
-        from worker.tlt.drafter.export import export_eagle1
-
         best = max(chains, key=lambda r: r["accept_len"])
-        export_eagle1(trained[best["recipe"]][0], a.export)
+        export_drafter(trained[best["recipe"]][0], a.export)
         log.info("exported %s to %s", best["recipe"], a.export)
-    summary = {"results": results, "gen_s": t_gen, "buffer_rows": len(buf), "settings": vars(a)}
+    summary = {"results": results, "gen_s": resp.gen_s, "settings": vars(a),
+               "buffer_rows": {k: len(b) for k, b in resp.buffers.items()}}
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=2))
     return 0

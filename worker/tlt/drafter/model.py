@@ -141,6 +141,18 @@ class EagleDrafter(nn.Module):
                 h = self.args.dim
                 self.fc.weight.zero_()
                 self.fc.weight[:, h:] = torch.eye(h)
+        else:
+            self._head_from_target()
+
+    def _head_from_target(self) -> None:
+        """EAGLE-3: start the own head as the target's (final norm + its head rows of the draft vocabulary), so
+        `draft_logits` of a target-like hidden state begin as the target's logits instead of noise."""
+        t = self.target
+        ids = self.d2t + torch.arange(self.draft_vocab_size, device=self.d2t.device)
+        with torch.no_grad():
+            head = t.head_weight.detach()
+            self.lm_head.weight.copy_(head.index_select(0, ids.to(head.device)).to(self.lm_head.weight))
+            self.norm.weight.copy_(t.model.norm.weight.detach().to(self.norm.weight))
 
     @property
     def target(self) -> Transformer:
@@ -164,13 +176,15 @@ class EagleDrafter(nn.Module):
         return int(self.lm_head.weight.shape[0]) if self.cfg.kind == "eagle3" else self.args.vocab_size
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:  # [V] counts of each target token
-        """EAGLE-3: keep the `draft_vocab_size` most frequent target tokens (sorted by id) as the draft vocabulary."""
+        """EAGLE-3: keep the `draft_vocab_size` most frequent target tokens (sorted by id) as the draft vocabulary;
+        the head restarts from the target's rows of it (call before training, as the warm-up does)."""
         assert self.cfg.kind == "eagle3"
         dv = self.draft_vocab_size
         ids = torch.sort(torch.topk(token_counts.float(), dv).indices).values.to(self.d2t.device)
         self.d2t.copy_(ids - torch.arange(dv, device=ids.device))
         self.t2d.zero_()
         self.t2d[ids] = True
+        self._head_from_target()
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What a drafter checkpoint holds: its own parameters and buffers (never the shared target tensors)."""

@@ -36,7 +36,7 @@ from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
 log = logging.getLogger(__name__)
 
 
-def _eagle3_rows(target: Transformer, drafter: EagleDrafter, prompts: Sequence[list[int]],
+def eagle3_rows(target: Transformer, drafter: EagleDrafter, prompts: Sequence[list[int]],
                  responses: Sequence[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Teacher-forced features for EAGLE-3: per sequence, tokens [N] and rows [N, 3H + H] from the last prompt
     position through the response."""
@@ -93,7 +93,7 @@ def warmup(
         t0 = time.perf_counter()
         out = engine.generate([Request(p, params) for p in batch])
         if drafter.cfg.kind == "eagle3":
-            toks, rows = _eagle3_rows(target, drafter, batch, [s.tokens for s in out.sequences])
+            toks, rows = eagle3_rows(target, drafter, batch, [s.tokens for s in out.sequences])
             for i, (t, r) in enumerate(zip(toks, rows, strict=True)):
                 buffer.capture(torch.full((t.shape[0],), i, dtype=torch.int64), t, r)
             if rnd == 0 and drafter.draft_vocab_size < drafter.args.vocab_size:
