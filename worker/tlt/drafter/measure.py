@@ -31,8 +31,8 @@ from worker.tlt.drafter.export import export_drafter
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
-from worker.tlt.drafter.warmup import eagle3_rows
-from worker.tlt.model.load import load_model
+from worker.tlt.drafter.warmup import capture_eagle3_rows
+from worker.tlt.model.load import load_model, resolve_dtype
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
@@ -152,15 +152,11 @@ class Responses:
     buffers: dict[str, HiddenStateBuffer]  # drafter kind -> buffer ("eagle3" made on first use)
 
 
-def buffer_dtype(dev: torch.device) -> torch.dtype:
-    return torch.bfloat16 if dev.type == "cuda" else torch.float32
-
-
 def generate_responses(target: Transformer, prompts: list[list[int]], params: SamplingParams,
                        eos: tuple[int, ...], max_len: int, gb: float) -> Responses:
     """The target's responses to `prompts`; the engine's hidden hook fills the EAGLE-1 buffer (response rows)."""
     dev = target.head_weight.device
-    buf = HiddenStateBuffer(target.args.dim, int(gb * 2**30), device=dev, dtype=buffer_dtype(dev))
+    buf = HiddenStateBuffer(target.args.dim, int(gb * 2**30), device=dev, dtype=resolve_dtype(None, dev))
     gen = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)),
                  hidden_hook=EngineCapture(buf))
     t0 = time.perf_counter()
@@ -173,17 +169,14 @@ def generate_responses(target: Transformer, prompts: list[list[int]], params: Sa
 
 
 def buffer_for(target: Transformer, resp: Responses, kind: str, gb: float) -> HiddenStateBuffer:
-    """The buffer a drafter of `kind` trains on. EAGLE-3's rows (3 target layers' inputs + the final hidden) come
-    from one teacher-forced target forward per response (the engine hook reports the final hidden only), in a
-    budget 4x the EAGLE-1 one (rows 4x as wide: the same rows fit)."""
+    """The buffer a drafter of `kind` trains on. EAGLE-3's rows (3 target layers' inputs + the final hidden) are
+    teacher-forced (warmup.capture_eagle3_rows), in a budget 4x the EAGLE-1 one (rows 4x as wide: the same rows fit)."""
     if kind not in resp.buffers:
         template = EagleDrafter(target, EagleConfig(kind="eagle3"))
         dev = target.head_weight.device
         buf = HiddenStateBuffer(template.feature_dim + target.args.dim, int(4 * gb * 2**30), device=dev,
-                                dtype=buffer_dtype(dev))
-        toks, rows = eagle3_rows(target, template, resp.prompts, resp.tokens)
-        for i, (t, r) in enumerate(zip(toks, rows, strict=True)):
-            buf.capture(torch.full((t.shape[0],), i, dtype=torch.int64), t, r)
+                                dtype=resolve_dtype(None, dev))
+        capture_eagle3_rows(buf, target, template, resp.prompts, resp.tokens)
         resp.buffers[kind] = buf
     return resp.buffers[kind]
 

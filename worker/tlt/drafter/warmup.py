@@ -27,6 +27,7 @@ from worker.tlt.drafter.export import export_eagle1, export_eagle3
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.online import build_drafter
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
+from worker.tlt.model.load import resolve_dtype
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.reporting import Reporter
@@ -36,20 +37,19 @@ from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
 log = logging.getLogger(__name__)
 
 
-def eagle3_rows(target: Transformer, drafter: EagleDrafter, prompts: Sequence[list[int]],
-                 responses: Sequence[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Teacher-forced features for EAGLE-3: per sequence, tokens [N] and rows [N, 3H + H] from the last prompt
-    position through the response."""
-    toks_out, rows_out = [], []
+def capture_eagle3_rows(buffer: HiddenStateBuffer, target: Transformer, drafter: EagleDrafter,
+                        prompts: Sequence[list[int]], responses: Sequence[list[int]]) -> None:
+    """Teacher-forced features for EAGLE-3 into the buffer: per sequence (its index as the sequence id), tokens and
+    rows [N, 3H + H] from the last prompt position through the response (the engine hook reports the final hidden
+    only, so each response is re-read by one target forward)."""
     dev = target.head_weight.device
     with torch.no_grad():
-        for p, r in zip(prompts, responses, strict=True):
+        for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
             ids = torch.tensor([p + r], device=dev)
             _, h, cap = target.forward_hidden(ids, layers=drafter.feature_layers, compute_logits=False)
             rows = torch.cat([drafter.features(h, cap), h], dim=-1)[0, len(p) - 1:]
-            toks_out.append(ids[0, len(p) - 1:])
-            rows_out.append(rows)
-    return toks_out, rows_out
+            toks = ids[0, len(p) - 1:]
+            buffer.capture(torch.full((toks.shape[0],), i, dtype=torch.int64), toks, rows)
 
 
 def warmup(
@@ -66,8 +66,7 @@ def warmup(
     dev = target.head_weight.device
     drafter = build_drafter(spec, target)
     width = drafter.feature_dim + (drafter.args.dim if drafter.cfg.kind == "eagle3" else 0)
-    buf_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    buffer = HiddenStateBuffer(width, int(spec.drafter.buffer_gb * 2**30), device=dev, dtype=buf_dtype)
+    buffer = HiddenStateBuffer(width, int(spec.drafter.buffer_gb * 2**30), device=dev, dtype=resolve_dtype(None, dev))
     trainer = SpotTrainer(drafter, buffer, SpotTrainerConfig(learning_rate=spec.drafter.learning_rate,
                                                              seed=spec.seed))
     capture = EngineCapture(buffer)
@@ -93,9 +92,7 @@ def warmup(
         t0 = time.perf_counter()
         out = engine.generate([Request(p, params) for p in batch])
         if drafter.cfg.kind == "eagle3":
-            toks, rows = eagle3_rows(target, drafter, batch, [s.tokens for s in out.sequences])
-            for i, (t, r) in enumerate(zip(toks, rows, strict=True)):
-                buffer.capture(torch.full((t.shape[0],), i, dtype=torch.int64), t, r)
+            capture_eagle3_rows(buffer, target, drafter, batch, [s.tokens for s in out.sequences])
             if rnd == 0 and drafter.draft_vocab_size < drafter.args.vocab_size:
                 drafter.set_draft_vocab(buffer.token_counts(drafter.args.vocab_size))
         t_gen = time.perf_counter() - t0
