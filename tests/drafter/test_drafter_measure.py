@@ -37,14 +37,18 @@ def test_conditional_rates_and_accept_length_at_a_shallower_depth() -> None:
 
 def test_recipe_smoke_run_exports_the_longest_chain(tmp_path: Path) -> None:
     out, exported = tmp_path / "m.json", tmp_path / "best"
-    rc = measure.main(["--device", "cpu", "--model", "tiny-llama", "--train-prompts", "4", "--train-steps", "3",
-                       "--new-tokens", "12", "--eval-prompts", "2", "--recipes", "eagle1,eagle1-ttt2",
-                       "--draft-vocab", "0,64", "--export", str(exported), "--out", str(out)])
+    rc = measure.main(["--device", "cpu", "--model", "tiny-llama", "--train-prompts", "5", "--gen-chunk", "2",
+                       "--train-steps", "3", "--checkpoints", "1", "--new-tokens", "12", "--eval-prompts", "2",
+                       "--recipes", "eagle1,eagle1-ttt2", "--draft-vocab", "0,64", "--export", str(exported),
+                       "--out", str(out)])
     assert rc == 0
-    res = json.loads(out.read_text())["results"]
+    summary = json.loads(out.read_text())
+    assert summary["buffer_rows"]["eagle1"] >= 5  # three engine runs of <= 2 prompts: each prompt's last row at least
+    res = summary["results"]
     chains = [r for r in res if r["arm"] == "chain k=6"]
-    assert {(r["recipe"], r["draft_vocab"]) for r in chains} == {
-        ("eagle1", 0), ("eagle1", 64), ("eagle1-ttt2", 0), ("eagle1-ttt2", 64)}
+    # every recipe evaluated after 1 step and after all 3
+    assert {(r["recipe"], r["draft_vocab"], r["train"]["steps"]) for r in chains} == {
+        (n, v, s) for n in ("eagle1", "eagle1-ttt2") for v in (0, 64) for s in (1, 3)}
     for r in chains:
         assert len(r["accepted_pos"]) == len(r["drafted_pos"]) <= 6
         assert all(a <= d for a, d in zip(r["accepted_pos"], r["drafted_pos"], strict=True))
@@ -63,5 +67,5 @@ def test_eagle3_recipe_trains_on_teacher_forced_rows_of_the_same_responses(tiny_
     assert len(resp.buffers["eagle1"]) == 2 * 6 and len(buf3) == 2 * 7
     assert buf3.hidden.shape[-1] == 4 * tiny_target.args.dim  # 3 layers' inputs + the final hidden
     a = SimpleNamespace(batch=2, window=4, lr=1e-3, train_steps=3, buffer_gb=0.01)
-    drafter, fig = measure.train_recipe(tiny_target, resp, RECIPES["eagle3-ttt3"], a)
+    (drafter, fig), = measure.train_recipe(tiny_target, resp, RECIPES["eagle3-ttt3"], a)
     assert drafter.cfg.kind == "eagle3" and fig["drafter/steps"] == 3 and math.isfinite(fig["drafter/loss"])

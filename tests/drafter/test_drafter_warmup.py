@@ -59,3 +59,20 @@ def test_warmup_trains_and_exports(tmp_path, tiny_target: Transformer, kind: str
     back = load_exported(out, tiny_target)
     assert back.cfg.kind == kind
     assert all(torch.isfinite(p).all() for p in back.parameters())
+
+
+def test_warmup_keeps_every_rounds_responses(tmp_path, tiny_target: Transformer) -> None:
+    """The target is frozen during a warm-up: round 3 still trains on round 1's responses (an RL step's buffer keeps
+    only the last two steps)."""
+    rounds, n, length = 3, 2, 12
+    spec = JobSpec.model_validate({
+        "type": "drafter", "model": {"builtin": "tiny-llama"}, "max_steps": rounds,
+        "algorithm": {"prompts_per_step": n, "num_generations": 2, "max_completion_length": length},
+        "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 1, "buffer_gb": 0.01},
+        "rollout": {"cuda_graphs": False},
+    })
+    tok = ByteTokenizer()
+    rep = ListReporter()
+    warmup(spec, tiny_target, tok, [tok.encode("abc"), tok.encode("hello")], rep, out_dir=tmp_path / "d", eos_ids=())
+    # no EOS: every response runs `length` tokens = `length` rows (the prompt's last row, then all but the last token)
+    assert [m["drafter/buffer_rows"] for _, m in rep.rows] == [n * length * (r + 1) for r in range(rounds)]

@@ -8,7 +8,8 @@ chain / tree speculative decoding against SD off (small batches = the rollout's 
         --new-tokens 32 --eval-prompts 2                                         # smoke run
 Per recipe and evaluation arm it prints one row: accept length (tokens emitted per sequence per verify), the
 conditional acceptance rate of each chain position (P(position k accepted | k-1 accepted): where a chain decays),
-tokens/s against SD off; `--export DIR` writes the recipe with the longest chain accept length (its own form).
+tokens/s against SD off; `--export DIR` writes the drafter with the longest chain accept length (its own form).
+`--checkpoints` evaluates each recipe after several step counts too (accept length against training budget).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,19 +155,24 @@ class Responses:
 
 
 def generate_responses(target: Transformer, prompts: list[list[int]], params: SamplingParams,
-                       eos: tuple[int, ...], max_len: int, gb: float) -> Responses:
-    """The target's responses to `prompts`; the engine's hidden hook fills the EAGLE-1 buffer (response rows)."""
+                       eos: tuple[int, ...], max_len: int, gb: float, chunk: int = 2048) -> Responses:
+    """The target's responses to `prompts`, `chunk` prompts per engine (its KV cache holds one chunk); the engine's
+    hidden hook fills the EAGLE-1 buffer (response rows)."""
     dev = target.head_weight.device
     buf = HiddenStateBuffer(target.args.dim, int(gb * 2**30), device=dev, dtype=resolve_dtype(None, dev))
-    gen = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)),
-                 hidden_hook=EngineCapture(buf))
+    capture = EngineCapture(buf)
+    gen = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=min(len(prompts), chunk)),
+                 hidden_hook=capture)
     t0 = time.perf_counter()
-    out = gen.generate([Request(p, params) for p in prompts])
+    seqs = []
+    for i in range(0, len(prompts), chunk):
+        capture.reset()  # generate() numbers requests from 0 again: a new id range
+        seqs += gen.generate([Request(p, params) for p in prompts[i: i + chunk]]).sequences
     secs = time.perf_counter() - t0
-    toks = torch.tensor([t for s in out.sequences for t in s.tokens], dtype=torch.int64)
+    toks = torch.tensor([t for s in seqs for t in s.tokens], dtype=torch.int64)
     counts = torch.bincount(toks, minlength=target.args.vocab_size)[: target.args.vocab_size]
-    log.info("responses: %d tokens in %.1f s, buffer %d rows", out.tokens, secs, len(buf))
-    return Responses(prompts, [list(s.tokens) for s in out.sequences], counts, secs, {"eagle1": buf})
+    log.info("responses: %d tokens in %.1f s, buffer %d rows", toks.numel(), secs, len(buf))
+    return Responses(prompts, [list(s.tokens) for s in seqs], counts, secs, {"eagle1": buf})
 
 
 def buffer_for(target: Transformer, resp: Responses, kind: str, gb: float) -> HiddenStateBuffer:
@@ -182,19 +189,25 @@ def buffer_for(target: Transformer, resp: Responses, kind: str, gb: float) -> Hi
 
 
 def train_recipe(target: Transformer, resp: Responses, cfg: EagleConfig, a: argparse.Namespace,
-                 ) -> tuple[EagleDrafter, dict[str, Any]]:
-    """A fresh drafter (seed 0) trained --train-steps steps on the buffer -> (drafter, its training figures:
-    drafter/loss and drafter/acc averaged over the last FINAL_STEPS steps, where the run ended)."""
+                 checkpoints: list[int] | None = None) -> Iterator[tuple[EagleDrafter, dict[str, Any]]]:
+    """A fresh drafter (seed 0) trained on the buffer, yielded at each of `checkpoints` (total steps, increasing;
+    None: [--train-steps]) with its training figures there: drafter/loss and drafter/acc averaged over the
+    FINAL_STEPS steps before it, the steps and the training seconds so far."""
     torch.manual_seed(0)
     drafter = EagleDrafter(target, cfg).to(target.head_weight.device)
     buf = buffer_for(target, resp, cfg.kind, a.buffer_gb)
     tr = SpotTrainer(drafter, buf, SpotTrainerConfig(batch_size=a.batch, window=a.window, learning_rate=a.lr))
-    final = min(FINAL_STEPS, a.train_steps)
-    t0 = time.perf_counter()
-    tr.train(lambda: False, a.train_steps - final)
-    tr.metrics()  # resets the running averages
-    tr.train(lambda: False, final)
-    return drafter, {**tr.metrics(), "train_s": time.perf_counter() - t0}
+    done, spent = 0, 0.0
+    for until in checkpoints or [a.train_steps]:
+        final = min(FINAL_STEPS, until - done)
+        t0 = time.perf_counter()
+        tr.train(lambda: False, until - done - final)
+        tr.metrics()  # resets the running averages
+        tr.train(lambda: False, final)
+        fig = tr.metrics()
+        spent += time.perf_counter() - t0
+        done = until
+        yield drafter, {**fig, "steps": until, "train_s": spent}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-new-tokens", type=int, default=0, help="training responses' max length (0: --new-tokens)")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--train-steps", type=int, default=1500)
+    ap.add_argument("--checkpoints", default="", help="comma-separated step counts (< --train-steps) at which each "
+                    "recipe is evaluated too: accept length against training budget")
+    ap.add_argument("--gen-chunk", type=int, default=2048, help="training prompts decoded per engine (KV cache)")
     ap.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts decoded at once (the tail)")
     ap.add_argument("--arms", default="chain k=6", help=f"comma-separated, of {', '.join(a for a in ARMS if a != 'off')}")
     ap.add_argument("--draft-vocab", default="0", help="comma-separated draft vocabulary sizes (0: all tokens)")
@@ -231,48 +247,54 @@ def main(argv: list[str] | None = None) -> int:
     train_new = a.train_new_tokens or a.new_tokens
     max_len = max(len(p) for p in train_p + eval_p) + max(train_new, a.new_tokens) + 8
     params = SamplingParams(temperature=1.0, top_k=a.top_k, max_new_tokens=train_new)  # RL rollouts: T=1
-    resp = generate_responses(target, train_p, params, eos, max_len, a.buffer_gb)
+    resp = generate_responses(target, train_p, params, eos, max_len, a.buffer_gb, a.gen_chunk)
     vocabs = [int(v) for v in a.draft_vocab.split(",")]
     arms = [x.strip() for x in a.arms.split(",")]
-    results: list[dict[str, Any]] = []
-    trained: dict[str, tuple[EagleDrafter, dict[str, Any]]] = {}
-    for temp in (float(t) for t in a.temperatures.split(",")):
+    temps = [float(t) for t in a.temperatures.split(",")]
+    checkpoints = sorted({int(c) for c in a.checkpoints.split(",")} | {a.train_steps}) if a.checkpoints else None
+    offs = {}
+    for temp in temps:
         ev = SamplingParams(temperature=temp, top_k=a.top_k, max_new_tokens=a.new_tokens)
-        off = run_arm(target, None, eval_p, ev, "off", eos, max_len)
-        off.update(recipe="-", draft_vocab=0, temperature=temp)
-        results.append(off)
-        for name in (x.strip() for x in a.recipes.split(",")):
-            if name not in trained:
-                trained[name] = train_recipe(target, resp, RECIPES[name], a)
-                log.info("%s: %s", name, trained[name][1])
-            drafter, fig = trained[name]
+        offs[temp] = run_arm(target, None, eval_p, ev, "off", eos, max_len)
+        offs[temp].update(recipe="-", draft_vocab=0, temperature=temp)
+    results: list[dict[str, Any]] = list(offs.values())
+    best: tuple[float, dict[str, torch.Tensor], EagleConfig] | None = None  # (chain accept, weights, cfg)
+    for name in (x.strip() for x in a.recipes.split(",")):
+        for drafter, fig in train_recipe(target, resp, RECIPES[name], a, checkpoints):
+            log.info("%s: %s", name, fig)
             serve = EagleDrafter(target, drafter.cfg).to(dev, target.head_weight.dtype)  # the engine's copy
             serve.load_state_dict(drafter.state_dict())
-            for arm in arms:
-                for nv in vocabs:
-                    if nv and (ARMS[arm][1] != 1 or serve.cfg.kind != "eagle1" or nv >= target.args.vocab_size):
-                        continue  # draft vocabularies: EAGLE-1 chains (EAGLE-3 drafts over its own head)
-                    prop = EagleProposer(serve, EagleProposerConfig(topk=ARMS[arm][1]))
-                    if nv:
-                        prop.set_draft_vocab(torch.topk(resp.counts.float(), nv).indices)
-                    r = run_arm(target, None, eval_p, ev, arm, eos, max_len, proposer=prop, time_propose=False)
-                    r.update(recipe=name, draft_vocab=nv, temperature=temp, train=fig,
-                             speedup=r["tokens_per_s"] / off["tokens_per_s"])
-                    results.append(r)
-                    log.info("%s", r)
-    print(f"{'T':>4} {'recipe':<14}{'decoding':<20}{'vocab':>6}{'acc':>6}{'accept':>8}{'@d4':>6}"
+            for temp in temps:
+                ev = SamplingParams(temperature=temp, top_k=a.top_k, max_new_tokens=a.new_tokens)
+                for arm in arms:
+                    for nv in vocabs:
+                        if nv and (ARMS[arm][1] != 1 or serve.cfg.kind != "eagle1" or nv >= target.args.vocab_size):
+                            continue  # draft vocabularies: EAGLE-1 chains (EAGLE-3 drafts over its own head)
+                        prop = EagleProposer(serve, EagleProposerConfig(topk=ARMS[arm][1]))
+                        if nv:
+                            prop.set_draft_vocab(torch.topk(resp.counts.float(), nv).indices)
+                        r = run_arm(target, None, eval_p, ev, arm, eos, max_len, proposer=prop, time_propose=False)
+                        r.update(recipe=name, draft_vocab=nv, temperature=temp, train=fig,
+                                 speedup=r["tokens_per_s"] / offs[temp]["tokens_per_s"])
+                        results.append(r)
+                        log.info("%s", r)
+                        if arm.startswith("chain") and not nv and (best is None or r["accept_len"] > best[0]):
+                            best = (r["accept_len"], {k: v.clone() for k, v in drafter.state_dict().items()},
+                                    drafter.cfg)
+    print(f"{'T':>4} {'recipe':<14}{'steps':>7} {'decoding':<20}{'vocab':>6}{'acc':>6}{'accept':>8}{'@d4':>6}"
           f"  {'P(k | k-1), k = 1..':<36}{'tok/s':>9}{'vs off':>8}")
     for r in results:
         rates = " ".join(f"{x:.2f}" for x in conditional_rates(r)) if r["arm"] != "off" else ""
         acc = f"{r['train']['drafter/acc']:.3f}" if "train" in r else "-"
-        print(f"{r['temperature']:>4.1f} {r['recipe']:<14}{r['arm']:<20}{r['draft_vocab']:>6}{acc:>6}"
+        steps = r["train"]["steps"] if "train" in r else "-"
+        print(f"{r['temperature']:>4.1f} {r['recipe']:<14}{steps:>7} {r['arm']:<20}{r['draft_vocab']:>6}{acc:>6}"
               f"{r['accept_len']:>8.2f}{accept_len_at(r, 4):>6.2f}  {rates:<36}{r['tokens_per_s']:>9.0f}"
               f"{r.get('speedup', 1.0):>8.2f}")
-    chains = [r for r in results if r["arm"].startswith("chain") and r["draft_vocab"] == 0]
-    if a.export and chains:
-        best = max(chains, key=lambda r: r["accept_len"])
-        export_drafter(trained[best["recipe"]][0], a.export)
-        log.info("exported %s to %s", best["recipe"], a.export)
+    if a.export and best is not None:
+        keep = EagleDrafter(target, best[2]).to(dev)
+        keep.load_state_dict(best[1])
+        export_drafter(keep, a.export)
+        log.info("exported the drafter of chain accept length %.2f to %s", best[0], a.export)
     summary = {"results": results, "gen_s": resp.gen_s, "settings": vars(a),
                "buffer_rows": {k: len(b) for k, b in resp.buffers.items()}}
     if a.out:

@@ -5,7 +5,8 @@ the rollout engine (plain decoding, the spec's temperature / top-p / top-k and m
 hidden hook fills the buffer (EAGLE-1: the final-norm hidden, no extra forward). EAGLE-3 needs the hidden states
 entering three target layers, which the engine hook does not report, so for it the responses are re-read by one
 teacher-forced target forward per round. Then the spot trainer runs `drafter.max_train_steps_per_rl_step` steps.
-Metrics per round: drafter/{loss,acc,steps}, timing_s/{gen,drafter}; at the end the drafter is exported in its own
+Every round's rows stay in the buffer (up to its budget): the target does not move. Metrics per round:
+drafter/{loss,acc,steps,buffer_rows}, timing_s/{gen,drafter}; at the end the drafter is exported in its own
 form (EAGLE-3 when `drafter.kind == "eagle3"`, else EAGLE-1) under `out_dir` and reported as a `drafter` artifact.
 
     warmup(spec, target, tokenizer, prompts, reporter, out_dir=Path("runs/x/drafter"))
@@ -66,7 +67,11 @@ def warmup(
     dev = target.head_weight.device
     drafter = build_drafter(spec, target)
     width = drafter.feature_dim + (drafter.args.dim if drafter.cfg.kind == "eagle3" else 0)
-    buffer = HiddenStateBuffer(width, int(spec.drafter.buffer_gb * 2**30), device=dev, dtype=resolve_dtype(None, dev))
+    # the target is frozen here, so every round's responses stay valid training rows (an RL step keeps two: its
+    # policy moves); the ring's budget bounds them. More responses and steps raised the H200 chain accept length
+    # 2.28 -> 2.48 (2,048 -> 7,168 responses, 6,000 -> 24,000 steps: bench/results/h200_session12.md)
+    buffer = HiddenStateBuffer(width, int(spec.drafter.buffer_gb * 2**30), device=dev,
+                               dtype=resolve_dtype(None, dev), keep_steps=spec.max_steps)
     trainer = SpotTrainer(drafter, buffer, SpotTrainerConfig(learning_rate=spec.drafter.learning_rate,
                                                              seed=spec.seed))
     capture = EngineCapture(buffer)
@@ -100,6 +105,7 @@ def warmup(
         trainer.train(lambda: reporter.should_stop(), spec.drafter.max_train_steps_per_rl_step)
         m = trainer.metrics()
         m.update({"timing_s/gen": t_gen, "timing_s/drafter": time.perf_counter() - t1,
+                  "drafter/buffer_rows": float(len(buffer)),
                   "perf/tokens_per_s": out.tokens / max(out.seconds, 1e-9)})
         reporter.metrics(rnd, m)
         log.info("drafter warm-up round %d: %s", rnd, m)
