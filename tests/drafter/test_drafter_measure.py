@@ -69,3 +69,9 @@ def test_eagle3_recipe_trains_on_teacher_forced_rows_of_the_same_responses(tiny_
     a = SimpleNamespace(batch=2, window=4, lr=1e-3, train_steps=3, buffer_gb=0.01)
     (drafter, fig), = measure.train_recipe(tiny_target, resp, RECIPES["eagle3-ttt3"], a)
     assert drafter.cfg.kind == "eagle3" and fig["drafter/steps"] == 3 and math.isfinite(fig["drafter/loss"])
+
+
+def test_checkpoints_past_the_training_budget_are_refused() -> None:
+    with pytest.raises(SystemExit) as err:  # before anything loads or trains
+        measure.main(["--device", "cpu", "--model", "tiny-llama", "--train-steps", "3", "--checkpoints", "2,5"])
+    assert err.value.code == 2

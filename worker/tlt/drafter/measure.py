@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--export", default="", help="export the recipe with the longest chain accept length here")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
+    checkpoints = sorted({int(c) for c in a.checkpoints.split(",")} | {a.train_steps}) if a.checkpoints else None
+    if checkpoints and not 0 < checkpoints[0] <= checkpoints[-1] == a.train_steps:
+        ap.error(f"--checkpoints must be step counts in 1..--train-steps ({a.train_steps}), got {a.checkpoints}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     dev = torch.device(a.device)
     source = ModelSource(gguf=a.gguf) if a.gguf else ModelSource(builtin=a.model)
@@ -250,11 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     resp = generate_responses(target, train_p, params, eos, max_len, a.buffer_gb, a.gen_chunk)
     vocabs = [int(v) for v in a.draft_vocab.split(",")]
     arms = [x.strip() for x in a.arms.split(",")]
-    temps = [float(t) for t in a.temperatures.split(",")]
-    checkpoints = sorted({int(c) for c in a.checkpoints.split(",")} | {a.train_steps}) if a.checkpoints else None
+    evals = {float(t): SamplingParams(temperature=float(t), top_k=a.top_k, max_new_tokens=a.new_tokens)
+             for t in a.temperatures.split(",")}
     offs = {}
-    for temp in temps:
-        ev = SamplingParams(temperature=temp, top_k=a.top_k, max_new_tokens=a.new_tokens)
+    for temp, ev in evals.items():
         offs[temp] = run_arm(target, None, eval_p, ev, "off", eos, max_len)
         offs[temp].update(recipe="-", draft_vocab=0, temperature=temp)
     results: list[dict[str, Any]] = list(offs.values())
@@ -264,8 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             log.info("%s: %s", name, fig)
             serve = EagleDrafter(target, drafter.cfg).to(dev, target.head_weight.dtype)  # the engine's copy
             serve.load_state_dict(drafter.state_dict())
-            for temp in temps:
-                ev = SamplingParams(temperature=temp, top_k=a.top_k, max_new_tokens=a.new_tokens)
+            for temp, ev in evals.items():
                 for arm in arms:
                     for nv in vocabs:
                         if nv and (ARMS[arm][1] != 1 or serve.cfg.kind != "eagle1" or nv >= target.args.vocab_size):
