@@ -1,7 +1,8 @@
 """Model shape: `ModelArgs` (a frozen dataclass) and a table of named presets.
 
 `ModelArgs.from_hf_config(dict)` reads an HF `config.json` (Llama / Qwen2 / Qwen3); `PRESETS[name]` gives the tiny
-random test models and the SmolLM2-135M shape. Nothing here touches torch.
+random test models and the SmolLM2-135M shape; `SHAPES[name]` the real architectures users train (random-weight
+benchmarks, widened targets). Nothing here touches torch.
 """
 
 from __future__ import annotations
@@ -145,6 +146,43 @@ PRESETS: dict[str, ModelArgs] = {
         eos_token_ids=(2,),
     ),
 }
+
+# Real architectures people train, for random-weight speed measurements (`shape:NAME`) and for widening SmolLM2
+# into a target of that cost. Shapes from the public config.json of each model; the vocabulary is kept at
+# SmolLM2's 49,152 so a widened target can carry SmolLM2's tokenizer (the head's cost is stated where it matters).
+_REAL_VOCAB = 49152
+SHAPES: dict[str, ModelArgs] = {
+    "qwen2.5-1.5b": ModelArgs(
+        arch="qwen2", vocab_size=_REAL_VOCAB, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, intermediate_size=8960,
+        norm_eps=1e-6, rope_theta=1000000.0, max_seq_len=32768, tie_word_embeddings=True, qkv_bias=True,
+    ),
+    "llama3.2-3b": ModelArgs(
+        arch="llama", vocab_size=_REAL_VOCAB, dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, intermediate_size=8192,
+        norm_eps=1e-5, rope_theta=500000.0, max_seq_len=131072, tie_word_embeddings=True,
+        rope_scaling=RopeScaling(kind="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                 original_max_position_embeddings=8192),
+    ),
+    "qwen2.5-7b": ModelArgs(
+        arch="qwen2", vocab_size=_REAL_VOCAB, dim=3584, n_layers=28, n_heads=28, n_kv_heads=4, intermediate_size=18944,
+        norm_eps=1e-6, rope_theta=1000000.0, max_seq_len=32768, tie_word_embeddings=False, qkv_bias=True,
+    ),
+    "llama3-8b": ModelArgs(
+        arch="llama", vocab_size=_REAL_VOCAB, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, intermediate_size=14336,
+        norm_eps=1e-5, rope_theta=500000.0, max_seq_len=8192, tie_word_embeddings=False,
+    ),
+    "qwen3-8b": ModelArgs(
+        arch="qwen3", vocab_size=_REAL_VOCAB, dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
+        intermediate_size=12288, norm_eps=1e-6, rope_theta=1000000.0, max_seq_len=40960, tie_word_embeddings=False,
+        qk_norm=True,
+    ),
+}
+
+
+def shape(name: str, **overrides: Any) -> ModelArgs:
+    """A real architecture by name (`SHAPES`), e.g. `shape("qwen2.5-7b")`."""
+    if name not in SHAPES:
+        raise KeyError(f"unknown architecture {name!r}; known: {', '.join(SHAPES)}")
+    return replace(SHAPES[name], **overrides)
 
 
 def preset(name: str, **overrides: Any) -> ModelArgs:
