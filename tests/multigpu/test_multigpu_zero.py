@@ -21,8 +21,8 @@ from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
 from worker.tlt.multigpu.context import DistContext
+from worker.tlt.multigpu.data_parallel import apply_data_parallel, dist_step
 from worker.tlt.multigpu.harvest import HarvestRecord
-from worker.tlt.multigpu.loop import apply_data_parallel, dist_step
 from worker.tlt.multigpu.metrics import merge_step_metrics
 from worker.tlt.multigpu.rollout_shard import ShardSummary, shard_bounds
 from worker.tlt.multigpu.update import DataParallelUpdate

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
+from worker.tlt.config import AlgorithmConfig
 from worker.tlt.rl.grpo import (
-    LossConfig,
     LossNorm,
+    clip_range,
     group_advantages,
     k3_kl,
     policy_loss,
@@ -50,7 +51,7 @@ def _case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 )
 def test_aggregations_hand_computed(loss_type: str, expected: float) -> None:
     logp, adv, mask = _case()
-    cfg = LossConfig(loss_type=loss_type, max_completion_length=4)
+    cfg = AlgorithmConfig(loss_type=loss_type, max_completion_length=4)
     loss, _ = policy_loss(logp, logp.detach(), adv, mask, cfg, LossNorm(num_sequences=2, num_tokens=3))
     assert loss.item() == pytest.approx(expected)
 
@@ -61,7 +62,7 @@ def test_clipping_values_gradients_and_counts() -> None:
     logp = torch.log(torch.tensor([[1.5], [1.5], [0.5], [0.5]])).requires_grad_(True)
     adv = torch.tensor([1.0, -1.0, -1.0, 1.0])
     mask = torch.ones(4, 1)
-    cfg = LossConfig(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)
+    cfg = AlgorithmConfig(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)
     loss, stats = policy_loss(logp, old, adv, mask, cfg, LossNorm(4, 4))
     # per token: -min(1.5, 1.28) = -1.28 (clipped high); -min(-1.5, -1.28) = 1.5; -min(-0.5, -0.8) = 0.8 (clipped
     # low); -min(0.5, 0.8) = -0.5
@@ -80,7 +81,7 @@ def test_k3_kl_and_beta_term() -> None:
     kl = k3_kl(logp, ref)
     assert kl[0, 0].item() == pytest.approx(math.exp(0.5) - 0.5 - 1)
     assert kl[0, 1].item() == 0.0
-    cfg = LossConfig(loss_type="dapo", beta=0.1)
+    cfg = AlgorithmConfig(loss_type="dapo", beta=0.1)
     loss, stats = policy_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), cfg, LossNorm(1, 2), ref_logp=ref)
     assert loss.item() == pytest.approx(0.1 * (math.exp(0.5) - 1.5) / 2)
     assert stats["kl_sum"].item() == pytest.approx(math.exp(0.5) - 1.5)
@@ -95,7 +96,7 @@ def test_micro_batches_add_up_to_the_full_batch(loss_type: str) -> None:
     old = logp + torch.randn(6, 5, generator=g) * 0.3
     adv = torch.randn(6, generator=g)
     mask = (torch.arange(5)[None] < torch.tensor([5, 3, 1, 4, 2, 5])[:, None]).float()
-    cfg = LossConfig(loss_type=loss_type, max_completion_length=5)
+    cfg = AlgorithmConfig(loss_type=loss_type, max_completion_length=5)
     norm = LossNorm(6, int(mask.sum()))
     full, _ = policy_loss(logp, old, adv, mask, cfg, norm)
     parts = sum(policy_loss(logp[s], old[s], adv[s], mask[s], cfg, norm)[0] for s in (slice(0, 2), slice(2, 6)))
@@ -114,3 +115,8 @@ def test_lr_schedules() -> None:
     assert lr_factor(2, "linear", 2, 10) == 1.0 and lr_factor(6, "linear", 2, 10) == pytest.approx(0.5)
     assert lr_factor(10, "linear", 2, 10) == 0.0
     assert lr_factor(6, "cosine", 2, 10) == pytest.approx(0.5) and lr_factor(10, "cosine", 2, 10) == pytest.approx(0)
+
+
+def test_clip_range_reads_the_algorithm_config() -> None:
+    assert clip_range(AlgorithmConfig(epsilon=0.2)) == pytest.approx((0.8, 1.2))  # epsilon_high unset: symmetric
+    assert clip_range(AlgorithmConfig(epsilon=0.2, epsilon_high=0.28)) == pytest.approx((0.8, 1.28))

@@ -8,7 +8,9 @@ With `--preset` and a spec file, the file's keys override the preset's. The run 
 histograms.jsonl, samples.jsonl, artifacts.jsonl, train.log (file_reporter.py), checkpoints/step-N and policy/ (the
 HF export). A run directory that already holds checkpoints resumes from the newest one (resume=False starts over).
 Stop a `tlt train` run at its next safe point with `touch DIR/STOP`.
-The parts: build.py (`build_trainer`), run_dir.py (checkpoints, resume, final exports), spec_file.py (`load_spec`).
+The parts: build.py (`build_trainer`), rl/loop.py (`train_loop`: stop, validate, report, checkpoint, export; the same
+loop runs each rank of a multi-GPU job, multigpu/data_parallel.py), run_dir.py (checkpoints, resume, final exports),
+spec_file.py (`load_spec`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ from worker.tlt.data.prompts import render_examples
 from worker.tlt.file_reporter import FileReporter
 from worker.tlt.model.load import load_model
 from worker.tlt.reporting import Reporter
-from worker.tlt.rl.trainer import GRPOTrainer
-from worker.tlt.run_dir import export_final, resume_from, save_checkpoint
+from worker.tlt.rl.loop import SingleDevice, train_loop
 from worker.tlt.spec_file import load_spec
 
 
@@ -59,42 +60,9 @@ def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True) -
         return
     trainer, val = build_trainer(spec, reporter)
     try:
-        train_loop(spec, trainer, val, run_dir, reporter, resume)
+        train_loop(spec, trainer, SingleDevice(), val, run_dir, reporter, resume)
     finally:
         trainer.close()
-
-
-def train_loop(spec: JobSpec, trainer: GRPOTrainer, val: list, run_dir: Path, reporter: Reporter,
-               resume: bool) -> None:
-    """Steps to max_steps with validation, checkpoints and the final export (see `run`)."""
-    ckpt_root = run_dir / "checkpoints"
-    start = resume_from(trainer, ckpt_root) if resume else 0
-    if start:
-        reporter.log(f"resumed from checkpoint step-{start}")
-    step = start
-    while step < spec.max_steps:
-        if reporter.should_stop():
-            reporter.log(f"stop requested: stopping after step {step}")
-            if step > start:
-                path = save_checkpoint(trainer, ckpt_root, spec.save_total_limit)
-                reporter.artifact("checkpoint", path, step)
-            return
-        metrics, samples, (edges, counts) = trainer.step()
-        step = trainer.step_count
-        if spec.eval_steps and step % spec.eval_steps == 0:
-            metrics.update(trainer.validate(val))
-        reporter.metrics(step, metrics)
-        reporter.histogram(step, "response_length", edges, counts)
-        reporter.samples(step, samples)
-        reporter.log(
-            f"step {step}/{spec.max_steps} reward {metrics['reward/mean']:.4f} loss {metrics['actor/pg_loss']:.4f} "
-            f"len {metrics['response_length/mean']:.1f} step {metrics['timing_s/step']:.2f}s"
-        )
-        if step % spec.save_steps == 0 or step == spec.max_steps:
-            path = save_checkpoint(trainer, ckpt_root, spec.save_total_limit)
-            reporter.artifact("checkpoint", path, step)
-    policy = export_final(spec, trainer, run_dir, reporter, step)
-    reporter.log(f"done: {step} steps; policy exported to {policy}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Multi-GPU jobs (issue 9): data-parallel rollout, idle ranks train the drafter, data-parallel policy update.
+"""Multi-GPU jobs: data-parallel rollout, idle ranks train the drafter, data-parallel policy update.
 
     launch.py         start N ranks from the job process; relay rank 0's reports to the job's Reporter
     context.py        process group (NCCL / gloo), rendezvous store, the collectives used here
@@ -7,7 +7,7 @@
     update.py         gradient all-reduce (DDP-style) with the global loss normaliser and global clip
     zero.py           ZeRO stage 1 (`resources.zero_stage: 1`): AdamW state sharded across ranks, weights replicated
     metrics.py        merge the ranks' step metrics; per-GPU timeline intervals
-    loop.py           apply all of it to a single-GPU GRPOTrainer and step the ranks in lock-step
+    data_parallel.py  apply all of it to a single-GPU GRPOTrainer; the step strategy of rl/loop.py's train_loop
 
 Limits: `algorithm.dynamic_sampling` is refused (a rank whose groups all drop would skip the optimizer step the
 others all-reduce in); lifting it needs GRPOTrainer.update to take its LossNorm from an overridable method and to

@@ -3,7 +3,7 @@ and the trained drafter reaches every rank at the step's sync point.
 
     harvester = Harvester(ctx, online_drafter, max_steps=spec.drafter.max_train_steps_per_rl_step)
     record = harvester.wait_for_all(call, rollout_s)      # in ShardedRollout, after this rank's shard
-    hook = DistDrafterHook(ctx, online_drafter, rollout)  # the trainer's DrafterHook: broadcast + harvest/* metrics
+    hook = DistDrafterHook(ctx, online_drafter, records)  # the trainer's DrafterHook: broadcast + harvest/* metrics
 
 Single trainer, not an all-reduce among idle ranks: the set of idle ranks changes while the tail runs, and a
 collective over a changing set needs a new process group per step or blocks a rank that is still generating.
@@ -24,7 +24,7 @@ dashboard's timeline divides by the lane count), `harvest/gpu{r}/...` per rank.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,6 @@ from worker.tlt.multigpu.context import DistContext
 
 if TYPE_CHECKING:
     from worker.tlt.drafter.online import OnlineDrafter
-    from worker.tlt.multigpu.rollout_shard import ShardedRollout
 
 
 @dataclass(frozen=True)
@@ -110,13 +109,19 @@ def _cpu(obj: Any) -> Any:
 
 class DistDrafterHook:
     """rl/trainer.py's DrafterHook for multi-GPU jobs: no training here (it ran in the harvest phase); broadcasts the
-    drafter of the rank that trained and returns drafter/* and harvest/* of the step (identical on every rank)."""
+    drafter of the rank that trained and returns drafter/* and harvest/* of the step (identical on every rank).
+    `records()` gives every rank's HarvestRecord of the step's rollout (rollout_shard.py gathers them)."""
 
-    def __init__(self, ctx: DistContext, drafter: OnlineDrafter, rollout: ShardedRollout) -> None:
-        self.ctx, self.drafter, self.rollout = ctx, drafter, rollout
+    def __init__(self, ctx: DistContext, drafter: OnlineDrafter, records: Callable[[], list[HarvestRecord]]) -> None:
+        self.ctx, self.drafter, self.records = ctx, drafter, records
+
+    @property
+    def train_drafter(self) -> torch.nn.Module:
+        """The drafter model being trained (what the final export writes)."""
+        return self.drafter.train_drafter
 
     def after_update(self, step: int, trajectories: Sequence[Any]) -> dict[str, float]:
-        records = [s.harvest for s in self.rollout.last_gather]
+        records = self.records()
         trained = [r for r in records if r.steps > 0]
         metrics = harvest_metrics(records)
         if trained:  # one trainer per step (see module docstring)

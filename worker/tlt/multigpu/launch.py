@@ -10,7 +10,7 @@ that owns the job's reporter (a database writer); spawning the ranks from there 
 connection and the cancel flag in one place, needs no second CLI entry point, and a rank that dies takes the job
 down with a traceback (ProcessContext.join re-raises it). Rendezvous is a TCP store on a free local port.
 Reporting: ranks put `(method, args)` on a queue; the job process calls the reporter; `should_stop()` is polled
-here and handed to the ranks as an Event, which they turn into a collective decision (loop.py).
+here and handed to the ranks as an Event, which they turn into a collective decision (data_parallel.py).
 NCCL_NVLS_ENABLE defaults to 0: NVLink SHARP multicast is unavailable on the shared H200 hosts and its set-up fails.
 """
 
@@ -75,7 +75,8 @@ def rank_main(rank: int, world: int, init_method: str, device_type: str, spec_da
     """Entry point of one rank (module-level: spawn imports it by name)."""
     from worker.tlt.build import build_trainer
     from worker.tlt.multigpu.context import DistContext
-    from worker.tlt.multigpu.loop import apply_data_parallel, dist_train_loop
+    from worker.tlt.multigpu.data_parallel import apply_data_parallel
+    from worker.tlt.rl.loop import train_loop
 
     if device_type == "cpu":  # ranks share the host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -86,7 +87,7 @@ def rank_main(rank: int, world: int, init_method: str, device_type: str, spec_da
     try:
         trainer, val = build_trainer(spec, reporter)
         dp = apply_data_parallel(trainer, ctx)
-        dist_train_loop(spec, trainer, dp, val, Path(run_dir), reporter, resume)
+        train_loop(spec, trainer, dp, val, Path(run_dir), reporter, resume)
     finally:
         if trainer is not None:
             trainer.close()

@@ -1,2 +1,3 @@
-"""RL: GRPO/DAPO/Dr.GRPO math (grpo.py), update batches (batch.py), AdamW + LR schedule (optim.py), the step loop
-(trainer.py), the rollout engine adapter (engine_adapter.py, rollout_io.py) and checkpoints (checkpoint.py)."""
+"""RL: GRPO/DAPO/Dr.GRPO math (grpo.py), update batches (batch.py), AdamW + LR schedule (optim.py), the RL step
+(trainer.py), the training loop of every job (loop.py), the rollout engine adapter (engine_adapter.py,
+rollout_io.py) and checkpoints (checkpoint.py)."""

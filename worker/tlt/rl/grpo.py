@@ -3,7 +3,10 @@ estimator, and token log-probs of given tokens under a model's logits. Pure tens
 trainer.py.
 
     adv = group_advantages(rewards, group_size=8, scale_rewards=True)        # [N]
-    loss, stats = policy_loss(logp, old_logp, adv, mask, LossConfig(...), norm)  # one micro-batch's share
+    loss, stats = policy_loss(logp, old_logp, adv, mask, spec.algorithm, norm)  # one micro-batch's share
+
+The loss reads its settings (loss_type, epsilon, epsilon_high, beta, max_completion_length) from the job's
+AlgorithmConfig itself: one source for them, no copy.
 
 How this departs from the GRPO paper (Shao et al. 2024, DeepSeekMath eq. 3) -- all as TRL's GRPOTrainer does it:
 - Aggregation (`loss_type`): the paper averages each response's token losses, then the responses ("grpo" here).
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.tlt.config import AlgorithmConfig
+
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool) -> torch.Tensor:
     """rewards [N] (N = prompts x group_size, groups contiguous) -> advantages [N]."""
@@ -45,13 +50,10 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (r.max(dim=1).values - r.min(dim=1).values) == 0
 
 
-@dataclass(frozen=True)
-class LossConfig:
-    loss_type: str = "dapo"  # grpo | dapo | dr_grpo (aggregation, see module docstring)
-    epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
-    epsilon_high: float = 0.2  # upper clip: ratio <= 1 + epsilon_high
-    beta: float = 0.0  # KL coefficient (k3 estimator to the reference)
-    max_completion_length: int = 1024  # dr_grpo's constant normaliser
+def clip_range(algo: AlgorithmConfig) -> tuple[float, float]:
+    """(low, high) bounds of the ratio: [1 - epsilon, 1 + epsilon_high], epsilon_high None = the symmetric clip."""
+    high = algo.epsilon_high if algo.epsilon_high is not None else algo.epsilon
+    return 1 - algo.epsilon, 1 + high
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def policy_loss(
     old_logp: torch.Tensor,  # [B, T] log-probs under the policy that sampled them (no grad)
     advantages: torch.Tensor,  # [B]
     mask: torch.Tensor,  # [B, T] 1 for response tokens, 0 for padding
-    cfg: LossConfig,
+    cfg: AlgorithmConfig,  # loss_type, epsilon, epsilon_high, beta, max_completion_length
     norm: LossNorm,
     ref_logp: torch.Tensor | None = None,  # [B, T] reference log-probs when cfg.beta > 0
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -157,7 +159,8 @@ def policy_loss(
     for the metrics: clipped-token counts, KL sum (all detached)."""
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)  # [B, T]
-    clipped = torch.clamp(ratio, 1 - cfg.epsilon, 1 + cfg.epsilon_high)
+    low_bound, high_bound = clip_range(cfg)
+    clipped = torch.clamp(ratio, low_bound, high_bound)
     a = advantages.unsqueeze(1).to(logp.dtype)  # [B, 1]
     per_token = -torch.min(ratio * a, clipped * a)  # [B, T]
     kl = None
@@ -176,8 +179,8 @@ def policy_loss(
     else:
         raise ValueError(f"unknown loss_type {cfg.loss_type!r}")
     with torch.no_grad():
-        low = (ratio < 1 - cfg.epsilon) & (a < 0)  # tokens where the lower clip took effect
-        high = (ratio > 1 + cfg.epsilon_high) & (a > 0)  # ... the upper clip
+        low = (ratio < low_bound) & (a < 0)  # tokens where the lower clip took effect
+        high = (ratio > high_bound) & (a > 0)  # ... the upper clip
         stats = {
             "clip_low_tokens": (low.to(mask.dtype) * mask).sum(),
             "clip_high_tokens": (high.to(mask.dtype) * mask).sum(),

@@ -44,7 +44,7 @@ from worker.tlt.rewards.registry import RewardFn
 from worker.tlt.rewards.shaping import overlong_penalty
 from worker.tlt.rewards.streaming import StreamingScorer
 from worker.tlt.rl.batch import MicroBatch, UpdateSeq, micro_batches
-from worker.tlt.rl.grpo import LossConfig, LossNorm, group_advantages, policy_loss, token_logprobs_entropy
+from worker.tlt.rl.grpo import LossNorm, group_advantages, policy_loss, token_logprobs_entropy
 from worker.tlt.rl.optim import (
     MasterWeights,
     build_optimizer,
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 
 class DrafterHook(Protocol):
-    """Drafter spot training in the tail (issue 5). Called once per RL step after the weight sync; returns its
+    """Drafter spot training in the tail. Called once per RL step after the weight sync; returns its
     metrics (drafter/*, harvest/*) and must be preemptible. No hook configured = nothing runs (no metrics)."""
 
     def after_update(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]: ...
@@ -111,13 +111,6 @@ class GRPOTrainer:
         self.master = MasterWeights(trainable_params(model), enabled=use_master_weights(model, self.algo))
         self.optimizer = build_optimizer(self.master.train_params, self.algo)
         self.scheduler = build_scheduler(self.optimizer, self.algo, total_steps=spec.max_steps)
-        self.loss_cfg = LossConfig(
-            loss_type=self.algo.loss_type,
-            epsilon=self.algo.epsilon,
-            epsilon_high=self.algo.epsilon_high if self.algo.epsilon_high is not None else self.algo.epsilon,
-            beta=self.algo.beta,
-            max_completion_length=self.algo.max_completion_length,
-        )
         self.ref_model = None
         if self.algo.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -170,7 +163,7 @@ class GRPOTrainer:
         self.model.train()
         names = ("loss", "entropy", "kl", "clip", "tokens", "lp_diff", "lp_diff_max", "lp_sum_train", "lp_sum_roll",
                  "lp_tokens", "grad_norm")
-        acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in names}  # float64 sums, as before
+        acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in names}  # float64 sums
         if seqs:
             norm = LossNorm(num_sequences=len(seqs), num_tokens=sum(len(s.response_ids) for s in seqs))
             self.optimizer.zero_grad(set_to_none=True)
@@ -180,7 +173,7 @@ class GRPOTrainer:
                 if self.ref_model is not None:
                     with torch.no_grad():
                         ref_logp, _ = self.response_logprobs(self.ref_model, mb)
-                loss, st = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, self.loss_cfg, norm, ref_logp)
+                loss, st = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, self.algo, norm, ref_logp)
                 loss.backward()
                 self.master.accumulate_grads()  # fp32 copies' grads (no-op without master weights)
                 with torch.no_grad():
