@@ -18,7 +18,7 @@ the responses, ~5x less CPU per request than httpx (pure-Python h11), which on a
 measured; `--client httpx` measures with httpx. The SSE phase always uses httpx. "generator CPU ms/req" is this
 process's CPU per request. With a local Postgres `--database-url` the rows add the CPU of its backends serving the
 API per request, its transactions per request and the connections opened in the phase (see database_usage).
-Issue 10's targets: p99 < 50 ms at 200 req/s, zero errors, 1,000 SSE clients.
+Targets: p99 < 50 ms at 200 req/s, zero errors, 1,000 SSE clients.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ keeps its state from one rollout to the next, as across RL steps; in the changin
 at the middle rollout) with the SD switch (on below 32, patience 3): rollout time, tail tokens/s and per-bucket
 tokens/s relative to SD off, for each bandit and for the per-step oracle.
 
-A third table checks issue 4's rule "never slower than SD off" where the H200 broke it: one GPU's buckets
+A third table checks the adaptive engine's rule "never slower than SD off" where the H200 broke it: one GPU's buckets
 (arms.ONE_GPU_BUCKETS), SD on below 160, an SD step paying 30 ms extra (eager verify) or nothing (graphed verify),
 n-gram drafts from useless to good; Thompson sampling with the conservative loss budget (BanditConfig.loss_budget,
 3%) and without it: rollout time and the worst bucket's time relative to SD off.

@@ -1,4 +1,4 @@
-"""Online vs frozen drafter while the policy trains (issue 5): accept length, tail tokens/s, spot-training slowdown.
+"""Online vs frozen drafter while the policy trains: accept length, tail tokens/s, spot-training slowdown.
 
     python bench/drafter_online.py --out bench/results/drafter_online_h200.md \
         --json-out bench/results/drafter_online_h200.json                       # SmolLM2 + GSM8K, H200, ~5 min

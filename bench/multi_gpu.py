@@ -1,11 +1,11 @@
-"""Multi-GPU RL step time (issue 9): 1 GPU vs 2 GPUs (data-parallel rollout + update, idle ranks train the drafter),
+"""Multi-GPU RL step time: 1 GPU vs 2 GPUs (data-parallel rollout + update, idle ranks train the drafter),
 TLT vs SD off, with the harvest ratio, on SmolLM2-135M-Instruct + GSM8K, as ONE markdown table.
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/multi_gpu.py --out bench/results/multi_gpu_h200.md  # 2 x H200,
                                                            # ~4-5 min; JSON next to it (or --json-out PATH)
     PYTHONPATH=. python bench/multi_gpu.py --model tiny --steps 2 --out /tmp/mg.md --json-out /tmp/mg.json  # CPU
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/multi_gpu.py --gpus 2 --modes tlt --zero-stage 0,1 \
-        --out bench/results/multi_gpu_zero_h200.md      # 2-GPU rows with replicated vs ZeRO-1 sharded AdamW state
+        --out /tmp/multi_gpu_zero.md                    # 2-GPU rows with replicated vs ZeRO-1 sharded AdamW state
 
 Same work per step in every row: --prompts x --samples responses (<= --max-new-tokens, T=1.0, top-k --top-k), the
 `h200-gsm8k-tlt` / `h200-gsm8k-sd-off` presets. With 2 GPUs each rank rolls out half the prompts, the policy
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--release-kv", action="store_true", help="rollout.release_kv_for_update: KV cache freed for the update")
     ap.add_argument("--drafter-warm-start", default=None, help="tlt: an exported drafter directory to start from")
     ap.add_argument("--zero-stage", default="0", help="resources.zero_stage of the 2-GPU rows: 0, 1 or 0,1 (both)")
-    ap.add_argument("--out", default="bench/results/multi_gpu.md")
+    ap.add_argument("--out", default="bench/results/multi_gpu_h200.md")
     ap.add_argument("--json-out", default=None, help="default: --out with a .json suffix")
     a = ap.parse_args(argv)
     if a.model == "smollm2" and torch.cuda.device_count() < 2:

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the extra decode rows with our torch.compile'd step (batch <= 8; ~1 min compile each)")
     ap.add_argument("--sd-modes", default="off", help="rollout SD modes to compare, e.g. off,adaptive")
     ap.add_argument("--sd-on-below", type=int, default=32, help="adaptive: SD on below this many active sequences")
-    ap.add_argument("--out", default="bench/results/rollout.md")
+    ap.add_argument("--out", default="bench/results/rollout_h200.md")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():

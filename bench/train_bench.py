@@ -1,11 +1,11 @@
 """RL step time on the GPU: ours with TLT (adaptive SD + online EAGLE drafter) vs ours with SD off vs TRL
 GRPOTrainer, on SmolLM2-135M-Instruct + GSM8K, printed as ONE markdown table.
 
-    PYTHONPATH=. python bench/train_bench.py --out bench/results/train_h200.md             # ~4 min on an H200
+    PYTHONPATH=. python bench/train_bench.py --out bench/results/train_bench_h200.md       # ~4 min on an H200
     PYTHONPATH=. python bench/train_bench.py --peers-json peers.json --out ...            # + TRL's step time
     PYTHONPATH=. python bench/train_bench.py --model tiny --quick --out /tmp/t.md         # CPU smoke run (seconds)
 
-Settings (issue 6): 8 prompts x 8 samples, <= 1024 new tokens, T=1.0, top-k 50 (HF generate's default sampling,
+Settings: 8 prompts x 8 samples, <= 1024 new tokens, T=1.0, top-k 50 (HF generate's default sampling,
 which TRL's generation uses), bf16 weights with fp32 master weights, AdamW lr 1e-6, the `h200-gsm8k` preset; plus
 a long-tail setting, same prompts with <= 4096 new tokens (`--long-tail-max-new`), where SmolLM2 at T=1.0 leaves a
 few responses running to the cap long after the rest finished: the memory-bound tail TLT targets. Each mode runs
@@ -19,7 +19,7 @@ Modes: `tlt` = rollout.speculative adaptive (SD on below --sd-on-below active se
 EAGLE-1 drafter trained online), drafter spot training capped at --drafter-steps per RL step (the `h200-gsm8k-tlt`
 preset); `off` = speculative off, no drafter (`h200-gsm8k-sd-off`). Outputs are rewritten after every run, so a
 run cut short still leaves its finished rows.
-`--profile-update` (issue 6: is the update GPU- or host-bound?) runs the first mode of the first setting for one
+`--profile-update` (is the update GPU- or host-bound?) runs the first mode of the first setting for one
 extra step and runs only that step's `update(...)` under torch.profiler (CPU + CUDA); the step is left out of the
 table's means and its kernel / CPU-op summary lands in the markdown and in the JSON's "update_profile".
 """
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                          "micro-batches launch fewer kernels (the update is host-bound: --profile-update)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peers-json", default=None, help="default: peers.json next to --out, when present")
-    ap.add_argument("--out", default="bench/results/train_h200.md")
+    ap.add_argument("--out", default="bench/results/train_bench_h200.md")
     ap.add_argument("--json-out", default=None, help="default: --out with .json")
     ap.add_argument("--profile-update", action="store_true",
                     help="run the first mode of the first setting one extra step, its update under torch.profiler")
