@@ -108,7 +108,7 @@ def kernel_table(prof: profile, steps: int) -> list[dict]:
 
 
 def main() -> None:
-    faulthandler.enable()  # a crash in a native library prints where it happened (an earlier run died silently)
+    faulthandler.enable()  # a crash in a native library prints where it happened instead of exiting silently
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--variants", default="fused,plain,compiled", help=f"of {', '.join(VARIANTS)}")

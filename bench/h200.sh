@@ -41,8 +41,9 @@ for part in "$@"; do
            --json-out "$OUT/${name}_${t}_$r.json" ${!extra_var:-} > "$OUT/${name}_${t}_$r.log" 2>&1
          echo "--- $name, $t, round $r"; head -${AB_LINES:-8} "$OUT/${name}_${t}_$r.md"
        done; done ;;
-    *) # bench/NAME.py --out NAME.md --json-out NAME.json, plus $ARGS_NAME (e.g. ARGS_train_bench="--steps 3")
-       extra_var="ARGS_$part"; [ -f "bench/$part.py" ] && timeout $T python3 "bench/$part.py" --out "$OUT/$part.md" \
-         --json-out "$OUT/$part.json" ${!extra_var:-} 2>&1 | tee "$OUT/$part.log" ;;
+    *) # bench/NAME.py --out NAME_h200.md --json-out NAME_h200.json (the names of bench/results), plus $ARGS_NAME
+       # (e.g. ARGS_train_bench="--steps 3")
+       extra_var="ARGS_$part"; [ -f "bench/$part.py" ] && timeout $T python3 "bench/$part.py" --out "$OUT/${part}_h200.md" \
+         --json-out "$OUT/${part}_h200.json" ${!extra_var:-} 2>&1 | tee "$OUT/${part}_h200.log" ;;
   esac
 done

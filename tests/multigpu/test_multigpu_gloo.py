@@ -217,3 +217,23 @@ def test_launch_runs_a_job_and_resumes_it(tmp_path: Path) -> None:
     kinds = {args[0] for name, args in rep.calls if name == "artifact"}
     assert kinds == {"checkpoint", "policy", "drafter"}
     assert (tmp_path / "checkpoints" / "step-2").is_dir() and (tmp_path / "policy" / "config.json").exists()
+
+
+class StopAfterFirstStep(Quiet):
+    """A cancel that arrives once the job has reported its first step (seen by the job process, not the ranks)."""
+
+    def should_stop(self) -> bool:
+        return any(name == "metrics" for name, _ in self.calls)
+
+
+def test_a_stop_request_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    rep = StopAfterFirstStep()
+    launch.run(toy_spec(max_steps=6, save_steps=6), tmp_path, rep, world=WORLD)  # type: ignore[arg-type]
+    steps = [args[0] for name, args in rep.calls if name == "metrics"]
+    assert steps == list(range(1, len(steps) + 1)) and 1 <= len(steps) < 6
+    logs = [args[0] for name, args in rep.calls if name == "log"]
+    assert f"stop requested: stopping after step {steps[-1]}" in logs
+    # both ranks stopped after the same step: the checkpoint's replica check passed and rank 0 wrote that step
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [f"step-{steps[-1]}"]
+    assert [args[0] for name, args in rep.calls if name == "artifact"] == ["checkpoint"]  # no export after a stop
+    assert not (tmp_path / "policy").exists()
