@@ -1,4 +1,4 @@
-"""`rollout.release_kv_for_update` (issue #9): the rollout frees the engine's KV cache for each policy update and the
+"""`rollout.release_kv_for_update`: the rollout frees the engine's KV cache for each policy update and the
 next rollout (training or validation) allocates it again. Releasing changes no math: two RL steps with validation in
 between give exactly the metrics, samples, length histograms and weights of the same job with the switch off, and
 report `perf/kv_released_gb` (the cache's size) and `timing_s/kv_restore`.
