@@ -7,6 +7,7 @@ Run: python -m pytest tests/ui/test_metric_catalog.py -q
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -93,11 +94,17 @@ def test_db_reporter_refuses_unknown_names_before_touching_the_database(tmp_path
     engine.dispose()
 
 
-def test_the_recorded_run_names_only_catalogue_metrics() -> None:
-    run = json.loads(RECORDED.read_text())
-    names = {n for step in run["steps"] for n in step["metrics"]} | {h["name"] for s in run["steps"] for h in s["histograms"]}
-    assert {"reward/mean", "perf/tokens_per_s_tail", "sd/spec_step_fraction", "harvest/ratio", "response_length"} <= names
+def test_the_ui_seed_names_only_catalogue_metrics() -> None:
+    """The browser tests' seed replays the recorded run: every name it writes is the worker's own."""
+    spec = importlib.util.spec_from_file_location("ui_seed", Path(__file__).with_name("ui_seed.py"))
+    assert spec and spec.loader
+    seed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seed)
+    names = seed.seed_names()
+    assert {"reward/mean", "perf/tokens_per_s_tail", "sd/spec_step_fraction", "harvest/ratio", "response_length",
+            "perf/seq_tokens_per_s_tail_sd", "perf/seq_tokens_per_s_tail_plain", "sd/arm/none"} <= names
     check_names(names)
+    run = json.loads(RECORDED.read_text())
     for step in run["steps"]:
         m = step["metrics"]
         assert 0 <= m["harvest/ratio"] <= 1
