@@ -4,7 +4,7 @@ What the library's FileReporter writes (metrics, histograms, samples) goes into 
 tests/ui/ui_seed.py replays through the worker's DbReporter: the UI tests run on metric names and values a job
 really writes, not invented ones.
 
-    python tests/ui/record_run.py [--out tests/ui/recorded_run.json] [--steps 12]     # ~1 min on 2 CPU cores
+    python tests/ui/record_run.py [--out tests/ui/recorded_run.json] [--steps 12]     # ~5 min on 2 CPU cores
 
 Re-record after changing what the worker writes; tests/ui/test_metric_catalog.py checks the recording against the
 metric catalogue.
