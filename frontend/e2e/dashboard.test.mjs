@@ -110,7 +110,7 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
       assert.equal(await page.getAttribute(chart(id), "data-y-range"), "0-1", id);
     }
     assert.equal(await page.getAttribute(chart("reward"), "data-y-range"), "auto");
-    // arm shares of one step add up to 1 (the legend shows the values at the cursor: hover the last point)
+    // one legend row per arm the recorded run played ("none", n-gram and EAGLE arms), plus the step column
     const legend = await page.$$eval(`${chart("sd-arms")} .u-legend .u-series`, (rows) => rows.length);
     assert.ok(legend >= 3, `arm legend has ${legend} rows`);
     // "update" has one colour: the stacked step-time chart's marker and the GPU timeline's legend agree
