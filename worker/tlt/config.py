@@ -159,6 +159,14 @@ class DrafterConfig(_Strict):
     # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/results/h200_session11.md)
     draft_vocab_size: int = Field(0, ge=0, le=1 << 24)
 
+    @property
+    def warm_start_dir(self) -> str | None:
+        """The warm-start directory; an artifact id must have been resolved to one (the service's worker does)."""
+        if isinstance(self.warm_start, ArtifactRef):
+            raise ValueError(f"drafter.warm_start names artifact {self.warm_start.artifact_id}: only the service "
+                             "resolves artifact ids; give a directory to run the library alone")
+        return self.warm_start
+
 
 class Resources(_Strict):
     gpus: int = Field(0, ge=0, le=64)  # 0 = CPU
