@@ -43,10 +43,16 @@ def list_artifacts(session: Session, job_id: int, kind: str | None = None) -> Se
 
 
 def get_artifact(session: Session, user: User, artifact_id: int) -> Artifact:
+    """The artifact, if `user` may see its job; else NotFound with the same text as a missing id (nothing tells
+    another user's artifact from no artifact)."""
     art = session.get(Artifact, artifact_id)
+    try:
+        if art is not None:
+            get_job(session, user, art.job_id)  # ownership
+    except NotFound:
+        art = None
     if art is None:
         raise NotFound(f"artifact {artifact_id} not found")
-    get_job(session, user, art.job_id)  # ownership
     return art
 
 
