@@ -31,7 +31,8 @@ def _enqueue(session: SessionDep, dispatcher: DispatcherDep, job: Job) -> None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"job {job.id} could not be enqueued: {e}") from e
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, dependencies=[SubmitAllowed])
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, dependencies=[SubmitAllowed],
+             responses={200: {"model": JobPublic, "description": "the job this Idempotency-Key already created"}})
 def create_job(
     body: JobCreate, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep, settings: SettingsDep,
     response: Response,
