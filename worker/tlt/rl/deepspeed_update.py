@@ -158,12 +158,6 @@ class DeepSpeedUpdate:
             with deepspeed.zero.GatheredParameters([src]):
                 dst.copy_(src)
 
-    def state_bytes(self) -> int:
-        """Bytes of per-parameter optimizer state this rank holds (Adam moments; on the host with offload)."""
-        st = self.base_optimizer.state
-        return sum(t.numel() * t.element_size() for s in st.values() if s
-                   for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
-
     # ------------------------------------------------------------------------------------------------ checkpoints
     @staticmethod
     def checkpoint_dir(root: Path) -> Path:
