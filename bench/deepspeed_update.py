@@ -77,7 +77,7 @@ def run_case(a: argparse.Namespace) -> dict:
     rollout = SimpleNamespace(generator=torch.Generator(), on_weights_updated=lambda: None)
     tok = SimpleNamespace(pad_id=0, eos_ids=(1,))
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(spec, model, tok, rollout, [None], [], device=device)  # type: ignore[arg-type]
+    trainer = GRPOTrainer(spec, model, tok, rollout, [None], [], device=device)  # type: ignore[arg-type,list-item]
     init_s = time.perf_counter() - t0
     torch.cuda.synchronize()
     times, metrics = [], {}

@@ -85,7 +85,7 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
         out[f"engine_runs_model/{stage}"] = trainer.rollout.engine.model is trainer.model  # type: ignore[attr-defined]
         out[f"trained_is_engine/{stage}"] = trainer.ds.train_model is trainer.model
         if stage == 3:  # each rank keeps its partition of every weight
-            out["partition_numel"] = sum(p.ds_tensor.numel() for p in trainer.ds.train_model.parameters())
+            out["partition_numel"] = sum(p.ds_tensor.numel() for p in trainer.ds.train_model.parameters())  # type: ignore[attr-defined]
         trainer.close()
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     ctx.close()
