@@ -155,3 +155,33 @@ def test_launched_job_resumes_exactly_from_deepspeed_checkpoints(tmp_path: Path,
         assert mr[k] == mw[k], k
     state = json.loads((b / "step-2" / "trainer_state.json").read_text())
     assert state["step"] == 2
+
+
+def test_torchrun_job_runs_from_the_environment(tmp_path: Path) -> None:
+    """`torchrun -m worker.tlt.multigpu.launch spec.yaml --run-dir DIR`: the ranks meet through torchrun's environment
+    (the same command with a host list is a multi-node job); rank 0 writes the run directory."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec_path, run_dir = tmp_path / "spec.yaml", tmp_path / "run"
+    spec_path.write_text(yaml.safe_dump(ds_spec(2).model_dump(mode="json")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+           "-m", "worker.tlt.multigpu.launch", str(spec_path), "--run-dir", str(run_dir)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]  # rank 0 alone reports
+    assert (run_dir / "checkpoints" / "deepspeed" / "step-2").is_dir()
+    assert (run_dir / "policy" / "config.json").exists()
+    assert "2 ranks" in (run_dir / "train.log").read_text()
+
+
+def test_launch_main_outside_a_launcher_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--preset", "demo-cpu", "--run-dir", str(tmp_path)])
+    assert exit_info.value.code == 2 and not (tmp_path / "metrics.jsonl").exists()
