@@ -172,9 +172,24 @@ class Resources(_Strict):
     gpus: int = Field(0, ge=0, le=64)  # 0 = CPU
     # Celery queue; default chosen from gpus. Admission: a live registered worker must consume it.
     queue: str | None = Field(None, min_length=1, max_length=50, pattern=r"^[A-Za-z0-9_.:-]+$")
-    # gpus > 1: 0 = replicated AdamW state (plain data parallel), 1 = ZeRO stage 1, AdamW state sharded across ranks
-    # (multigpu/zero.py; stages 2/3 would shard the weights the colocated rollout engine reads whole)
-    zero_stage: Literal[0, 1] = 0
+    # the policy update (rl/update_plan.py): "torch" = AdamW in each process (fp32 master weights, replicated across
+    # ranks); "deepspeed" = DeepSpeed's engine (rl/deepspeed_update.py); "auto" = DeepSpeed when it is installed and
+    # the job asks for a ZeRO stage or offload, runs on several GPUs, or the torch update does not fit the GPU
+    update_engine: Literal["auto", "torch", "deepspeed"] = "auto"
+    # DeepSpeed ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + weights sharded across ranks (stage 3
+    # keeps a whole copy for the rollout engine); None = the lowest stage whose memory fits (rl/update_plan.py)
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    # fp32 master weights, gradients and Adam moments in host memory, stepped by DeepSpeed's CPU Adam; None = only
+    # when nothing fits on the GPU
+    offload_optimizer: bool | None = None
+
+    @model_validator(mode="after")
+    def _deepspeed_only(self) -> Resources:
+        if self.update_engine == "torch" and ((self.zero_stage or 0) > 0 or self.offload_optimizer):
+            raise ValueError("resources.zero_stage > 0 and offload_optimizer need update_engine deepspeed or auto")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("resources.offload_optimizer needs zero_stage >= 1 (DeepSpeed offloads ZeRO's partitions)")
+        return self
 
 
 class JobSpec(_Strict):
