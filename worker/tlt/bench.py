@@ -37,7 +37,7 @@ import torch
 from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.switch import SwitchConfig
-from worker.tlt.config import JobSpec, ModelSource, RolloutConfig
+from worker.tlt.config import BUILTIN_MODELS, JobSpec, ModelSource, RolloutConfig
 from worker.tlt.model.load import load_model
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
@@ -51,7 +51,7 @@ SYSTEM_PROMPT = "Solve the math problem. Reason step by step, then give the fina
 
 
 def model_source(name: str) -> ModelSource:
-    if name in ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3"):
+    if name in BUILTIN_MODELS:
         return ModelSource(builtin=name)
     return ModelSource(gguf=name) if name.endswith(".gguf") else ModelSource(hf_dir=name)
 
