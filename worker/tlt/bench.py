@@ -222,7 +222,13 @@ def warm_up(engine: Engine, reqs: list[Request], max_len: int) -> float:
     t0 = time.perf_counter()
     params = reqs[0].params
     engine.warmup(sum(r.params.n for r in reqs), max_len, params=params)
-    engine.generate([dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=1)) for r in reqs])
+    # without the adaptive controller: prefill does not depend on it, and the first-token run's decode steps (over
+    # rows already finished) must not reach its bandit or step costs as zero-token observations
+    ctl, engine.adaptive = engine.adaptive, None
+    try:
+        engine.generate([dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=1)) for r in reqs])
+    finally:
+        engine.adaptive = ctl
     _sync(engine.device)
     return time.perf_counter() - t0
 
