@@ -42,6 +42,8 @@ from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, Spec
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
 
 TAIL = 32  # "tail" = fewer active sequences than this (TLT's threshold, the metric's definition)
+# --fused: the decode / verify forward in the fused Triton kernels (auto: where they run) or in torch (cuBLAS, SDPA)
+FUSED = {"auto": None, "on": True, "off": False}
 
 
 def sync(dev: torch.device) -> None:
@@ -49,14 +51,15 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def identical(model: Transformer, tok: Any, prompts: list[list[int]], new: int) -> dict:
+def identical(model: Transformer, tok: Any, prompts: list[list[int]], new: int, fused: str) -> dict:
     """Greedy plain vs greedy SD on (n-gram chain of 4): identical tokens, sequence by sequence."""
     reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=new)) for p in prompts]
     max_len = max(len(p) for p in prompts) + new
     outs = []
     for sd in ("off", "on"):
         spec = SpecConfig("on", "chain", depth=4) if sd == "on" else SpecConfig()
-        eng = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=max_len, max_slots=len(prompts)),
+        eng = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=max_len, max_slots=len(prompts),
+                                                                      fused_kernels=FUSED[fused]),
                      spec=spec, proposer=NGramProposer(NGramConfig(topk=1)) if sd == "on" else None)
         warm_up(eng, reqs, max_len)
         outs.append(eng.generate(reqs))
@@ -113,7 +116,7 @@ def rollout(model: Transformer, tok: Any, prompts: list[list[int]], a: argparse.
     if eagle is not None and mode != "off":
         proposers["eagle"] = eagle
     eng = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=max_len, max_slots=len(prompts) * a.samples,
-                                                                  seed=a.seed),
+                                                                  seed=a.seed, fused_kernels=FUSED[a.fused]),
                  adaptive=ctl, proposers=proposers,
                  hidden_hook=eagle.observe if eagle is not None and mode != "off" else None)
     params = SamplingParams(temperature=a.temperature, top_k=a.top_k, max_new_tokens=max_new, n=a.samples)
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-new-tokens", type=int, default=512)
     ap.add_argument("--warmup-steps", type=int, default=400, help="drafter training steps per warm-up round")
     ap.add_argument("--small-max-new-tokens", type=int, default=1024, help="the SmolLM2-135M rows; 0 = skip")
+    ap.add_argument("--fused", choices=list(FUSED), default="auto", help="rollout engines' forward (both modes)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke sizes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results/tlt_widened_h200.md")
@@ -190,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     qs = gsm8k_questions("gsm8k", a.prompts + max(a.identical_prompts, 0) + a.warmup_prompts * a.warmup_rounds)
     roll_p = chat_prompts(tok, qs[: a.prompts])
     rest = chat_prompts(tok, qs[a.prompts:])
-    res["identical"] = identical(model, tok, rest[: a.identical_prompts], a.identical_new_tokens)
-    print("identical:", json.dumps(res["identical"]), flush=True)
-    save()
+    if a.identical_prompts > 0:
+        res["identical"] = identical(model, tok, rest[: a.identical_prompts], a.identical_new_tokens, a.fused)
+        print("identical:", json.dumps(res["identical"]), flush=True)
+        save()
     eagle = None
     if a.warmup_rounds > 0:
         with tempfile.TemporaryDirectory() as d:
@@ -219,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(res: dict, a: argparse.Namespace) -> str:
     lines = [f"TLT on widened SmolLM2 at {res['model'].split('@')[1]} cost — {res['device']}, torch {res['torch']}, "
-             f"{a.dtype}, GSM8K prompts, T={a.temperature}, top-k {a.top_k}", "",
+             f"{a.dtype}, GSM8K prompts, T={a.temperature}, top-k {a.top_k}, forward: fused kernels {a.fused}", "",
              f"Target: {res['describe']}; it computes SmolLM2-135M-Instruct's function with the wide architecture's "
              f"tensor shapes (model/widen.py). `python bench/tlt_widened.py` (raw: the JSON beside this file).", ""]
     idt = res.get("identical")

@@ -39,6 +39,9 @@ class StepCostConfig:
     probe_budget: float = 0.01  # probing may lose at most this fraction of the observed time (plus one step)
     reprobe_every: int = 2048  # plain steps in an off bucket after which it is probed again
     ema: float = 0.1  # weight of a new step in the running means (after the first `probe_steps` plain means)
+    # an SD step counts at most this many plain steps: one that needs longer cannot pay at any accept length, and a
+    # first use that compiles or captures (2.2 s next to 10 ms plain steps on an H200) must not poison the means
+    outlier: float = 8.0
 
 
 @dataclass
@@ -98,6 +101,8 @@ class StepCosts:
                     b.on, b.sd_n, b.plain_since_judged = None, 0, 0
             return
         per_seq = emitted / max(active, 1)
+        if b.plain_n:
+            seconds = min(seconds, cfg.outlier * b.plain_s)
         if b.on is None and b.plain_n:
             self.probe_loss_s += max(0.0, seconds - per_seq * b.plain_s)
         b.sd_n += 1
