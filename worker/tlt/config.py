@@ -12,7 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3")
+# "@NAME": SmolLM2 widened exactly into architecture NAME (worker/tlt/model/widen.py WIDENED_BUILTINS)
+WIDENED_MODELS = ("smollm2-135m-instruct@qwen2.5-7b", "smollm2-135m-instruct@llama3-8b",
+                  "smollm2-135m-instruct@llama3.2-3b", "smollm2-135m-instruct@test")
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3", *WIDENED_MODELS)
 BUILTIN_DATASETS = ("gsm8k", "toy-count")
 # Facts of the built-in models that the control plane checks at submit without importing torch (the same numbers as
 # worker/tlt/model/args.py PRESETS; a test keeps them equal): (context length in tokens, decoder layers).
