@@ -41,17 +41,20 @@ def test_file_entries_override_seeds_and_round_trip(cache_dir: Path) -> None:
     assert again.torch_faster == {("linear_residual", 49152, 3584)}
     assert again.configs[("qkv_rope", 960, 576)] == Config(32, 256, 4, 3)
     data = json.loads(again.path.read_text())
-    assert data["configs"]["linear_residual,3584,18944"] == [64, 128, 8, 4, 0]
+    assert data["configs"]["linear_residual,3584,18944"] == [64, 128, 8, 4, 0, True]
     other = tuning.table("Some Other GPU")
     assert other.configs == {} and other.path.name == "Some_Other_GPU.json"
 
 
 def test_a_file_is_read_from_the_configured_directory(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     elsewhere = tmp_path_factory.mktemp("elsewhere")
-    (elsewhere / "GPU_A.json").write_text(json.dumps({"configs": {"attention,4,128": [32, 128, 2, 3, 128]}}))
+    (elsewhere / "GPU_A.json").write_text(json.dumps({"configs": {"attention,4,128": [32, 128, 2, 3, 128],
+                                                                   "qkv_rope,64,32": [16, 32, 4, 2, 0, False]}}))
     assert ("attention", 4, 128) not in tuning.table("GPU A").configs
     configure(KernelConfig(cache_dir=elsewhere))  # a new directory is noticed without forget()
-    assert tuning.table("GPU A").configs[("attention", 4, 128)] == Config(32, 128, 2, 3, 128)
+    served = tuning.table("GPU A").configs
+    assert served[("attention", 4, 128)] == Config(32, 128, 2, 3, 128, prefetch=True)  # a file without the field
+    assert served[("qkv_rope", 64, 32)] == Config(16, 32, 4, 2, prefetch=False)
 
 
 def test_off_cuda_the_default_rule_and_no_tuning(cache_dir: Path) -> None:

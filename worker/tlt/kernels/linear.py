@@ -164,7 +164,7 @@ def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, *,
         if gather is None and prefers_torch("linear_residual", n, k, a.device):
             return torch_linear_residual(a, w, r)
     cfg = config
-    lines, epl = prefetch_lines(k, w)
+    lines, epl = prefetch_lines(k, w, cfg.prefetch)
     out = torch.empty((m, n), device=a.device, dtype=a.dtype)
     _linear_residual_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n))](
         a, w, r if r is not None else out, out, table, ids, m, n, k, kt, a.stride(0), w.stride(0),
@@ -185,7 +185,7 @@ def norm_gate_up(x: torch.Tensor, ln_w: torch.Tensor, w: torch.Tensor, eps: floa
     assert x.stride(1) == 1 and w.stride(1) == 1
     cfg = config or config_for("norm_gate_up", i, k, x.device,
                                launch=lambda c: norm_gate_up(x[:1], ln_w, w, eps, config=c))
-    lines, epl = prefetch_lines(k, w)
+    lines, epl = prefetch_lines(k, w, cfg.prefetch)
     out = torch.empty((m, i), device=x.device, dtype=x.dtype)
     _norm_gate_up_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(i, cfg.block_n))](
         x, ln_w, w, out, m, i, k, eps, x.stride(0), w.stride(0), out.stride(0),

@@ -178,7 +178,7 @@ def qkv_rope_cache(
     q = torch.empty((m, n_heads * d), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(m, BLOCK_M), (n_heads + 2 * n_kv) * d // block_n)
     ln = ln_w if ln_w is not None else w  # unused pointers get any tensor
-    lines, epl = prefetch_lines(k, w)
+    lines, epl = prefetch_lines(k, w, cfg.prefetch)
     _qkv_rope_kernel[grid](
         x, ln, w, bias if bias is not None else w, q_norm if q_norm is not None else ln,
         k_norm if k_norm is not None else ln, cos, sin, pos, widx, q, ck, cv,

@@ -28,6 +28,9 @@ class KernelConfig:
     # time launch-config candidates at a weight shape's first use on CUDA and keep the winner on disk
     # (kernels/tuning.py); False: seeded or cached configs, else the default rule
     tune: bool = True
+    # run cuBLAS for the linear_residual shapes where tuning measured it faster; off: the fused kernel everywhere,
+    # whose rows are bit-identical at any batch (a verify and a decode round alike: greedy SD token-identical in bf16)
+    cublas_where_faster: bool = False
     # where tuned configs live, one JSON file per GPU name; None: ~/.cache/tlt/kernels
     cache_dir: Path | None = None
 

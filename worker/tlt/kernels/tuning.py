@@ -10,9 +10,9 @@ The key holds the weight shape only, never the token count M, so every row's res
 batch (kernels/common.py). Tuning runs on the first launch's M clipped to decode size where the kernel allows it.
 
 `linear_residual` is also timed against torch (cuBLAS `F.linear`, + the residual): where torch is faster by
-`TORCH_MARGIN` the shape is marked and `prefers_torch` tells the kernel's caller to run torch for it. Such a shape's
-rows then depend on the batch the way cuBLAS's kernel choice does (greedy SD stays exact in exact arithmetic; in bf16
-a verify and a decode may round differently), which is why the margin is required.
+`TORCH_MARGIN` the shape is marked, and with `KernelConfig.cublas_where_faster` (off by default) `prefers_torch`
+tells the kernel to run torch for it. Off by default because such a shape's rows depend on the batch the way cuBLAS's
+kernel choice does: greedy SD stays exact in exact arithmetic, but in bf16 a verify and a decode may round apart.
 
 `SEEDS` holds configs measured by bench/kernel_sweep.py for SmolLM2-135M on an H200: its kernels are a few
 microseconds, where a first-use timing of single launches would be noise against the sweep's. Run the tests:
@@ -26,7 +26,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -108,14 +108,17 @@ def candidates(kernel: str, n: int, k: int) -> list[Config]:
     deepen the pipeline where K is long."""
     first = default_config(kernel, n, k)
     bk = max(16, min(256, triton.next_power_of_2(k)))
+    pf = first.prefetch  # the rule's L2 prefetch choice, and the default tile with the other choice
     if kernel == "attention":
         more = [Config(64, k, 4, 2, 0), Config(64, k, 4, 2, 128), Config(128, k, 8, 2, 128), Config(64, k, 4, 3, 256)]
     elif kernel == "qkv_rope":
-        more = [Config(16, bk, 4, 3), Config(32, bk, 4, 3), Config(64, min(bk, 128), 4, 3), Config(16, bk, 8, 4)]
+        more = [replace(first, prefetch=not pf), Config(16, bk, 4, 3, prefetch=pf), Config(32, bk, 4, 3, prefetch=pf),
+                Config(64, min(bk, 128), 4, 3, prefetch=pf), Config(16, bk, 8, 4, prefetch=pf)]
     else:  # linear_residual, norm_gate_up (two weight tiles per step: half the tile)
         wide = kernel == "linear_residual"
-        more = [Config(16, bk, 4, 3), Config(32, bk, 4, 4), Config(16, min(2 * bk, 512), 8, 3),
-                Config(64 if wide else 32, 128, 4, 4), Config(32, bk, 8, 3)]
+        more = [replace(first, prefetch=not pf), Config(16, bk, 4, 3, prefetch=pf), Config(32, bk, 4, 4, prefetch=pf),
+                Config(16, min(2 * bk, 512), 8, 3, prefetch=pf), Config(64 if wide else 32, 128, 4, 4, prefetch=pf),
+                Config(32, bk, 8, 3, prefetch=pf), Config(64, bk, 8, 4, prefetch=pf)]
     out = [first]
     for c in more:
         if c not in out and c.block_k <= max(16, triton.next_power_of_2(k)):
@@ -181,8 +184,9 @@ def config_for(kernel: str, n: int, k: int, device: torch.device | None = None, 
 
 
 def prefers_torch(kernel: str, n: int, k: int, device: torch.device) -> bool:
-    """Whether tuning found torch faster for this shape (only ever for linear_residual)."""
-    if device.type != "cuda":
+    """Whether this shape runs torch: tuning found cuBLAS faster (only ever for linear_residual) and
+    KernelConfig.cublas_where_faster allows it."""
+    if device.type != "cuda" or not current().cublas_where_faster:
         return False
     return (kernel, n, k) in table(torch.cuda.get_device_name(device)).torch_faster
 
