@@ -7,7 +7,8 @@ batch: the engine's tokens/s and ms per step (prefill counted, 256 new tokens af
 the GPU time of one graphed step, the roofline (weight + KV bytes per step over the GPU's bandwidth) and the share of
 it reached; `--forward both` adds the torch forward's row; HF's static-cache generate at `--peer-batch`; the verify
 of 8 tokens per row over a 1-token step at batch 1-8 for `--verify-models`. The table is rewritten after every
-model, so a run cut short keeps what it measured. `--dry-run`: CPU, tiny shapes, a smoke test.
+model, so a run cut short keeps what it measured. Other flags go to every model's run (`--no-pdl`, `--no-prefetch`,
+`--no-tune`, `--cublas-where-faster`: tlt bench decode's kernel switches). `--dry-run`: CPU, tiny shapes, a smoke test.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-models", default="qwen2.5-7b,llama3-8b")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny presets, 4 new tokens")
-    a = ap.parse_args(argv)
+    a, passed = ap.parse_known_args(argv)  # the rest goes to every model's `tlt bench decode` (e.g. --no-pdl)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")  # tuning reports its picks
     copy = ""
     if not a.dry_run:
@@ -53,14 +54,14 @@ def main(argv: list[str] | None = None) -> int:
             argv_one.append("--verify")
         if a.dry_run:
             argv_one += ["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "4", "--prompt-len", "5"]
-        one = parser().parse_args(argv_one)
+        one = parser().parse_args(argv_one + passed)
         one.peer_batch = one.peer_batch or one.batch
         results.append(run(one))
         text = f"{results[0]['device']}, bandwidth {results[0]['bandwidth_tbps']:.2f} TB/s " \
                f"({results[0]['bandwidth_source']}){copy}; {time.perf_counter() - t0:.0f} s\n\n{table(results)}\n"
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(text)
-        Path(a.json_out or str(Path(a.out).with_suffix(".json"))).write_text(json.dumps(results, indent=1))
+        Path(a.json_out or str(Path(a.out).with_suffix(".json"))).write_text(json.dumps(results, indent=1, default=str))
         print(text, flush=True)
     return 0
 

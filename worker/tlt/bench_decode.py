@@ -11,7 +11,8 @@ decodes `--max-new-tokens` tokens per row from random prompts of `--prompt-len` 
 prefill counted, best of two timed runs after graph capture) and prints tokens_per_s, step_ms, replay_ms (GPU time of
 one graphed step), roofline_tokens_per_s (weight + KV bytes per step over the GPU's bandwidth, model/roofline.py, at
 the mean context) and pct_roofline. `--forward torch` runs the torch forward instead of the fused kernels (`both`:
-each). `--peer hf-static` adds HF transformers' `generate` with a static cache (compiled as transformers does by
+each). `--no-pdl`, `--no-prefetch`, `--no-tune`, `--cublas-where-faster` set the kernels' KernelConfig for the run.
+`--peer hf-static` adds HF transformers' `generate` with a static cache (compiled as transformers does by
 default) at the same shape, batch and lengths. `--verify` adds the cost of a chain verify: the cached forward of
 k+1 = 8 tokens per row over one of 1 token, both CUDA-graph replays, at batch 1, 2, 4 and 8.
 """
@@ -25,11 +26,13 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from worker.tlt.bench import bench_decode, make_engine, model_source
+from worker.tlt.kernels.settings import KernelConfig, configure
 from worker.tlt.kernels.tuning import time_us
 from worker.tlt.model.args import SHAPES, ModelArgs, preset
 from worker.tlt.model.load import load_model
@@ -146,15 +149,30 @@ def hf_static(args: ModelArgs, batch: int, prompt_len: int, max_new: int, device
     return {"hf_static_tokens_per_s": new / times[-1], "hf_static_first_s": times[0]}
 
 
+def kernel_config(a: argparse.Namespace) -> KernelConfig:
+    return KernelConfig(pdl=not a.no_pdl, prefetch=not a.no_prefetch, tune=not a.no_tune,
+                        cublas_where_faster=a.cublas_where_faster)
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    """Every requested measurement of one model -> {"model", "device", "bandwidth", "rows", "verify"}."""
+    """Every requested measurement of one model -> {"model", "device", "bandwidth", "rows", "verify", "kernels"},
+    under the KernelConfig of the flags (the previous one restored after)."""
+    previous = configure(kernel_config(a))
+    try:
+        return measure(a)
+    finally:
+        configure(previous)
+
+
+def measure(a: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(a.device)
     dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
     max_len = a.prompt_len + a.max_new_tokens
     t0 = time.perf_counter()
     model, _ = build(a.model, device, dtype, max_len)
     tok = ByteTokenizer(max(model.args.vocab_size, 259))
-    res: dict[str, Any] = {"model": a.model, "build_s": time.perf_counter() - t0, "rows": [], "verify": []}
+    res: dict[str, Any] = {"model": a.model, "build_s": time.perf_counter() - t0, "rows": [], "verify": [],
+                           "kernels": asdict(kernel_config(a))}
     on_cuda = device.type == "cuda"
     bw, source = gpu_bandwidth(device, a.bandwidth_tbps) if on_cuda else ((a.bandwidth_tbps or 1.0) * 1e12, "given")
     res.update(device=torch.cuda.get_device_name(device) if on_cuda else "cpu", bandwidth_tbps=bw / 1e12,
@@ -216,6 +234,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--peer", choices=["none", "hf-static"], default="none")
     ap.add_argument("--peer-batch", type=parse_batches, default=None, help="batches the peer runs (default: all)")
     ap.add_argument("--verify", action="store_true", help="verify-of-8-tokens cost at batch 1, 2, 4, 8")
+    # kernel switches (kernels/settings.py KernelConfig), to measure what each part buys
+    ap.add_argument("--no-pdl", action="store_true", help="fused kernels without programmatic dependent launch")
+    ap.add_argument("--no-prefetch", action="store_true", help="fused kernels without L2 prefetch")
+    ap.add_argument("--no-tune", action="store_true", help="no first-use tuning: seeded/cached configs or the rule")
+    ap.add_argument("--cublas-where-faster", action="store_true",
+                    help="cuBLAS for the linear shapes where tuning measured it faster (rows no longer batch-invariant)")
     ap.add_argument("--bandwidth-tbps", type=float, default=None, help="GPU bandwidth (default: datasheet/measured)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -238,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("tlt bench decode needs CUDA (pass --device cpu for a smoke test)")
     a.peer_batch = a.peer_batch or a.batch
     res = run(a)
-    sys.stdout.write((json.dumps(res) if a.json else table([res]) + "\n\n" + json.dumps(res, indent=1)) + "\n")
+    sys.stdout.write((json.dumps(res, default=str) if a.json else table([res]) + "\n\n" + json.dumps(res, indent=1, default=str)) + "\n")
     return 0
 
 
