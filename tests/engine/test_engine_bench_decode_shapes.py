@@ -66,9 +66,10 @@ def test_random_on_device_builds_in_dtype() -> None:
     model = random_on_device(args, "cpu", dtype=torch.bfloat16, seed=3, max_seq_len=64)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.rope_cos.shape == (64, args.hd)
-    norm = model.model.layers[0].input_layernorm.weight
+    params = dict(model.named_parameters())
+    norm = params["model.layers.0.input_layernorm.weight"]
     assert torch.equal(norm, torch.ones_like(norm))
-    w = model.model.layers[0].mlp.down_proj.weight.float()
+    w = params["model.layers.0.mlp.down_proj.weight"].float()
     assert 0.015 < w.std().item() < 0.025 and abs(w.mean().item()) < 0.005
-    again = random_on_device(args, "cpu", dtype=torch.bfloat16, seed=3, max_seq_len=64)
-    assert torch.equal(again.model.layers[0].mlp.down_proj.weight, model.model.layers[0].mlp.down_proj.weight)
+    again = dict(random_on_device(args, "cpu", dtype=torch.bfloat16, seed=3, max_seq_len=64).named_parameters())
+    assert torch.equal(again["model.layers.0.mlp.down_proj.weight"], params["model.layers.0.mlp.down_proj.weight"])
