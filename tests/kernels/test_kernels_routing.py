@@ -47,7 +47,7 @@ def test_small_models_stay_fused_at_any_batch(monkeypatch: pytest.MonkeyPatch) -
 def test_prefetch_only_for_matrices_that_fit_the_budget() -> None:
     assert default_config("linear_residual", 576, 1536).prefetch  # SmolLM2's down
     assert default_config("linear_residual", 3584, 3584).prefetch  # Qwen2.5-7B's o_proj: 26 MB
-    assert not default_config("norm_gate_up", 18944, 3584).prefetch  # its gate|up: 2 x 136 MB / 2
+    assert not default_config("norm_gate_up", 18944, 3584).prefetch  # its gate|up: 272 MB
     assert not default_config("linear_residual", 3584, 18944).prefetch
     half = PREFETCH_MAX_BYTES // 4  # bf16 elements of half the budget
     assert default_config("norm_gate_up", half // 1024, 1024).prefetch

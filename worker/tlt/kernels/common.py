@@ -42,7 +42,8 @@ class Config:
 
 # Weight matrices above this many bytes are not prefetched by the default rule: every program prefetches its whole
 # rows up front, which pays while the matrix fits the L2 (60 MB on an H200) and thrashes it beyond: on an H200 the
-# 136 MB gate|up of Qwen2.5-7B ran at 1.26 TB/s with prefetch, the 26 MB o_proj at 2.9 TB/s.
+# 272 MB gate|up of Qwen2.5-7B took 107.6 us with prefetch and 84.9 us without (one decode token), its 136 MB down
+# 49.6 vs 37.1 us, while its 26 MB o_proj ran at 2.9 TB/s with prefetch.
 PREFETCH_MAX_BYTES = 32 << 20
 
 
