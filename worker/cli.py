@@ -31,6 +31,8 @@ LIBRARY_COMMANDS = {  # subcommands owned by worker/tlt: module path, each expos
     "selfcheck": ("worker.tlt.selfcheck", "check the engine against transformers"),
     "bench": ("worker.tlt.bench", "run a benchmark"),
 }
+# `tlt bench decode` is the decode benchmark at real shapes (random weights, roofline, HF peer)
+BENCH_SUBCOMMANDS = {"decode": "worker.tlt.bench_decode"}
 
 
 def _out(text: str) -> None:
@@ -365,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCH_SUBCOMMANDS:
+        return int(importlib.import_module(BENCH_SUBCOMMANDS[argv[1]]).main(argv[2:]))
     if argv and argv[0] in LIBRARY_COMMANDS:
         module = importlib.import_module(LIBRARY_COMMANDS[argv[0]][0])
         return int(module.main(argv[1:]))

@@ -272,9 +272,9 @@ def kernel_configs(engine: Engine) -> str:
     """How the engine's cached forward ran: torch, or the fused kernels with tuned or default launch configs."""
     if not engine.step.fused:
         return "torch forward"
-    from worker.tlt.kernels.common import describe_configs
+    from worker.tlt.kernels.tuning import describe
 
-    return "fused kernels, " + describe_configs(engine.device)
+    return "fused kernels, " + describe(engine.device)
 
 
 def replay_ms(engine: Engine, n: int = 50) -> float | None:
