@@ -377,9 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = client_parser("cancel", "cancel a job")
     p.add_argument("job", type=int)
     p.set_defaults(func=cmd_cancel)
-    p = client_parser("download", "download a job's newest policy or drafter (checked against its sha256)")
+    p = client_parser("download", "download a job's newest artifact of a kind (checked against its sha256)")
     p.add_argument("job", type=int)
-    p.add_argument("--kind", choices=["policy", "drafter", "checkpoint"], required=True)
+    p.add_argument("--kind", choices=["policy", "drafter", "checkpoint", "tensorboard"], required=True)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_download)
 
