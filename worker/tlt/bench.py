@@ -8,7 +8,7 @@
 final answer after '####'." as the HF/TRL peer script uses), `--samples` per prompt, temperature 1.0, continuous
 batching; prints time, tokens, tokens/s and response-length percentiles. Decode CUDA graphs are captured before the
 timed run (capture time reported separately). `--sd on` uses the model-free n-gram drafter (chain of
-`--sd-depth`); `--sd adaptive` runs the adaptive engine (issue 4) with the n-gram cold-start drafter: SD on below
+`--sd-depth`); `--sd adaptive` runs the adaptive engine with the n-gram cold-start drafter: SD on below
 `--sd-on-below` active sequences, the job spec's default bandit over the n-gram arms and plain decoding. Rollouts
 with `--sd off|adaptive` also report the controller's metrics (`sd_metrics`: sd/*, perf/tokens_per_s_full / _tail /
 _bucket/<b>) and per-bucket rows (`buckets`); SD off runs a controller pinned off, so both modes are measured alike.

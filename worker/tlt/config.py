@@ -162,7 +162,7 @@ class DrafterConfig(_Strict):
     # EAGLE-1: chain drafts sample over the N most frequent tokens of the responses seen so far (re-picked at each
     # rollout start; the first rollout drafts over all; a smaller head and race per drafted token); 0 = all tokens.
     # Off by default: at T=1 SmolLM2's 16,384 most frequent tokens hold only 82% of what it samples, and batch-8
-    # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/results/h200_session11.md)
+    # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/CHANGELOG.md)
     draft_vocab_size: int = Field(0, ge=0, le=1 << 24)
 
     @property
@@ -262,7 +262,7 @@ PRESETS: dict[str, dict] = {
         "save_steps": 1,
         "save_total_limit": 1,
     },
-    # The H200 benchmark setting of the issues (TRL measured 27 s/step there).
+    # The H200 benchmark setting (TRL measured 27 s/step there).
     "h200-gsm8k": {
         "name": "smollm2-gsm8k-h200",
         "model": {"builtin": "smollm2-135m-instruct", "dtype": "bfloat16"},
