@@ -49,8 +49,8 @@ from worker.tlt.rollout.types import GenerationOutput
 def build_drafter(spec: JobSpec, target: Transformer) -> EagleDrafter:
     """A fresh drafter of the spec's kind (or the warm-start directory's weights), on the target's device."""
     ttt = 3 if spec.drafter.kind == "eagle3" else 1
-    if spec.drafter.warm_start:
-        return load_exported(spec.drafter.warm_start, target, ttt_steps=ttt)
+    if warm := spec.drafter.warm_start_dir:
+        return load_exported(warm, target, ttt_steps=ttt)
     cfg = EagleConfig(kind="eagle3" if spec.drafter.kind == "eagle3" else "eagle1", ttt_steps=ttt)
     return EagleDrafter(target, cfg).to(target.head_weight.device)
 
