@@ -4,6 +4,7 @@ tree-shaped verify rows) with the engine's mask conventions."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ ARCHS: dict[str, tuple[str, dict[str, int]]] = {
 T = 64  # cache columns
 
 
-def real_heads(name: str, n_heads: int, n_kv_heads: int, **over: object) -> ModelArgs:
+def real_heads(name: str, n_heads: int, n_kv_heads: int, **over: Any) -> ModelArgs:
     """SHAPES[name]'s family features with its head_dim (128) and a GQA group of n_heads / n_kv_heads, in two layers
     of width 256 and a 320-token vocabulary: real head shapes at a size the CPU (and Triton's interpreter) runs."""
     return replace(shape(name), vocab_size=320, dim=256, n_layers=2, n_heads=n_heads, n_kv_heads=n_kv_heads,
