@@ -1,7 +1,8 @@
 """The engine at the real architectures' head and group shapes, on CPU in fp32: head_dim 128 with GQA groups of 4, 7
 and 8 (Qwen2 q/k/v biases, Qwen3 q/k norm, Llama-3 RoPE scaling), in small widths. Our logits equal transformers'
 (1e-5), greedy speculative decoding is token-identical to plain greedy, and sharded safetensors checkpoints
-(model-0000N-of-0000M + index.json) load with tied and untied heads.
+(model-0000N-of-0000M + index.json) load with tied and untied heads; the KV cache of a 7B model is planned from the
+free device memory.
 Run: python -m pytest tests/engine/test_engine_shapes.py -q"""
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import pytest
 import torch
 
 from tests.kernels.cases import REAL_HEADS
-from worker.tlt.model.args import ModelArgs
+from worker.tlt.model.args import ModelArgs, shape
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.load import build_model, load_hf_state_dict, random_model
+from worker.tlt.model.memory_plan import plan_kv
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
@@ -95,3 +97,16 @@ def test_sharded_checkpoint_loads_tied_and_untied(tmp_path: Path, tied: bool) ->
     ids = torch.randint(0, args.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(loaded(ids), model(ids))
+
+
+def test_kv_plan_for_a_7b_model_on_an_h200() -> None:
+    args = shape("qwen2.5-7b")
+    row = 4096 * 28 * 2 * 4 * 128 * 2  # bytes of one 4,096-column row
+    plan = plan_kv(args, 4096, free_bytes=125 * 2**30)
+    assert plan.slots == (int(125 * 2**30 * 0.9) - plan.reserved_bytes) // row
+    assert 400 < plan.slots < 500 and plan.cache_bytes == plan.slots * row
+    assert plan.reserved_bytes > 2 << 30  # activations and sampler tensors on top of the fixed reserve
+    assert plan_kv(args, 4096, free_bytes=125 * 2**30, max_slots=64).slots == 64
+    assert plan_kv(args, 1024, free_bytes=125 * 2**30).slots > 4 * plan.slots - 4  # a quarter of the columns
+    with pytest.raises(ValueError, match="no KV-cache row of 4096 columns fits"):
+        plan_kv(args, 4096, free_bytes=3 * 2**30)
