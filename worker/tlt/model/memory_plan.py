@@ -2,9 +2,10 @@
 `torch.cuda.mem_get_info` and keeps back what the engine needs beside weights and cache; `plan_kv(...)` is the same
 arithmetic for a given number of free bytes (tests, planning for another GPU).
 
-A 7B model in bf16 on an H200 leaves ~125 GiB free after its 15 GB of weights; at 57 KB of K/V per token (Qwen2.5-7B:
-28 layers x 2 x 4 KV heads x 128 x 2 bytes) that is ~2M cached tokens after the working memory, e.g. 493 rows of 4,096 columns, where a
-fixed 8 GB budget would hold 35. The engine takes the result as `EngineConfig.max_slots`.
+A 7B model in bf16 on an H200 leaves ~125 GiB free after its 15 GB of weights; at 57 KB of K/V per token
+(Qwen2.5-7B: 28 layers x 2 x 4 KV heads x 128 x 2 bytes) that is ~2M cached tokens after the working memory, e.g.
+493 rows of 4,096 columns, where a fixed 8 GB budget holds 35. The engine takes the result as
+`EngineConfig.max_slots`.
 """
 
 from __future__ import annotations
