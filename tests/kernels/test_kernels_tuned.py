@@ -113,3 +113,14 @@ def test_tuning_keeps_the_fastest_candidate_and_marks_cublas_only_by_margin(
     assert not tuning.prefers_torch(*key2, cuda)  # cuBLAS only when the KernelConfig allows it
     configure(KernelConfig(cache_dir=cache_dir, cublas_where_faster=True))
     assert tuning.prefers_torch(*key2, cuda) and not tuning.prefers_torch(*key, cuda)
+
+
+def test_an_unreadable_file_is_ignored_and_replaced(cache_dir: Path) -> None:
+    (cache_dir / "GPU_C.json").write_text('{"configs": {"attention,4,128": [32, 1')  # cut short by a crash
+    tab = tuning.table("GPU C")
+    assert tab.configs == {}
+    tab.configs[("attention", 4, 128)] = Config(64, 128, 4, 2, 64)
+    tab.save()
+    assert [p.name for p in cache_dir.iterdir()] == ["GPU_C.json"]  # no temporary left behind
+    tuning.forget()
+    assert tuning.table("GPU C").configs == {("attention", 4, 128): Config(64, 128, 4, 2, 64)}
