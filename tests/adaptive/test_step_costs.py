@@ -116,3 +116,17 @@ def test_one_slow_first_use_does_not_rule_sd_out() -> None:
         costs.observe(4, True, 4 * 3, 0.011)  # 3 tokens per sequence for 1.1 plain steps
     assert costs.sd_pays(b)
     assert costs.probe_loss_s <= cfg.outlier * 0.01 + 1e-9
+
+
+def test_engine_rollout_with_the_cost_switch(capsys) -> None:
+    """The adaptive engine loop runs with the cost switch (`tlt bench rollout --sd-costs-below`) and reports."""
+    import json
+
+    from worker.tlt.bench import main
+
+    args = ["rollout", "--model", "tiny-llama", "--device", "cpu", "--prompts", "3", "--samples", "2",
+            "--max-new-tokens", "24", "--sd", "adaptive", "--sd-costs-below", "8", "--json"]
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["sequences"] == 6 and "sd/on_fraction" in r["sd_metrics"]
+    assert sum(b["tokens"] for b in r["buckets"]) + 6 == r["tokens"]  # every decode step was recorded
