@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from backend import crud, lifecycle
-from backend.api.routes import artifacts, datasets, jobs, stream, system, telemetry, tokens
+from backend.api.routes import artifacts, datasets, jobs, metric_catalog, stream, system, telemetry, tokens
 from backend.core import migrate
 from backend.core.config import Settings, get_settings
 from backend.core.db import make_engine, make_session_factory
@@ -136,7 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     api = APIRouter(prefix=API_PREFIX, responses=errors(400, 401, 413, 422))
     for r in (jobs.router, telemetry.router, stream.router, artifacts.router, datasets.router, tokens.router,
-              system.api_router):
+              system.api_router, metric_catalog.router):
         api.include_router(r)
     app.include_router(api)
     app.include_router(system.health_router)

@@ -7,7 +7,7 @@ invalid spec is a 422 whose `loc` names the field (e.g. ["body", "spec", "algori
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -110,6 +110,15 @@ class EventPublic(_Out):
     reason: str | None
     worker: str | None
     attempt: int
+
+
+class MetricInfo(BaseModel):
+    """One entry of the metric catalogue (worker/tlt/metric_catalog.py)."""
+
+    name: str  # literal, or a template whose {field} parts stand for one path segment
+    unit: str  # "fraction": a value in [0, 1]
+    kind: Literal["per-step", "cumulative", "histogram"]
+    meaning: str
 
 
 class MetricPoint(BaseModel):

@@ -12,7 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3")
+# "@NAME": SmolLM2 widened exactly into architecture NAME (worker/tlt/model/widen.py WIDENED_BUILTINS)
+WIDENED_MODELS = ("smollm2-135m-instruct@qwen2.5-7b", "smollm2-135m-instruct@llama3-8b",
+                  "smollm2-135m-instruct@llama3.2-3b", "smollm2-135m-instruct@test")
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3", *WIDENED_MODELS)
 BUILTIN_DATASETS = ("gsm8k", "toy-count")
 # Facts of the built-in models that the control plane checks at submit without importing torch (the same numbers as
 # worker/tlt/model/args.py PRESETS; a test keeps them equal): (context length in tokens, decoder layers).
@@ -152,11 +155,14 @@ class DrafterConfig(_Strict):
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0)
     buffer_gb: float = Field(1.0, gt=0.0, le=4096.0)  # hidden-state buffer budget (last two RL steps)
     max_train_steps_per_rl_step: int = Field(200, ge=0, le=1_000_000)  # spot-training cap per RL step
-    export_format: Literal["eagle3", "eagle1"] = "eagle3"
+    # The exported drafter's form (run_dir/drafter). None = the form of `kind`. A learned drafter exports only in its
+    # own form (EAGLE-1's fc reads [embed, final hidden], EAGLE-3's three feature layers), so a value naming the
+    # other form, or any value with an n-gram / no drafter, is rejected rather than ignored.
+    export_format: Literal["eagle3", "eagle1"] | None = None
     # EAGLE-1: chain drafts sample over the N most frequent tokens of the responses seen so far (re-picked at each
     # rollout start; the first rollout drafts over all; a smaller head and race per drafted token); 0 = all tokens.
     # Off by default: at T=1 SmolLM2's 16,384 most frequent tokens hold only 82% of what it samples, and batch-8
-    # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/results/h200_session11.md)
+    # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/CHANGELOG.md)
     draft_vocab_size: int = Field(0, ge=0, le=1 << 24)
 
     @property
@@ -167,14 +173,46 @@ class DrafterConfig(_Strict):
                              "resolves artifact ids; give a directory to run the library alone")
         return self.warm_start
 
+    @model_validator(mode="after")
+    def _export_matches_kind(self) -> DrafterConfig:
+        fmt = self.export_format
+        if fmt is not None and self.kind in ("ngram", "none"):
+            raise ValueError(f"export_format {fmt!r} needs a learned drafter (kind eagle1 or eagle3), not {self.kind!r}")
+        if fmt is not None and fmt != self.kind:
+            raise ValueError(f"export_format {fmt!r} needs kind {fmt!r}: an {self.kind} drafter exports as {self.kind}")
+        return self
+
+    @property
+    def export_kind(self) -> Literal["eagle3", "eagle1"] | None:
+        """The form the job's drafter is exported in (export_format, validated to match `kind`); None without a
+        learned drafter."""
+        if self.kind == "eagle1" or self.kind == "eagle3":
+            return self.kind
+        return None
+
 
 class Resources(_Strict):
     gpus: int = Field(0, ge=0, le=64)  # 0 = CPU
     # Celery queue; default chosen from gpus. Admission: a live registered worker must consume it.
     queue: str | None = Field(None, min_length=1, max_length=50, pattern=r"^[A-Za-z0-9_.:-]+$")
-    # gpus > 1: 0 = replicated AdamW state (plain data parallel), 1 = ZeRO stage 1, AdamW state sharded across ranks
-    # (multigpu/zero.py; stages 2/3 would shard the weights the colocated rollout engine reads whole)
-    zero_stage: Literal[0, 1] = 0
+    # the policy update (rl/update_plan.py): "torch" = AdamW in each process (fp32 master weights, replicated across
+    # ranks); "deepspeed" = DeepSpeed's engine (rl/deepspeed_update.py); "auto" = DeepSpeed when it is installed and
+    # the job asks for a ZeRO stage or offload, runs on several GPUs, or the torch update does not fit the GPU
+    update_engine: Literal["auto", "torch", "deepspeed"] = "auto"
+    # DeepSpeed ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + weights sharded across ranks (stage 3
+    # keeps a whole copy for the rollout engine); None = the lowest stage whose memory fits (rl/update_plan.py)
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    # fp32 master weights, gradients and Adam moments in host memory, stepped by DeepSpeed's CPU Adam; None = only
+    # when nothing fits on the GPU
+    offload_optimizer: bool | None = None
+
+    @model_validator(mode="after")
+    def _deepspeed_only(self) -> Resources:
+        if self.update_engine == "torch" and ((self.zero_stage or 0) > 0 or self.offload_optimizer):
+            raise ValueError("resources.zero_stage > 0 and offload_optimizer need update_engine deepspeed or auto")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("resources.offload_optimizer needs zero_stage >= 1 (DeepSpeed offloads ZeRO's partitions)")
+        return self
 
 
 class JobSpec(_Strict):
@@ -224,7 +262,7 @@ PRESETS: dict[str, dict] = {
         "save_steps": 1,
         "save_total_limit": 1,
     },
-    # The H200 benchmark setting of the issues (TRL measured 27 s/step there).
+    # The H200 benchmark setting (TRL measured 27 s/step there).
     "h200-gsm8k": {
         "name": "smollm2-gsm8k-h200",
         "model": {"builtin": "smollm2-135m-instruct", "dtype": "bfloat16"},

@@ -16,6 +16,9 @@ checkpoints beyond `keep` deleted, so the previous one survives until its succes
 for every run with TLT_KEEP_LAST_CHECKPOINTS (default 2): a SmolLM2 checkpoint with optimizer state is ~1.6 GB.
 Every .pt file is read with `torch.load(weights_only=True)` (tensors and plain containers only: loading a
 checkpoint can never run code), so the RNG states are stored as tensors and plain values.
+A DeepSpeed update (rl/deepspeed_update.py) has no optimizer.pt: its optimizer state (fp32 master weights, Adam
+moments, each rank's shard) is DeepSpeed's own checkpoint in `root/deepspeed/step-N`, written by every rank before
+rank 0 writes step-N, so a complete step-N implies a complete tag; tags without one are removed with the pruning.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+DEEPSPEED_DIR = "deepspeed"  # root/deepspeed/step-N: DeepSpeed's own checkpoint of step N (every rank's shard)
 KEEP_ENV = "TLT_KEEP_LAST_CHECKPOINTS"
 DEFAULT_KEEP = 2
 
@@ -104,7 +108,7 @@ def save_checkpoint(
     step: int,
     *,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     rng: dict[str, Any],
     trainer_state: dict[str, Any],
@@ -123,7 +127,8 @@ def save_checkpoint(
     # clone: tied weights share storage, which safetensors refuses to write twice
     weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
     save_file(weights, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if optimizer is not None:  # None: the optimizer state is in root/deepspeed/step-N, written by every rank
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng, tmp / "rng.pt")
     torch.save(extra or {}, tmp / "extra.pt")
@@ -140,7 +145,21 @@ def save_checkpoint(
         tmp.rename(final)
     for _, path in list_checkpoints(root)[:-keep]:
         shutil.rmtree(path)
+    prune_deepspeed(root)
     return final
+
+
+def prune_deepspeed(root: Path) -> None:
+    """Remove DeepSpeed tags (root/deepspeed/step-N) that have no complete step-N beside them: pruned, or a save
+    that stopped before its step-N was renamed into place."""
+    ds_dir = root / DEEPSPEED_DIR
+    if not ds_dir.is_dir():
+        return
+    kept = {step for step, _ in list_checkpoints(root)}
+    for tag in ds_dir.iterdir():
+        m = _STEP_DIR.match(tag.name)
+        if tag.is_dir() and m and int(m.group(1)) not in kept:
+            shutil.rmtree(tag, ignore_errors=True)  # every rank of a job may clean at once
 
 
 def clean_partial(root: Path) -> None:
@@ -148,7 +167,8 @@ def clean_partial(root: Path) -> None:
     if root.is_dir():
         for p in root.iterdir():
             if p.is_dir() and (p.name.startswith(".tmp-step-") or p.name.startswith(".old-step-")):
-                shutil.rmtree(p)
+                shutil.rmtree(p, ignore_errors=True)
+        prune_deepspeed(root)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -157,7 +177,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
         path=path,
         step=int(state["step"]),
         model=load_file(str(path / "model.safetensors")),
-        optimizer=torch.load(path / "optimizer.pt", weights_only=True),
+        optimizer=torch.load(path / "optimizer.pt", weights_only=True) if (path / "optimizer.pt").exists() else {},
         scheduler=torch.load(path / "scheduler.pt", weights_only=True),
         rng=torch.load(path / "rng.pt", weights_only=True),
         trainer_state=state,
