@@ -23,6 +23,7 @@ import pytest
 from backend import crud
 from backend.core import migrate
 from backend.core.db import make_engine, make_session_factory
+from worker import registry
 
 FINAL = {"succeeded", "failed", "cancelled"}
 # A job the training loop finishes in seconds on CPU (tiny random model, synthetic task).
@@ -123,6 +124,7 @@ def _start_stack(kind: str, home: Path, database_url: str, broker_url: str) -> S
         os.environ, TLT_HOME=str(home), TLT_DATABASE_URL=database_url, TLT_BROKER_URL=broker_url,
         TLT_HEARTBEAT_S="0.5", TLT_HEARTBEAT_TIMEOUT_S="3", TLT_CANCEL_GRACE_S="20", TLT_BROKER_VISIBILITY_TIMEOUT_S="8",
         TLT_SSE_POLL_S="0.1", OMP_NUM_THREADS="1",
+        TLT_SPEC_ROOTS=str(home.parent / f"{home.name}-models"),  # where specs may name files (outside TLT_HOME)
     )
     engine = make_engine(database_url)
     with make_session_factory(engine)() as s:
@@ -131,6 +133,7 @@ def _start_stack(kind: str, home: Path, database_url: str, broker_url: str) -> S
     stack = Stack(kind, home, env, f"http://127.0.0.1:{_free_port()}", token)
     stack.start_api()
     stack.start_worker()
+    registry.wait_for_worker(database_url, ttl_s=120, timeout_s=60)  # admission needs a registered worker
     return stack
 
 
