@@ -1,4 +1,5 @@
-"""The policy update on DeepSpeed's engine: ZeRO stages 1-3 (0 for fp32 models), bf16 weights trained through fp32
+"""The policy update on DeepSpeed's engine: ZeRO stages 0-3 (a bf16 model at stage 0 takes DeepSpeed's replicated
+path, which accumulates gradients in bf16; the plan uses stage 1 on one GPU instead), bf16 weights trained through fp32
 master weights, optimizer state offload to the host (DeepSpeed's CPU Adam, JIT-built on first use), and the weight
 flow from DeepSpeed's (possibly partitioned) parameters into the rollout engine.
 
@@ -29,6 +30,7 @@ DeepSpeed runs on CPU too (DS_ACCELERATOR=cpu, gloo): the CI tests train a tiny 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import shutil
 import socket
@@ -47,8 +49,6 @@ from worker.tlt.rl.update_plan import UpdatePlan, count_params, plan_update
 
 
 def deepspeed_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("deepspeed") is not None
 
 
