@@ -16,7 +16,8 @@ rows run `worker.tlt.multigpu.launch.run` (2 spawned ranks, NCCL) and read rank 
 the steps after the first (the first includes CUDA graph capture). harvest idle / used are GPU-seconds per step over
 all GPUs. 2-GPU rows run first, so this process holds no GPU memory while the ranks run. `--zero-stage 0,1` runs each
 2-GPU row once per `resources.zero_stage` (0: torch data parallel; 1-3: DeepSpeed, rl/deepspeed_update.py) and
-quotes the largest rank's AdamW state and peak allocated memory (torch.cuda.max_memory_allocated, the run's high-water mark) next to its step and update time.
+quotes the largest rank's AdamW state and peak allocated memory (torch.cuda.max_memory_allocated, the run's
+high-water mark) next to its step and update time.
 """
 
 from __future__ import annotations
