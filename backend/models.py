@@ -171,7 +171,7 @@ class Artifact(Base):
     __table_args__ = (UniqueConstraint("job_id", "path", name="uq_artifacts_job_path"),)
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    kind: Mapped[str] = mapped_column(String(20))  # policy | drafter | checkpoint
+    kind: Mapped[str] = mapped_column(String(20))  # policy | drafter | checkpoint | tensorboard
     step: Mapped[int | None] = mapped_column()
     path: Mapped[str] = mapped_column(Text)  # absolute path on the shared artifact store
     is_dir: Mapped[bool] = mapped_column(default=False)

@@ -12,7 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3")
+# "@NAME": SmolLM2 widened exactly into architecture NAME (worker/tlt/model/widen.py WIDENED_BUILTINS)
+WIDENED_MODELS = ("smollm2-135m-instruct@qwen2.5-7b", "smollm2-135m-instruct@llama3-8b",
+                  "smollm2-135m-instruct@llama3.2-3b", "smollm2-135m-instruct@test")
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3", *WIDENED_MODELS)
 BUILTIN_DATASETS = ("gsm8k", "toy-count")
 # Facts of the built-in models that the control plane checks at submit without importing torch (the same numbers as
 # worker/tlt/model/args.py PRESETS; a test keeps them equal): (context length in tokens, decoder layers).
@@ -152,11 +155,14 @@ class DrafterConfig(_Strict):
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0)
     buffer_gb: float = Field(1.0, gt=0.0, le=4096.0)  # hidden-state buffer budget (last two RL steps)
     max_train_steps_per_rl_step: int = Field(200, ge=0, le=1_000_000)  # spot-training cap per RL step
-    export_format: Literal["eagle3", "eagle1"] = "eagle3"
+    # The exported drafter's form (run_dir/drafter). None = the form of `kind`. A learned drafter exports only in its
+    # own form (EAGLE-1's fc reads [embed, final hidden], EAGLE-3's three feature layers), so a value naming the
+    # other form, or any value with an n-gram / no drafter, is rejected rather than ignored.
+    export_format: Literal["eagle3", "eagle1"] | None = None
     # EAGLE-1: chain drafts sample over the N most frequent tokens of the responses seen so far (re-picked at each
     # rollout start; the first rollout drafts over all; a smaller head and race per drafted token); 0 = all tokens.
     # Off by default: at T=1 SmolLM2's 16,384 most frequent tokens hold only 82% of what it samples, and batch-8
-    # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/results/h200_session11.md)
+    # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/CHANGELOG.md)
     draft_vocab_size: int = Field(0, ge=0, le=1 << 24)
 
     @property
@@ -166,6 +172,23 @@ class DrafterConfig(_Strict):
             raise ValueError(f"drafter.warm_start names artifact {self.warm_start.artifact_id}: only the service "
                              "resolves artifact ids; give a directory to run the library alone")
         return self.warm_start
+
+    @model_validator(mode="after")
+    def _export_matches_kind(self) -> DrafterConfig:
+        fmt = self.export_format
+        if fmt is not None and self.kind in ("ngram", "none"):
+            raise ValueError(f"export_format {fmt!r} needs a learned drafter (kind eagle1 or eagle3), not {self.kind!r}")
+        if fmt is not None and fmt != self.kind:
+            raise ValueError(f"export_format {fmt!r} needs kind {fmt!r}: an {self.kind} drafter exports as {self.kind}")
+        return self
+
+    @property
+    def export_kind(self) -> Literal["eagle3", "eagle1"] | None:
+        """The form the job's drafter is exported in (export_format, validated to match `kind`); None without a
+        learned drafter."""
+        if self.kind == "eagle1" or self.kind == "eagle3":
+            return self.kind
+        return None
 
 
 class Resources(_Strict):
@@ -239,7 +262,7 @@ PRESETS: dict[str, dict] = {
         "save_steps": 1,
         "save_total_limit": 1,
     },
-    # The H200 benchmark setting of the issues (TRL measured 27 s/step there).
+    # The H200 benchmark setting (TRL measured 27 s/step there).
     "h200-gsm8k": {
         "name": "smollm2-gsm8k-h200",
         "model": {"builtin": "smollm2-135m-instruct", "dtype": "bfloat16"},

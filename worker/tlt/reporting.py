@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Protocol
 
-ArtifactKind = Literal["policy", "drafter", "checkpoint"]
+ArtifactKind = Literal["policy", "drafter", "checkpoint", "tensorboard"]
 
 
 class Reporter(Protocol):

@@ -75,6 +75,6 @@ def export_final(spec: JobSpec, trainer: GRPOTrainer, run_dir: Path, reporter: R
     if drafter_model is not None:
         from worker.tlt.drafter.export import export_drafter
 
-        drafter_dir = export_drafter(drafter_model, run_dir / "drafter")
+        drafter_dir = export_drafter(drafter_model, run_dir / "drafter", spec.drafter.export_kind)
         reporter.artifact("drafter", drafter_dir, step)
     return policy

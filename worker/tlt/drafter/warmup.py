@@ -24,7 +24,7 @@ import torch
 
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
-from worker.tlt.drafter.export import export_eagle1, export_eagle3
+from worker.tlt.drafter.export import export_drafter
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.online import build_drafter
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
@@ -69,7 +69,7 @@ def warmup(
     width = drafter.feature_dim + (drafter.args.dim if drafter.cfg.kind == "eagle3" else 0)
     # the target is frozen here, so every round's responses stay valid training rows (an RL step keeps two: its
     # policy moves); the ring's budget bounds them. More responses and steps raised the H200 chain accept length
-    # 2.28 -> 2.48 (2,048 -> 7,168 responses, 6,000 -> 24,000 steps: bench/results/h200_session12.md)
+    # 2.28 -> 2.48 (2,048 -> 7,168 responses, 6,000 -> 24,000 steps: bench/results/drafter_recipes_h200.md)
     buffer = HiddenStateBuffer(width, int(spec.drafter.buffer_gb * 2**30), device=dev,
                                dtype=resolve_dtype(None, dev), keep_steps=spec.max_steps)
     trainer = SpotTrainer(drafter, buffer, SpotTrainerConfig(learning_rate=spec.drafter.learning_rate,
@@ -110,10 +110,7 @@ def warmup(
         reporter.metrics(rnd, m)
         log.info("drafter warm-up round %d: %s", rnd, m)
     out_path = Path(out_dir)
-    if drafter.cfg.kind == "eagle3":
-        export_eagle3(drafter, out_path)
-    else:
-        export_eagle1(drafter, out_path)
+    export_drafter(drafter, out_path, spec.drafter.export_kind)
     reporter.artifact("drafter", out_path, step=trainer.steps)
     reporter.log(f"drafter exported to {out_path} ({drafter.cfg.kind}, {trainer.steps} steps)")
     return out_path
