@@ -68,3 +68,14 @@ def test_bad_resource_combinations_are_refused() -> None:
         Resources(offload_optimizer=True, zero_stage=0)
     with pytest.raises(ValidationError):
         Resources(zero_stage=4)  # type: ignore[arg-type]
+
+
+def test_a_cpu_process_keeps_the_torch_update_under_auto() -> None:
+    # the host is the "GPU" budget of a CPU job; a tight budget must not move a CPU run onto DeepSpeed's CPU path
+    args = shape("qwen2.5-7b")
+    cpu = plan_update(Resources(), AlgorithmConfig(), args, count_params(args), world=1, gpu_bytes=8 * 2**30,
+                      host_bytes=8 * 2**30, low_precision=True, on_gpu=False)
+    assert cpu.engine == "torch" and not cpu.fits
+    asked = plan_update(Resources(zero_stage=2), AlgorithmConfig(), args, count_params(args), world=1,
+                        gpu_bytes=8 * 2**30, host_bytes=8 * 2**30, low_precision=True, on_gpu=False)
+    assert asked.engine == "deepspeed"  # an explicit request still wins

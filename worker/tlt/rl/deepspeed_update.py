@@ -67,7 +67,7 @@ def plan_for(spec: JobSpec, model: Transformer, device: torch.device) -> UpdateP
     low = any(p.dtype in LOW_PRECISION for p in trainable_params(model))
     return plan_update(spec.resources, spec.algorithm, model.args, count_params(model.args), world=world,
                        gpu_bytes=gpu, host_bytes=host, low_precision=low, kv_cache_bytes=kv,
-                       deepspeed_installed=deepspeed_installed())
+                       deepspeed_installed=deepspeed_installed(), on_gpu=device.type == "cuda")
 
 
 def ds_config(plan: UpdatePlan, algo: AlgorithmConfig, low_precision: bool) -> dict[str, Any]:

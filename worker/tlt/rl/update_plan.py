@@ -26,8 +26,9 @@ released for the update; 80% of the host.
 Choice when the spec leaves it open (`update_engine: auto`, `zero_stage: null`, `offload_optimizer: null`): the
 torch update when it fits and no ZeRO / offload was asked for (several ranks at stage 0 are the torch data-parallel
 update, multigpu/update.py); else DeepSpeed at the lowest stage from 1 that fits on the GPU, else with optimizer
-offload (stage 2 on one rank, the lowest fitting stage on several). When nothing fits, `fits` is False and `lines()` says by
-how much.
+offload (stage 2 on one rank, the lowest fitting stage on several). When nothing fits, `fits` is False and `lines()`
+says by how much. A CPU process (`on_gpu=False`) under `auto` always
+keeps the torch update: the budgets are the host's, and DeepSpeed's CPU path buys nothing there.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _plan(engine: str, stage: int, offload: bool, n: int, world: int, low_precis
 
 def plan_update(res: Resources, algo: AlgorithmConfig, args: ModelArgs, n_params: int, *, world: int,
                 gpu_bytes: float, host_bytes: float, low_precision: bool, kv_cache_bytes: float = 0.0,
-                deepspeed_installed: bool = True) -> UpdatePlan:
+                deepspeed_installed: bool = True, on_gpu: bool = True) -> UpdatePlan:
     """The update's engine, ZeRO stage and offload (see the module docstring). `gpu_bytes`: one device's memory
     (for a CPU job, the host's); `kv_cache_bytes`: what the rollout engine keeps during the update."""
     act = activation_bytes(args, algo.micro_batch_tokens, algo.gradient_checkpointing)
@@ -134,10 +135,11 @@ def plan_update(res: Resources, algo: AlgorithmConfig, args: ModelArgs, n_params
         return _plan(engine, stage, offload, n_params, world, low_precision, act, gpu_budget, host_budget)
 
     asked_ds = (res.zero_stage or 0) > 0 or bool(res.offload_optimizer) or res.update_engine == "deepspeed"
+    auto = res.update_engine == "auto" and not asked_ds
     if res.update_engine == "torch" or (res.update_engine == "auto" and not deepspeed_installed):
         return make("torch", 0, False)
     torch_plan = make("torch", 0, False)
-    if res.update_engine == "auto" and not asked_ds and torch_plan.fits:
+    if auto and (torch_plan.fits or not on_gpu):
         return torch_plan
     # stage 0 replicates what the torch update does; stage 1 on one rank is DeepSpeed's bf16 optimizer (fp32 master
     # weights and gradient accumulation), the same memory
