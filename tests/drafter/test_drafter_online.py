@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 
 def _spec(**drafter) -> JobSpec:
@@ -25,10 +27,10 @@ def _spec(**drafter) -> JobSpec:
 def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
     od = OnlineDrafter(_spec(), tiny_target)
     eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
-                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", 3)), proposers={"eagle": od.proposer},
                  hidden_hook=od.hidden_hook)
-    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2)),
-            Request([9, 10, 11], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    reqs = [Request([5, 6, 7, 8], RequestSampling(temperature=1.0, max_new_tokens=16, n=2)),
+            Request([9, 10, 11], RequestSampling(temperature=1.0, max_new_tokens=16, n=2))]
     versions = []
     for step in range(3):
         od.begin_rollout(step)
@@ -79,9 +81,9 @@ def test_draft_vocab_is_picked_from_the_responses_and_checkpointed(tiny_target: 
     checkpoint restores the counts and the set."""
     od = OnlineDrafter(_spec(draft_vocab_size=40), tiny_target)
     eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
-                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", 3)), proposers={"eagle": od.proposer},
                  hidden_hook=od.hidden_hook)
-    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    reqs = [Request([5, 6, 7, 8], RequestSampling(temperature=1.0, max_new_tokens=16, n=2))]
     od.begin_rollout(0)
     assert od.proposer.draft_vocab is None
     out = eng.generate(reqs)

@@ -58,7 +58,7 @@ class _FakeEngine:
 
     def __init__(self, responses: list[list[int]], streaming: bool, scored: threading.Event) -> None:
         self.responses, self.scored = responses, scored
-        self.proposer = self.hidden_hook = self.adaptive = None
+        self.hidden_hook = self.controller = None
         self.gen = torch.Generator()
         self.returned_at: float | None = None
         if streaming:

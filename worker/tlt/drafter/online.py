@@ -1,8 +1,8 @@
 """`OnlineDrafter`: the adaptive drafter wired into the RL loop (buffer + capture + spot trainer + engine proposer).
 
     od = OnlineDrafter(spec, policy)                     # EAGLE-1 or -3 (warm start from spec.drafter.warm_start)
-    engine = Engine(policy, config=EngineConfig(..., capture_layers=od.capture_layers),
-                    proposer=od.proposer, hidden_hook=od.hidden_hook)
+    engine = Engine(policy, config=EngineConfig(..., capture_layers=od.capture_layers), controller=...,
+                    proposers={"eagle": od.proposer}, hidden_hook=od.hidden_hook)
     per RL step:  od.begin_rollout(step)                # newest published weights -> engine; new buffer step
                   out = engine.generate(...); od.observe_rollout(out)   # tail seconds = idle GPU time offered
                   ... reward, update, weight sync ...
@@ -70,8 +70,7 @@ class OnlineDrafter:
         self.capture = EngineCapture(self.buffer)
         self.trainer = SpotTrainer(self.train_drafter, self.buffer,
                                    SpotTrainerConfig(learning_rate=spec.drafter.learning_rate, seed=spec.seed))
-        topk = spec.rollout.draft_topk
-        self.proposer = EagleProposer(serve, proposer_config or EagleProposerConfig(topk=topk))
+        self.proposer = EagleProposer(serve, proposer_config or EagleProposerConfig())
         self._published_at = 0  # trainer step count of the last snapshot
         self._steps_this_rl_step = 0
         self._tail_s = 0.0  # idle time offered by the last rollout, not yet accounted

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.spec.tree import topk_tree
-from worker.tlt.spec.types import DraftProposal
 
 
 @torch.no_grad()

@@ -14,7 +14,8 @@ Speculative decoding (`rollout.speculative`, `drafter.kind`):
   published weights and captures hidden states through its hook; the trainer's drafter hook spot-trains it after the
   update. EAGLE-3 builds the engine with `capture_layers` = its three feature layers (hook rows [N, 4H]).
 - `on` + `ngram`: the model-free n-gram drafter over each sequence and its GRPO siblings (spec/ngram.py).
-  Drafts are a chain of `draft_depth` tokens, or a tree when `draft_topk > 1`; the engine verifies losslessly.
+  `on` drafts with one fixed arm (`AdaptiveSd.fixed`-style controller from the spec): a chain of `draft_depth`
+  tokens, or a tree when `draft_topk > 1`, for either drafter; the engine verifies losslessly.
 - `adaptive`: the engine asks `adaptive.AdaptiveSd` every decode step: SD on below `sd_on_below` active
   sequences (hysteresis `sd_patience`), the arm (drafter x depth x top-k x verify width, or plain decoding) chosen
   per batch-size bucket by the spec's bandit. Drafters: the n-gram drafter always (cold start, sees the GRPO
@@ -47,19 +48,18 @@ import torch
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.data.prompts import RenderedPrompt
+from worker.tlt.decoding.kv_cache import slots_for_budget
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.rollout_io import FinishCallback, Trajectory
 from worker.tlt.rollout.adaptive_loop import TailHook
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.kv_cache import slots_for_budget
 from worker.tlt.rollout.types import (
     EngineConfig,
     GenerationOutput,
     Request,
-    SamplingParams,
+    RequestSampling,
     SequenceResult,
-    SpecConfig,
 )
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
 from worker.tlt.spec.proposer import Proposer
@@ -104,7 +104,7 @@ class EngineRollout:
         self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool, on_finish: FinishCallback | None = None
     ) -> tuple[list[Trajectory], dict[str, float]]:
         a = self.algo
-        params = SamplingParams(
+        params = RequestSampling(
             temperature=0.0 if greedy else a.temperature, top_p=a.top_p, top_k=a.top_k,
             max_new_tokens=a.max_completion_length, n=n,
         )
@@ -123,12 +123,12 @@ class EngineRollout:
             self.engine.restore_memory()
         restore_s = time.perf_counter() - t0
         if greedy:  # validation: plain decoding, nothing captured, the bandit untouched
-            proposer, hook, ctl = self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive
-            self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = None, None, None
+            hook, ctl = self.engine.hidden_hook, self.engine.controller
+            self.engine.hidden_hook, self.engine.controller = None, None
             try:
                 out = self._generate(requests, engine_on_finish if stream else None)
             finally:
-                self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = proposer, hook, ctl
+                self.engine.hidden_hook, self.engine.controller = hook, ctl
         else:
             self.rollouts += 1
             if self.drafter is not None:
@@ -180,8 +180,6 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
     # every sequence of a step resident at once, within the KV budget (validation batches queue behind them)
     slots = min(algo.prompts_per_step * algo.num_generations, slots_for_budget(model.args, max_len + 80,
                                                                                 ro.kv_cache_gb, dtype))
-    spec_cfg = SpecConfig(mode="off")
-    proposer: Proposer | None = None
     drafter: OnlineDrafter | None = None
     hook = None
     kind = spec.drafter.kind
@@ -194,7 +192,7 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
         max_len=max_len, max_slots=max(slots, 1), kv_cache_gb=ro.kv_cache_gb, cuda_graphs=ro.cuda_graphs,
         fused_kernels=ro.fused_kernels, seed=ro.seed + spec.seed, capture_layers=drafter.capture_layers if drafter is not None else (),
     )
-    adaptive: AdaptiveSd | None = None
+    controller: AdaptiveSd | None = None
     proposers: dict[str, Proposer] = {}
     tail_hook: TailHook | None = None
     if ro.speculative == "adaptive":
@@ -204,23 +202,18 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
             tail_hook = tail_trainer(drafter)
         elif kind != "ngram":
             log.warning("drafter.kind=%s has no engine drafter; adaptive SD runs with the n-gram drafter only", kind)
-        adaptive = AdaptiveSd.from_spec(ro, drafters=list(proposers))  # type: ignore[arg-type]
-    elif ro.speculative == "on" and kind in ("eagle1", "eagle3", "ngram"):
-        tree = ro.draft_topk > 1
-        spec_cfg = SpecConfig(mode="on", method="tree" if tree else "chain", depth=ro.draft_depth,
-                              topk=ro.draft_topk, verify_tokens=max(ro.verify_tokens, 2))
-        if drafter is not None:
-            proposer = drafter.proposer
-        else:
-            proposer = NGramProposer(NGramConfig(topk=ro.draft_topk))
+        controller = AdaptiveSd.from_spec(ro, drafters=list(proposers))  # type: ignore[arg-type]
+    elif ro.speculative == "on" and kind in ("eagle1", "eagle3", "ngram"):  # one fixed arm of the spec's shape
+        proposers = {"eagle": drafter.proposer} if drafter is not None else {"ngram": NGramProposer(NGramConfig())}
+        controller = AdaptiveSd.from_spec(ro, drafters=list(proposers))  # type: ignore[arg-type]
     elif ro.speculative == "off":  # pinned off: plain decoding, with the same per-bucket and tail metrics as SD runs
-        adaptive = AdaptiveSd.from_spec(ro, drafters=[])
+        controller = AdaptiveSd.from_spec(ro, drafters=[])
     else:
         log.warning("rollout.speculative=%s with drafter.kind=%s is not wired into the trainer's engine yet; "
                     "running SD off", ro.speculative, kind)
-    engine = Engine(model, eos_ids=tokenizer.eos_ids, config=config, spec=spec_cfg, proposer=proposer,
-                    hidden_hook=hook, adaptive=adaptive, proposers=proposers, tail_hook=tail_hook)
+    engine = Engine(model, eos_ids=tokenizer.eos_ids, config=config, hidden_hook=hook, controller=controller,
+                    proposers=proposers, tail_hook=tail_hook)
     if device.type == "cuda":  # capture every CUDA graph now, not inside the first step's timed rollout
-        engine.warmup(engine.slots, max_len, params=SamplingParams(
+        engine.warmup(engine.slots, max_len, params=RequestSampling(
             temperature=algo.temperature, top_p=algo.top_p, top_k=algo.top_k, max_new_tokens=1))
     return EngineRollout(engine, tokenizer, spec, drafter)
