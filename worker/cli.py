@@ -2,12 +2,14 @@
 
     tlt up [--demo] [--port 8000]        API + one Celery worker on embedded defaults (SQLite + SQLite broker)
     tlt db upgrade                        run Alembic migrations to head
-    tlt token create [--admin] [--user NAME]
-    tlt submit spec.yaml [--wait] [--idempotency-key K]     (REST client; --url/--token or TLT_URL/TLT_TOKEN)
+    tlt token create [--user NAME] [--admin [--promote]]   (an admin token only with --admin)
+    tlt submit [spec.yaml] [--preset NAME] [--wait] [--idempotency-key K]   (REST client; --url/--token or
+                                          TLT_URL/TLT_TOKEN)
     tlt jobs | tlt logs [-f] JOB | tlt metrics JOB | tlt cancel JOB | tlt download JOB --kind policy -o DIR
     tlt train ... | tlt selfcheck ... | tlt bench ...       (the training library's own commands)
 
-Exit status: 0 ok; 1 the job failed; 3 the job was cancelled; 4 the server refused or could not be reached.
+Exit status: 0 ok; 1 the job failed; 3 the job was cancelled; 4 the server refused or could not be reached, or the
+input was unusable (errors name the URL; a refused spec lists `field: message` lines).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ LIBRARY_COMMANDS = {  # subcommands owned by worker/tlt: module path, each expos
     "selfcheck": ("worker.tlt.selfcheck", "check the engine against transformers"),
     "bench": ("worker.tlt.bench", "run a benchmark"),
 }
+# `tlt bench decode` is the decode benchmark at real shapes (random weights, roofline, HF peer)
+BENCH_SUBCOMMANDS = {"decode": "worker.tlt.bench_decode"}
 
 
 def _out(text: str) -> None:
@@ -56,7 +60,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def create_token(user: str, admin: bool, name: str = "") -> str:
+def create_token(user: str, admin: bool, name: str = "", promote: bool = False) -> str:
+    """A new token's secret. An admin token only when `admin`; for an existing non-admin user that also needs
+    `promote` (else crud.Conflict)."""
     from backend import crud
     from backend.core.config import get_settings
     from backend.core.db import make_engine, make_session_factory
@@ -64,14 +70,23 @@ def create_token(user: str, admin: bool, name: str = "") -> str:
     engine = make_engine(get_settings().database_url)
     try:
         with make_session_factory(engine)() as s:
-            _, secret = crud.create_token(s, user, admin=admin, name=name)
+            _, secret = crud.create_token(s, user, admin=admin, name=name, promote=promote)
     finally:
         engine.dispose()
     return secret
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    _out(create_token(args.user, args.admin, args.name))
+    from backend import crud
+
+    if args.promote and not args.admin:
+        sys.stderr.write("tlt: --promote makes the user an admin and needs --admin\n")
+        return 2
+    try:
+        _out(create_token(args.user, args.admin, args.name, promote=args.promote))
+    except crud.Conflict as e:
+        sys.stderr.write(f"tlt: {e}\n")
+        return EXIT_API
     return 0
 
 
@@ -109,6 +124,27 @@ def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], timeout_s: flo
     raise RuntimeError(f"the API did not answer on {url}/healthz within {timeout_s:.0f} s")
 
 
+def _wait_worker_registered(database_url: str, ttl_s: float, procs: list[subprocess.Popen[bytes]],
+                            timeout_s: float = 120.0) -> None:
+    """Until the embedded worker has registered (admission refuses every job before that)."""
+    from backend import crud
+    from backend.core.db import make_engine, make_session_factory
+
+    engine = make_engine(database_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("the API or the worker exited during start-up (see its output above)")
+            with make_session_factory(engine)() as s:
+                if crud.live_workers(s, ttl_s):
+                    return
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+    raise RuntimeError(f"the worker did not register within {timeout_s:.0f} s")
+
+
 def _raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -138,6 +174,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     ]
     try:
         _wait_healthy(url, procs)
+        _wait_worker_registered(settings.database_url, settings.worker_ttl_s, procs)
         _out(f"TLT Studio is up: {url}  (API docs {url}/docs; database {settings.database_url})")
         rc = 0
         if args.demo:
@@ -163,7 +200,7 @@ def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]], s
     from worker.tlt.config import preset
 
     spec = yaml.safe_load(Path(spec_file).read_text()) if spec_file else preset("demo-cpu").model_dump(mode="json")
-    token = create_token("admin", admin=True, name="demo")
+    token = create_token("admin", admin=True, name="demo", promote=True)  # the operator's own demo: an admin token
     client = TltClient(url, token)
     job = client.submit(spec)
     _out(f"dashboard:  {url}/#/jobs/{job['id']}  (sign in with this token)\ntoken:      {token}\n"
@@ -198,10 +235,29 @@ def _client(args: argparse.Namespace) -> Any:
     return TltClient(args.url, args.token)
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
+def submitted_spec(path: str | None, preset_name: str | None) -> dict[str, Any]:
+    """The spec to submit: a file, a named preset (worker/tlt/config.py PRESETS), or the file's keys over the preset.
+    Not validated here: the API validates it and answers a 422 naming each bad field."""
     import yaml
 
-    spec = yaml.safe_load(Path(args.spec).read_text())
+    from worker.tlt.config import PRESETS
+    from worker.tlt.spec_file import merge_spec
+
+    if preset_name is not None and preset_name not in PRESETS:
+        raise ValueError(f"unknown preset {preset_name!r}; known: {', '.join(PRESETS)}")
+    spec: dict[str, Any] = dict(PRESETS[preset_name]) if preset_name else {}
+    if path:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: a job spec is a mapping of JobSpec fields")
+        spec = merge_spec(spec, loaded)
+    return spec
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    if not args.spec and not args.preset:
+        raise ValueError("give a spec file, --preset NAME, or both (the file's keys override the preset's)")
+    spec = submitted_spec(args.spec, args.preset)
     c = _client(args)
     job = c.submit(spec, idempotency_key=args.idempotency_key)
     _out(f"job {job['id']} {job['status']}")
@@ -224,16 +280,50 @@ def cmd_logs(args: argparse.Namespace) -> int:
         for line in c.logs(args.job):
             _out(line["line"])
         return 0
+    lines = LogOrder()
     status = "unknown"
     for ev in c.stream(args.job):
         if ev.event == "log":
-            _out(ev.data["line"])
+            for text in lines.log(ev.data):
+                _out(text)
         elif ev.event == "event" and ev.data.get("to_status"):
-            _out(f"-- {ev.data['to_status']}" + (f": {ev.data['reason']}" if ev.data.get("reason") else ""))
+            lines.transition(ev.data)
         elif ev.event == "end":
             status = ev.data.get("status") or status
             break
+    for text in lines.end():
+        _out(text)
     return exit_code_for(status)
+
+
+class LogOrder:
+    """Log lines and status transitions of a followed job, printed in the order they happened. The stream sends each
+    batch's transitions before its log lines (one table after the other), so a transition is held until a log line
+    written after it arrives, and a final one (succeeded / failed / cancelled) until the stream ends: it prints last."""
+
+    def __init__(self) -> None:
+        self.pending: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _text(event: dict[str, Any]) -> str:
+        return f"-- {event['to_status']}" + (f": {event['reason']}" if event.get("reason") else "")
+
+    def transition(self, event: dict[str, Any]) -> None:
+        self.pending.append(event)
+
+    def log(self, line: dict[str, Any]) -> list[str]:
+        """The texts to print now: held transitions that happened before this line (final ones stay), then it."""
+        from worker.client import FINAL_STATUSES
+
+        at = line.get("created_at") or ""
+        due = [e for e in self.pending if e["to_status"] not in FINAL_STATUSES and e.get("created_at", "") <= at]
+        self.pending = [e for e in self.pending if e not in due]
+        return [self._text(e) for e in due] + [line["line"]]
+
+    def end(self) -> list[str]:
+        """The transitions still held, in order (the final status last)."""
+        out, self.pending = [self._text(e) for e in self.pending], []
+        return out
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
@@ -264,6 +354,13 @@ def cmd_download(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------ parser
 
 
+def _preset_names() -> list[str]:
+    from worker.tlt.config import PRESETS
+
+    return sorted(PRESETS)
+
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tlt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -282,7 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     tok = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
     p = tok.add_parser("create", help="create a token (the user is created if new) and print it")
     p.add_argument("--user", default="admin")
-    p.add_argument("--admin", action="store_true")
+    p.add_argument("--admin", action="store_true", help="an admin token (without it: an ordinary user's token, even "
+                   "for an admin user); a new user is created as an admin")
+    p.add_argument("--promote", action="store_true", help="with --admin: make an existing non-admin user an admin")
     p.add_argument("--name", default="cli", help="a label for the token")
     p.set_defaults(func=cmd_token_create)
 
@@ -292,8 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--token", default=os.environ.get("TLT_TOKEN"))
         return p
 
-    p = client_parser("submit", "submit a job spec (YAML or JSON)")
-    p.add_argument("spec")
+    p = client_parser("submit", "submit a job spec (YAML or JSON), a named preset, or a file over a preset")
+    p.add_argument("spec", nargs="?", help="job spec file; with --preset its keys override the preset's")
+    p.add_argument("--preset", help="start from a named preset: " + ", ".join(_preset_names()))
     p.add_argument("--wait", action="store_true", help="wait for the final state; exit 1 if failed, 3 if cancelled")
     p.add_argument("--idempotency-key")
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
@@ -314,9 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = client_parser("cancel", "cancel a job")
     p.add_argument("job", type=int)
     p.set_defaults(func=cmd_cancel)
-    p = client_parser("download", "download a job's newest policy or drafter (checked against its sha256)")
+    p = client_parser("download", "download a job's newest artifact of a kind (checked against its sha256)")
     p.add_argument("job", type=int)
-    p.add_argument("--kind", choices=["policy", "drafter", "checkpoint"], required=True)
+    p.add_argument("--kind", choices=["policy", "drafter", "checkpoint", "tensorboard"], required=True)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_download)
 
@@ -330,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCH_SUBCOMMANDS:
+        return int(importlib.import_module(BENCH_SUBCOMMANDS[argv[1]]).main(argv[2:]))
     if argv and argv[0] in LIBRARY_COMMANDS:
         module = importlib.import_module(LIBRARY_COMMANDS[argv[0]][0])
         return int(module.main(argv[1:]))
@@ -340,10 +442,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
+    except httpx.TransportError as e:  # refused, timed out, name not resolved: say where we tried
+        sys.stderr.write(f"tlt: cannot reach the TLT API at {getattr(args, 'url', '?')}: {e}\n")
+        return EXIT_API
     except (ApiError, httpx.HTTPError) as e:
         sys.stderr.write(f"tlt: {e}\n")
         return EXIT_API
-    except OSError as e:  # unreadable spec file, unwritable output directory
+    except (OSError, ValueError) as e:  # unreadable spec file, unknown preset, unwritable output directory
         sys.stderr.write(f"tlt: {e}\n")
         return EXIT_API
 

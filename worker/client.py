@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,25 @@ FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class ApiError(RuntimeError):
-    def __init__(self, status_code: int, detail: Any) -> None:
-        super().__init__(f"HTTP {status_code}: {detail}")
-        self.status_code, self.detail = status_code, detail
+    """A refusal by the API: its status code, the request's URL and the server's `detail`, readable as text (a 422's
+    validation errors one `field: message` line each)."""
+
+    def __init__(self, status_code: int, detail: Any, url: str = "") -> None:
+        where = f" from {url}" if url else ""
+        super().__init__(f"HTTP {status_code}{where}: {format_detail(detail)}")
+        self.status_code, self.detail, self.url = status_code, detail, url
+
+
+def format_detail(detail: Any) -> str:
+    """FastAPI's error detail as text: a validation error list becomes `field: message` lines (the field path without
+    the `body` prefix: `spec.algorithm.max_completion_length: Input should be greater than or equal to 1`)."""
+    if isinstance(detail, list) and all(isinstance(e, dict) and "msg" in e for e in detail):
+        lines = []
+        for e in detail:
+            loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path", "header")]
+            lines.append(f"{'.'.join(loc) or '(request)'}: {e['msg']}")
+        return "\n" + "\n".join(f"  {line}" for line in lines)
+    return str(detail)
 
 
 @dataclass(frozen=True)
@@ -50,7 +68,7 @@ class TltClient:
                 detail = resp.json().get("detail", resp.text)
             except ValueError:
                 detail = resp.text
-            raise ApiError(resp.status_code, detail)
+            raise ApiError(resp.status_code, detail, str(resp.request.url))
         return resp.json()
 
     # ------------------------------------------------------------ jobs
@@ -168,15 +186,27 @@ class TltClient:
         try:
             if sha.hexdigest() != art["sha256"]:
                 raise ApiError(502, f"artifact {art['id']}: sha256 mismatch ({sha.hexdigest()} != {art['sha256']})")
+            # The store's tars carry mtime 0 (so their sha256 is fixed); files get the artifact's creation time.
+            stamp = _utc(art["created_at"]).timestamp()
             if art["is_dir"]:
                 with tarfile.open(part) as tf:
                     tf.extractall(out_dir, filter="data")
+                    written = [out_dir / m.name for m in tf.getmembers()]
+                for path in sorted(written, reverse=True):  # children before their directory
+                    os.utime(path, (stamp, stamp), follow_symlinks=False)
                 return out_dir
             target = out_dir / art["name"]
             part.replace(target)
+            os.utime(target, (stamp, stamp))
             return target
         finally:
             part.unlink(missing_ok=True)
+
+
+def _utc(iso: str) -> datetime:
+    """An API timestamp; one without a zone (SQLite drops it) is UTC, as the server writes it."""
+    t = datetime.fromisoformat(iso)
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[SseEvent]:

@@ -149,3 +149,30 @@ def test_export_reload_drafts_identically(tmp_path, tiny_target: Transformer, ki
         assert torch.equal(a.tokens, b2.tokens) and torch.equal(a.parents, b2.parents)
         assert torch.equal(a.counts, b2.counts)
         assert int(a.counts.min()) == nodes  # a full chain / tree per row
+
+
+def test_export_format_follows_kind_and_rejects_other_forms() -> None:
+    from pydantic import ValidationError
+
+    from worker.tlt.config import DrafterConfig
+
+    assert DrafterConfig().export_format is None and DrafterConfig().export_kind == "eagle1"
+    assert DrafterConfig(kind="eagle3").export_kind == "eagle3"
+    assert DrafterConfig(kind="eagle3", export_format="eagle3").export_kind == "eagle3"
+    assert DrafterConfig(kind="ngram").export_kind is None
+    with pytest.raises(ValidationError, match="export_format 'eagle3' needs kind 'eagle3'"):
+        DrafterConfig(kind="eagle1", export_format="eagle3")
+    with pytest.raises(ValidationError, match="needs a learned drafter"):
+        DrafterConfig(kind="ngram", export_format="eagle1")
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_export_drafter_writes_the_requested_form(tmp_path, tiny_target: Transformer, kind: Kind) -> None:
+    from worker.tlt.drafter.export import export_drafter
+
+    d = _trained_like(tiny_target, kind)
+    cfg = json.loads((export_drafter(d, tmp_path / kind, kind) / "config.json").read_text())
+    assert cfg["architectures"][0] == ("LlamaForCausalLMEagle3" if kind == "eagle3" else "LlamaForCausalLMEagle")
+    other: Kind = "eagle1" if kind == "eagle3" else "eagle3"
+    with pytest.raises(ValueError, match=f"cannot export an {kind} drafter as {other}"):
+        export_drafter(d, tmp_path / "other", other)

@@ -12,8 +12,27 @@ from worker.tlt.selfcheck import main
 
 def test_selfcheck_tiny_passes(capsys) -> None:
     assert main(["--model", "tiny", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    progress = captured.err.splitlines()  # one line per check as it ends
+    assert progress[0].startswith("selfcheck load tiny:")
+    assert sum(ln.startswith("selfcheck greedy ") for ln in progress) == 1 + report["sequences"] // 12
+    assert any(ln.startswith("selfcheck sampling negative control: p = ") for ln in progress)
+    assert report["skipped_for_budget"] == []
     for key in ("sequences", "identical_sequences", "identical_token_fraction", "sampling_pvalue_min", "passed"):
         assert key in report
     assert report["passed"] and report["sequences"] == report["identical_sequences"] > 0
     assert report["identical_token_fraction"] == 1.0
+
+
+def test_selfcheck_budget_skips_and_does_not_pass(capsys) -> None:
+    """A spent budget starts no further check: the plain greedy reference and the first sampling setting (with the
+    negative control) still run, every other check is named as skipped, and the run does not pass."""
+    assert main(["--model", "tiny", "--json", "--budget-s", "0.001"]) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["passed"] is False and report["sequences"] == 0
+    assert "greedy chain4/slots3" in report["skipped_for_budget"]
+    assert "sampling chain2/T1.0/p1.0/k0" in report["skipped_for_budget"]
+    assert list(report["sampling_pvalues"]) == ["plain/T1.0/p1.0/k0"]
+    assert "selfcheck sampling negative control" in captured.err

@@ -30,7 +30,7 @@ from backend.models import JobEvent, LogLine, Metric
 from backend.sse_fanout import JobStreams, Mailbox, Subscriber
 from worker.tlt.config import JobSpec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 POLL_S = 0.05
 
 

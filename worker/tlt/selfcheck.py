@@ -16,7 +16,10 @@ sampling_pvalue_min, negative_control_pvalue, passed, ...):
    SD chains with sampled drafts and SD trees. A negative control (samples tested against a different temperature)
    must be rejected, which shows the test has power.
 passed: every sequence identical in fp32 (identical_token_fraction >= 0.95 in bf16/fp16, where batch shapes change
-rounding), every sampling p-value >= 1e-4 and the negative control's p-value < 1e-4.
+rounding), every sampling p-value >= 1e-4, the negative control's p-value < 1e-4, and no check skipped.
+Progress: one line per check on stderr as it ends (its result, its seconds, the total). `--budget-s S` starts no new
+check after S seconds; the ones left are listed in `skipped_for_budget` (each check is one engine run: bounded by
+--prompts, --max-new-tokens and --samples).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 
 from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.config import ModelSource
+from worker.tlt.config import BUILTIN_MODELS, ModelSource
 from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import load_model, random_model
@@ -47,6 +50,29 @@ from worker.tlt.spec.stat_tests import chi_square_pvalue
 
 log = logging.getLogger(__name__)
 P_MIN, NEG_MAX = 1e-4, 1e-4
+
+
+class Progress:
+    """One line per check on stderr as it finishes (stdout keeps the JSON report), and the time budget: once
+    `budget_s` has passed since the start, the remaining checks are skipped and named in the report."""
+
+    def __init__(self, budget_s: float | None = None, quiet: bool = False) -> None:
+        self.t0 = time.perf_counter()
+        self.budget_s, self.quiet = budget_s, quiet
+        self.skipped: list[str] = []
+
+    def over_budget(self, name: str) -> bool:
+        """True (and `name` recorded as skipped) when the budget is spent; call before starting a check."""
+        if self.budget_s is not None and time.perf_counter() - self.t0 > self.budget_s:
+            self.skipped.append(name)
+            return True
+        return False
+
+    def done(self, name: str, result: str, started: float) -> None:
+        if not self.quiet:
+            sys.stderr.write(f"selfcheck {name}: {result} ({time.perf_counter() - started:.1f} s, "
+                             f"{time.perf_counter() - self.t0:.0f} s total)\n")
+            sys.stderr.flush()
 
 
 def _spec_variants(drafter: Transformer) -> list[tuple[str, Arm, Proposer]]:
@@ -68,29 +94,39 @@ def _engine(target: Transformer, eos: tuple[int, ...], cfg: EngineConfig, arm: A
 
 
 def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[int]], max_new: int,
-                 eos: tuple[int, ...], slot_counts: tuple[int, ...], naive: int = 4) -> dict:
+                 eos: tuple[int, ...], slot_counts: tuple[int, ...], naive: int = 4,
+                 progress: Progress | None = None) -> dict:
     """SD vs plain greedy over every (variant, slot count); the plain run is checked against naive recompute."""
+    progress = progress or Progress(quiet=True)
+    t = time.perf_counter()
     max_len = max(len(p) for p in prompts) + max_new + 1
     reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=max_new)) for p in prompts]
     plain = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts))).generate(reqs)
     ref = [s.tokens for s in plain.sequences]
     naive_ok = all(naive_greedy(target, prompts[i], max_new, eos) == ref[i] for i in range(min(naive, len(prompts))))
+    progress.done("greedy plain vs naive recompute", "match" if naive_ok else "MISMATCH", t)
     seqs = identical = ref_tokens = common = 0
     per_variant: dict[str, float] = {}
     for name, arm, proposer in _spec_variants(drafter):
         for slots in slot_counts:
+            key = f"{name}/slots{slots}"
+            if progress.over_budget(f"greedy {key}"):
+                continue
+            t = time.perf_counter()
             engine = _engine(target, eos, EngineConfig(max_len=max_len, max_slots=slots), arm, proposer)
             out = engine.generate(reqs)
+            same = 0
             for got, want in zip((s.tokens for s in out.sequences), ref, strict=True):
                 seqs += 1
-                identical += got == want
+                same += got == want
                 ref_tokens += len(want)
                 k = 0
                 while k < min(len(got), len(want)) and got[k] == want[k]:
                     k += 1
                 common += k
-            key = f"{name}/slots{slots}"
+            identical += same
             per_variant[key] = engine.accept_stats.mean_accept_len if engine.accept_stats.steps else 0.0
+            progress.done(f"greedy {key}", f"{same}/{len(ref)} identical, accept length {per_variant[key]:.2f}", t)
     return {
         "sequences": seqs,
         "identical_sequences": identical,
@@ -133,7 +169,8 @@ def _pvalue(samples: list[tuple[int, int]], law: dict[tuple[int, int], float]) -
 
 
 def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int], samples: int,
-                   settings: list[tuple[float, float, int]], slots: int) -> dict:
+                   settings: list[tuple[float, float, int]], slots: int, progress: Progress | None = None) -> dict:
+    progress = progress or Progress(quiet=True)
     variants: list[tuple[str, Arm | None, Proposer | None]] = [
         ("plain", None, None),
         ("chain2", chain_arm("small", 2), SmallModelProposer(drafter)),
@@ -142,21 +179,31 @@ def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int],
     pvals: dict[str, float] = {}
     negative = 1.0
     for si, (temp, top_p, top_k) in enumerate(settings):
+        if si > 0 and progress.over_budget(f"sampling T{temp}/p{top_p}/k{top_k}"):
+            continue  # the first setting always runs: it carries the negative control
         law = exact_pair_law(target, prompt, temp, top_p, top_k)
         params = RequestSampling(temperature=temp, top_p=top_p, top_k=top_k, max_new_tokens=3, eos_ids=(), n=samples)
         for vi, (name, arm, proposer) in enumerate(variants):
+            key = f"{name}/T{temp}/p{top_p}/k{top_k}"
+            if vi > 0 and progress.over_budget(f"sampling {key}"):
+                continue
+            t = time.perf_counter()
             cfg = EngineConfig(max_len=len(prompt) + 4, max_slots=min(slots, samples), seed=1000 * si + vi)
             out = _engine(target, (), cfg, arm, proposer).generate([Request(prompt, params)])
             pairs = [(s.tokens[1], s.tokens[2]) for s in out.sequences]
-            pvals[f"{name}/T{temp}/p{top_p}/k{top_k}"] = _pvalue(pairs, law)
+            pvals[key] = _pvalue(pairs, law)
             if si == 0 and vi == 0:  # negative control: the same samples against another temperature's law
                 wrong = exact_pair_law(target, prompt, temp * 1.25, top_p, top_k)
                 negative = _pvalue(pairs, wrong)
+                progress.done("sampling negative control", f"p = {negative:.2g} (must be < {NEG_MAX:g})", t)
+            progress.done(f"sampling {key}", f"p = {pvals[key]:.3g} over {samples} samples", t)
     return {"sampling_pvalues": pvals, "sampling_pvalue_min": min(pvals.values()), "negative_control_pvalue": negative}
 
 
-def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str, seed: int) -> dict:
+def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str, seed: int,
+        progress: Progress | None = None) -> dict:
     t0 = time.perf_counter()
+    progress = progress or Progress(quiet=True)
     if model_name == "tiny":
         target = tiny_target("tiny-llama")
         drafter = perturbed_copy(target, noise=0.15)
@@ -167,7 +214,7 @@ def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str
         s_prompt, settings = [1, 5, 7], [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.5, 1.0, 5)]
         slot_counts: tuple[int, ...] = (3, prompts_n)
     else:
-        source = ModelSource(builtin=model_name) if model_name == "smollm2-135m-instruct" else (
+        source = ModelSource(builtin=model_name) if model_name in BUILTIN_MODELS else (
             ModelSource(gguf=model_name) if model_name.endswith(".gguf") else ModelSource(hf_dir=model_name))
         target, tok = load_model(source, device)
         drafter = perturbed_copy(target, noise=0.05)
@@ -176,34 +223,46 @@ def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str
         s_prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Count to ten."}]))
         settings = [(1.0, 1.0, 8), (0.7, 0.9, 4)]  # top-k keeps the exact law enumerable on a large vocabulary
         slot_counts = (1, 8, prompts_n)
+    progress.done(f"load {model_name}", f"{str(target.head_weight.dtype).replace('torch.', '')} on "
+                  f"{target.head_weight.device}", t0)
     prompts = random_prompts(prompts_n, seed=seed, vocab=vocab)
     report: dict = {"model": model_name, "device": str(target.head_weight.device),
                     "dtype": str(target.head_weight.dtype).replace("torch.", "")}
-    report.update(greedy_check(target, drafter, prompts, max_new, eos, slot_counts))
-    report.update(sampling_check(small, small_drafter, s_prompt, samples, settings, slots=8192))
+    report.update(greedy_check(target, drafter, prompts, max_new, eos, slot_counts, progress=progress))
+    report.update(sampling_check(small, small_drafter, s_prompt, samples, settings, slots=8192, progress=progress))
     fp32 = target.head_weight.dtype == torch.float32
     greedy_ok = (report["identical_sequences"] == report["sequences"] if fp32
                  else report["identical_token_fraction"] >= 0.95) and report["naive_reference_matches"]
+    # checks skipped for the time budget are named; a run that skipped any has not shown everything, so it does not pass
+    report["skipped_for_budget"] = progress.skipped
     report["passed"] = bool(greedy_ok and report["sampling_pvalue_min"] >= P_MIN
-                            and report["negative_control_pvalue"] < NEG_MAX)
+                            and report["negative_control_pvalue"] < NEG_MAX and not progress.skipped)
     report["seconds"] = round(time.perf_counter() - t0, 2)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tlt selfcheck", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="tiny", help="tiny | smollm2-135m-instruct | PATH (HF dir or .gguf)")
+    ap.add_argument("--model", default="tiny", help="tiny | a builtin model (e.g. smollm2-135m-instruct@qwen2.5-7b) | PATH (HF dir or .gguf)")
     ap.add_argument("--prompts", type=int, default=12, help="random prompts for the greedy check")
     ap.add_argument("--max-new-tokens", type=int, default=20)
     ap.add_argument("--samples", type=int, default=4000, help="samples per sampling setting and variant")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", action="store_true", help="print only the JSON summary")
+    ap.add_argument("--json", action="store_true", help="print the JSON summary on one line")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting new checks after this many seconds (those left are listed as skipped, and "
+                         "the run does not pass)")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
+    if a.budget_s is not None and a.budget_s <= 0:
+        ap.error("--budget-s must be positive")
     if a.model == "tiny" and a.device == "cpu":
         torch.set_num_threads(1)  # tiny shapes: one thread is much faster than contended threads
         a.device = "cpu"
-    report = run(a.model, a.prompts, a.max_new_tokens, a.samples, "cpu" if a.model == "tiny" else a.device, a.seed)
+    progress = Progress(a.budget_s, quiet=a.quiet)
+    report = run(a.model, a.prompts, a.max_new_tokens, a.samples, "cpu" if a.model == "tiny" else a.device, a.seed,
+                 progress=progress)
     text = json.dumps(report, indent=None if a.json else 2)
     sys.stdout.write(text + "\n")
     return 0 if report["passed"] else 1

@@ -5,8 +5,9 @@
     python -m worker.tlt.train --preset demo-cpu --run-dir runs/demo     # a named preset instead of a file
 
 With `--preset` and a spec file, the file's keys override the preset's. The run directory receives metrics.jsonl,
-histograms.jsonl, samples.jsonl, artifacts.jsonl, train.log (file_reporter.py), checkpoints/step-N and policy/ (the
-HF export). A run directory that already holds checkpoints resumes from the newest one (resume=False starts over).
+histograms.jsonl, samples.jsonl, artifacts.jsonl, train.log (file_reporter.py), checkpoints/step-N, policy/ (the
+HF export) and tensorboard/ (the step metrics as TensorBoard events, tensorboard.py). A run directory that already
+holds checkpoints resumes from the newest one (resume=False starts over).
 Stop a `tlt train` run at its next safe point with `touch DIR/STOP`.
 The parts: build.py (`build_trainer`), rl/loop.py (`train_loop`: stop, validate, report, checkpoint, export; the same
 loop runs each rank of a multi-GPU job, multigpu/data_parallel.py), run_dir.py (checkpoints, resume, final exports),
@@ -29,6 +30,7 @@ from worker.tlt.model.load import load_model
 from worker.tlt.reporting import Reporter
 from worker.tlt.rl.loop import SingleDevice, train_loop
 from worker.tlt.spec_file import load_spec
+from worker.tlt.tensorboard import TensorBoardReporter
 
 
 def run_drafter_warmup(spec: JobSpec, run_dir: Path, reporter: Reporter) -> None:
@@ -50,6 +52,16 @@ def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True) -
     `type: drafter` jobs run the drafter warm-up instead."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    tb = TensorBoardReporter(reporter, run_dir / "tensorboard")  # every metric also goes to TensorBoard events
+    try:
+        _run(spec, run_dir, tb, resume)
+    except BaseException:
+        tb.close()
+        raise
+    tb.finish()
+
+
+def _run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool) -> None:
     if spec.type == "drafter":
         run_drafter_warmup(spec, run_dir, reporter)
         return

@@ -29,7 +29,7 @@ router = APIRouter(tags=["artifacts"], responses=errors(403, 404, 409, 410, 416)
 @router.get("/jobs/{job_id}/artifacts", response_model=list[ArtifactPublic])
 def list_artifacts(
     job_id: JobId, session: SessionDep, user: CurrentUser,
-    kind: Annotated[Literal["policy", "drafter", "checkpoint"] | None, Query()] = None,
+    kind: Annotated[Literal["policy", "drafter", "checkpoint", "tensorboard"] | None, Query()] = None,
 ):
     crud.check_job_visible(session, user, job_id)
     return crud.list_artifacts(session, job_id, kind)

@@ -18,7 +18,8 @@ Names and shapes follow the public loaders (read, not copied):
   use the target's). `architectures: ["LlamaForCausalLMEagle", "LlamaForCausalLM"]`: SGLang takes the first;
   vLLM prefixes "Eagle" to each and takes the first it registers (`EagleLlamaForCausalLM`).
 
-    export_eagle3(drafter, out_dir); export_eagle1(drafter, out_dir); drafter = load_exported(out_dir, target)
+    export_drafter(drafter, out_dir, fmt=spec.drafter.export_kind)    # or export_eagle3 / export_eagle1
+    drafter = load_exported(out_dir, target)
 Run the tests: `python -m pytest tests/drafter/test_drafter_export.py -q`.
 """
 
@@ -130,7 +131,12 @@ def load_exported(
     return drafter.eval()
 
 
-def export_drafter(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """The export of the drafter's own form: EAGLE-3 or EAGLE-1."""
-    export = export_eagle3 if drafter.cfg.kind == "eagle3" else export_eagle1
+def export_drafter(drafter: EagleDrafter, out_dir: Path | str, fmt: Kind | None = None,
+                   dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Export in `fmt` (a job's `drafter.export_format`; None = the drafter's own form). A drafter exports only in
+    its own form: the EAGLE-1 and EAGLE-3 layers read different features, so no conversion is attempted."""
+    kind = fmt or drafter.cfg.kind
+    if kind != drafter.cfg.kind:
+        raise ValueError(f"cannot export an {drafter.cfg.kind} drafter as {kind}")
+    export = export_eagle3 if kind == "eagle3" else export_eagle1
     return export(drafter, out_dir, dtype)

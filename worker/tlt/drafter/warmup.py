@@ -24,7 +24,7 @@ import torch
 
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
-from worker.tlt.drafter.export import export_eagle1, export_eagle3
+from worker.tlt.drafter.export import export_drafter
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.online import build_drafter
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
@@ -110,10 +110,7 @@ def warmup(
         reporter.metrics(rnd, m)
         log.info("drafter warm-up round %d: %s", rnd, m)
     out_path = Path(out_dir)
-    if drafter.cfg.kind == "eagle3":
-        export_eagle3(drafter, out_path)
-    else:
-        export_eagle1(drafter, out_path)
+    export_drafter(drafter, out_path, spec.drafter.export_kind)
     reporter.artifact("drafter", out_path, step=trainer.steps)
     reporter.log(f"drafter exported to {out_path} ({drafter.cfg.kind}, {trainer.steps} steps)")
     return out_path

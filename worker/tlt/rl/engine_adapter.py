@@ -78,7 +78,9 @@ def sd_metrics(out: GenerationOutput) -> dict[str, float]:
     emitted = sum(s.emitted for s in out.steps if s.kind != "prefill")
     spec = [s for s in out.steps if s.kind == "spec"]
     spec_emitted = sum(s.emitted for s in spec)
-    m = {"sd/on_fraction": spec_emitted / emitted if emitted else 0.0}
+    decode_steps = sum(s.kind != "prefill" for s in out.steps)
+    m = {"sd/on_fraction": spec_emitted / emitted if emitted else 0.0,
+         "sd/spec_step_fraction": len(spec) / decode_steps if decode_steps else 0.0}
     if spec:
         rows = sum(s.active for s in spec)
         m["sd/accept_len"] = spec_emitted / rows if rows else 0.0  # emitted tokens per sequence per verify
