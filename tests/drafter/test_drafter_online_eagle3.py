@@ -16,6 +16,7 @@ from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
+from worker.tlt.spec_translate import drafter_config
 
 
 def _spec(topk: int = 1, **drafter) -> JobSpec:
@@ -44,7 +45,7 @@ REQS = [Request([5, 6, 7, 8], RequestSampling(temperature=1.0, max_new_tokens=14
 
 
 def test_eagle3_online_loop_trains_and_publishes(tiny_target: Transformer) -> None:
-    od = OnlineDrafter(_spec(), tiny_target)
+    od = OnlineDrafter(drafter_config(_spec()), tiny_target)
     h = tiny_target.args.dim
     assert od.capture_layers == eagle3_layers(tiny_target.args.n_layers)
     assert od.buffer.width == 4 * h and od.proposer.drafter.feature_dim == 3 * h
@@ -67,7 +68,7 @@ def test_eagle3_online_loop_trains_and_publishes(tiny_target: Transformer) -> No
 
 @pytest.mark.parametrize("arm", [chain_arm("eagle", 4), tree_arm("eagle", 3, 2, 7)], ids=["chain", "tree"])
 def test_eagle3_greedy_sd_is_lossless(tiny_target: Transformer, arm: Arm) -> None:
-    od = OnlineDrafter(_spec(topk=arm.topk), tiny_target)
+    od = OnlineDrafter(drafter_config(_spec(topk=arm.topk)), tiny_target)
     eng = _engine(tiny_target, od, arm)
     # a little training first, so that drafts are sometimes accepted (partial acceptance and roll-back)
     for step in range(3):

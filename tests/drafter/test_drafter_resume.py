@@ -21,6 +21,7 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.checkpoint import latest_checkpoint
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec_translate import drafter_config
 from worker.tlt.train import run
 
 VOLATILE = ("timing_s/", "perf/", "harvest/")  # wall-clock metrics differ between any two runs
@@ -114,13 +115,13 @@ def test_weights_and_optimizer_alone_do_not_resume_exactly(tiny_target: Transfor
     spec = JobSpec.model_validate({"model": {"builtin": "tiny-llama"}, "rollout": {"sd_on_below": 8},
                                    "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 4,
                                                "buffer_gb": 0.01, "learning_rate": 1e-2}})
-    ref = OnlineDrafter(spec, tiny_target)
+    ref = OnlineDrafter(drafter_config(spec), tiny_target)
     _loop(ref, tiny_target, range(2))
     state = ref.state_dict()
     t = state["trainer"]
     old_format = {"drafter": t["drafter"], "optimizer": t["optimizer"], "steps": t["steps"], "version": t["version"]}
     _loop(ref, tiny_target, range(2, 3))
-    full, partial = OnlineDrafter(spec, tiny_target), OnlineDrafter(spec, tiny_target)
+    full, partial = OnlineDrafter(drafter_config(spec), tiny_target), OnlineDrafter(drafter_config(spec), tiny_target)
     full.load_state_dict(state)
     partial.load_state_dict(old_format)
     _loop(full, tiny_target, range(2, 3))

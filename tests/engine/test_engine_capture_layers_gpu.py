@@ -19,6 +19,7 @@ from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model import preset, random_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec_translate import drafter_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -27,7 +28,7 @@ def test_graphed_eagle3_capture_and_lossless_greedy() -> None:
     target = random_model(preset("tiny-llama", n_layers=4), seed=1, std=0.15, device="cuda")
     spec = JobSpec.model_validate({"model": {"builtin": "tiny-llama"},
                                    "drafter": {"kind": "eagle3", "buffer_gb": 0.01, "learning_rate": 1e-2}})
-    od = OnlineDrafter(spec, target)
+    od = OnlineDrafter(drafter_config(spec), target)
     rows: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
 
     def hook(seq_ids: list[tuple[int, int]], tokens: torch.Tensor, hidden: torch.Tensor) -> None:
