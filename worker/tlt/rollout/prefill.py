@@ -7,7 +7,7 @@ path); larger chunks run the model's torch forward. On CUDA with graphs, chunks 
 replayed from a CUDA graph per shape (rollout/prefill_graphs.py), and the first tokens go through the fused sampler
 where the decode step would (two kernels instead of ~40 torch ops).
 
-`Engine.prefill(items, requests)` calls `prefill(state, items, requests, graphs)`; see rollout/state.py.
+`Engine.prefill(items, requests)` calls `prefill(state, items, requests, graphs)`; see rollout/engine.py.
 """
 
 from __future__ import annotations
