@@ -111,6 +111,9 @@ class Probe:
         setattr(owner, attr, lambda *a, **k: self.timed(name, inner, *a, **k))
 
 
+EMIT_HIDDEN = speculative.emit_hidden  # the hook's rows of a speculative step, before any probe wraps it
+
+
 class OpCounter(TorchDispatchMode):
     """aten ops per phase outside replays: (phase, op) -> count; views apart (no kernel)."""
 
@@ -214,6 +217,7 @@ def build(batch: int, depth: int, context: int, new_tokens: int) -> tuple[Engine
     eng.speculative_step = step  # type: ignore[method-assign,assignment]
     probe.wrap(prop, "propose", "propose")
     probe.wrap(eng.verify_graphs, "run", "verify")
+    speculative.emit_hidden = EMIT_HIDDEN  # unwrapped: an earlier run's probe must not time this one's hook
     probe.wrap(speculative, "emit_hidden", "hook")  # the hook's rows of a speculative step
     probe.wrap(eng, "sync", "sync")  # after the step: lands in the step record appended last (same dict)
     return eng, prop, probe
