@@ -2,7 +2,10 @@
 
     tlt bench rollout --model smollm2-135m-instruct --dataset gsm8k --prompts 64 --samples 8 \
         --max-new-tokens 1024 --sd off --json
-    tlt bench decode --model smollm2-135m-instruct --batch 1 --max-new-tokens 256 --json
+    python -m worker.tlt.bench decode --model smollm2-135m-instruct --batch 1 --max-new-tokens 256 --json
+
+(`tlt bench decode` is worker/tlt/bench_decode.py: real shapes with random weights, the roofline and HF's static
+cache; the `decode` here decodes GSM8K chat prompts of a loadable model.)
 
 `rollout`: GSM8K prompts (chat template, system prompt "Solve the math problem. Reason step by step, then give the
 final answer after '####'." as the HF/TRL peer script uses), `--samples` per prompt, temperature 1.0, continuous
