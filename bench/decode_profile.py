@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from worker.tlt.model.load import load_gguf, smollm2_gguf_path
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 VARIANTS = {  # name -> (fused Triton forward, compile, compile mode)
     "fused": (True, False, None),  # worker/tlt/kernels: 5 kernels per layer
@@ -41,7 +41,7 @@ def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], variant
 
     engine = Engine(model, eos_ids=eos, config=EngineConfig(max_len=len(prompt) + steps + 64, max_slots=1,
                                                             compile=compiled, compile_mode=mode, fused_kernels=fused))
-    params = SamplingParams(temperature=1.0, top_k=50, max_new_tokens=steps + 32)
+    params = RequestSampling(temperature=1.0, top_k=50, max_new_tokens=steps + 32)
     engine.prefill([(0, 0)], [Request(prompt, params)])
     phase("prefilled; capturing")
     for _ in range(3):  # capture (and compile) outside the timings
@@ -53,25 +53,25 @@ def measure(model: Transformer, prompt: list[int], eos: tuple[int, ...], variant
         engine.decode_step(1).sum()
     torch.cuda.synchronize()
     loop_ms = (time.perf_counter() - t0) * 1e3 / steps
-    tk = engine._decode_tk(1, engine._active_hi() + 1)
+    tk = engine.state.decode_tk(1, engine.state.active_hi() + 1)
     graphs = engine.graphs
     assert graphs is not None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(steps):
-        graphs.run(1, tk, engine._mode)
+        graphs.run(1, tk, engine.state.mode)
     end.record()
     torch.cuda.synchronize()
     replay_ms = start.elapsed_time(end) / steps
     phase(f"loop {loop_ms:.3f} ms/token, replay {replay_ms:.3f} ms; profiling")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # one eager step: what the graph holds
-        engine.step(1, tk, engine._mode)
+        engine.step(1, tk, engine.state.mode)
         torch.cuda.synchronize()
     kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     replays = 20
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the kernels inside the replayed graph, timed
         for _ in range(replays):
-            graphs.run(1, tk, engine._mode)
+            graphs.run(1, tk, engine.state.mode)
         torch.cuda.synchronize()
     return {"variant": variant, "loop_ms_per_token": loop_ms, "replay_ms": replay_ms,
             "tokens_per_s": 1e3 / loop_ms, "kernels_per_step": kernels,

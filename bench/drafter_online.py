@@ -49,7 +49,7 @@ import torch
 from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.export import export_drafter
-from worker.tlt.drafter.measure import ARMS, run_arm
+from worker.tlt.drafter.measure import run_arm
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
@@ -57,7 +57,7 @@ from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rollout.adaptive_loop import TailBudget, TailHook
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.speculative import row_filters
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 log = logging.getLogger("drafter_online")
 CHAIN, TREE = "chain k=6", "tree d=6 k=4 v=32"
@@ -112,7 +112,7 @@ def warm_up(od: OnlineDrafter, model: Any, eos: tuple[int, ...], prompts: list[l
                  hidden_hook=od.hidden_hook)
     t0 = time.perf_counter()
     new = a.warmup_new_tokens or a.new_tokens
-    out = eng.generate([Request(p, SamplingParams(temperature=a.temperature, max_new_tokens=new)) for p in prompts])
+    out = eng.generate([Request(p, RequestSampling(temperature=a.temperature, max_new_tokens=new)) for p in prompts])
     eng.release_memory()  # its KV cache and graphs are not needed again
     t_gen = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -131,7 +131,7 @@ def warm_up(od: OnlineDrafter, model: Any, eos: tuple[int, ...], prompts: list[l
 
 def measure_point(model: Any, props: dict[tuple[str, str], EagleProposer], prompts: list[list[int]],
                   eos: tuple[int, ...], max_len: int, a: argparse.Namespace) -> dict[str, Any]:
-    params = SamplingParams(temperature=a.temperature, max_new_tokens=a.new_tokens)
+    params = RequestSampling(temperature=a.temperature, max_new_tokens=a.new_tokens)
     off = run_arm(model, None, prompts, params, "off", eos, max_len)
     row: dict[str, Any] = {"off_tokens_per_s": off["tokens_per_s"]}
     for (role, arm), prop in props.items():
@@ -187,7 +187,7 @@ def slowdown(trainer: Any, od: OnlineDrafter, a: argparse.Namespace) -> dict[str
     hook = engine.tail.hook
     engine.tail = tail = MeteredTail(hook, engine.tail.fraction, engine.tail.cap_s, engine.tail.clock)
     state = copy.deepcopy(od.state_dict())  # the trained drafter: weights, optimizer, buffer, generators
-    ctl, learned = engine.adaptive, trainer.rollout.engine.adaptive
+    ctl, learned = engine.controller, trainer.rollout.engine.controller
     assert ctl is not None
     bandit = copy.deepcopy((learned or ctl).state_dict())  # what the RL loop's bandit learned (arms, random stream)
 
@@ -196,7 +196,7 @@ def slowdown(trainer: Any, od: OnlineDrafter, a: argparse.Namespace) -> dict[str
         sod.begin_rollout(trainer.step_count)  # the newest weights to the engine, a fresh tail-training cap
         ctl.load_state_dict(copy.deepcopy(bandit))  # the bandit learns within a run: each starts where RL left it
 
-    reqs = [Request(list(p.ids), SamplingParams(temperature=a.temperature, max_new_tokens=a.slowdown_new_tokens,
+    reqs = [Request(list(p.ids), RequestSampling(temperature=a.temperature, max_new_tokens=a.slowdown_new_tokens,
                                                 n=a.slowdown_samples))
             for p in trainer.sampler.rows[: a.slowdown_prompts]]
     runs: list[dict[str, Any]] = []
@@ -387,11 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     drafters = {"online": EagleDrafter(model, cfg).to(dev, dt), "frozen": EagleDrafter(model, cfg).to(dev, dt)}
     for d in drafters.values():
         d.load_state_dict(od.train_drafter.state_dict())
-    props = {(role, arm): EagleProposer(d, EagleProposerConfig(topk=ARMS[arm][1], context=a.context))
+    props = {(role, arm): EagleProposer(d, EagleProposerConfig(context=a.context))
              for role, d in drafters.items() for arm in (CHAIN, TREE)}
     for (_, arm), p in props.items():
         if arm == CHAIN:
-            p.capture_chain(range(1, a.eval_batch + 1), depth=6, filters=row_filters([(a.temperature, 1.0, 0)]))
+            p.capture(range(1, a.eval_batch + 1), depth=6, filters=row_filters([(a.temperature, 1.0, 0)]))
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     points: list[dict[str, Any]] = []

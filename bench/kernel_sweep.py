@@ -52,9 +52,9 @@ class Setup:
 
 
 def build(dry: bool, ctx: int) -> Setup:
+    from worker.tlt.decoding.kv_cache import KVCache
     from worker.tlt.model.args import preset
     from worker.tlt.model.load import random_model
-    from worker.tlt.rollout.kv_cache import KVCache
 
     device = torch.device("cpu" if dry else "cuda")
     dtype = torch.float32 if dry else torch.bfloat16

@@ -38,13 +38,17 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import preset, random_model
+from worker.tlt.rollout import speculative
 from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.spec_body import SpecOut
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 from worker.tlt.rollout.verify_graphs import VerifyGraphs, _Entry
 
 CLOCK = time.thread_time  # main(): --clock
@@ -107,6 +111,9 @@ class Probe:
         setattr(owner, attr, lambda *a, **k: self.timed(name, inner, *a, **k))
 
 
+EMIT_HIDDEN = speculative.emit_hidden  # the hook's rows of a speculative step, before any probe wraps it
+
+
 class OpCounter(TorchDispatchMode):
     """aten ops per phase outside replays: (phase, op) -> count; views apart (no kernel)."""
 
@@ -144,7 +151,7 @@ class EagerVerifyGraphs(VerifyGraphs):
         super().__init__()
         self.probe = probe
 
-    def _record(self, engine: Engine, entry: _Entry, body: Callable[[], SpecOut]) -> None:
+    def _record(self, state: EngineState, entry: _Entry, body: Callable[[], SpecOut]) -> None:
         entry.out = self.probe.replay(body)
         entry.graph = _EagerVerifyReplay(self.probe, entry, body)  # type: ignore[assignment]
 
@@ -168,7 +175,7 @@ class _Done(Exception):
 def build(batch: int, depth: int, context: int, new_tokens: int) -> tuple[Engine, EagleProposer, Probe]:
     torch.manual_seed(0)
     target = random_model(preset("tiny-llama"), seed=0, std=0.1)
-    prop = EagleProposer(EagleDrafter(target, EagleConfig()), EagleProposerConfig(topk=1, context=context))
+    prop = EagleProposer(EagleDrafter(target, EagleConfig()), EagleProposerConfig(context=context))
     probe = Probe()
 
     def record(run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
@@ -185,8 +192,8 @@ def build(batch: int, depth: int, context: int, new_tokens: int) -> tuple[Engine
         probe.timed("observe", prop.observe, seq, toks, hidden)
 
     eng = Engine(target, eos_ids=(), config=EngineConfig(max_len=64 + new_tokens + 16, max_slots=batch),
-                 spec=SpecConfig("on", "chain", depth=depth), proposer=prop, hidden_hook=hook)
-    eng.verify_graphs = EagerVerifyGraphs(probe)
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", depth)), proposers={"eagle": prop}, hidden_hook=hook)
+    eng.graph_set.verify = EagerVerifyGraphs(probe)
     inner_step = eng.speculative_step
 
     def step(b: int, arm: Any = None) -> Any:
@@ -210,7 +217,8 @@ def build(batch: int, depth: int, context: int, new_tokens: int) -> tuple[Engine
     eng.speculative_step = step  # type: ignore[method-assign,assignment]
     probe.wrap(prop, "propose", "propose")
     probe.wrap(eng.verify_graphs, "run", "verify")
-    probe.wrap(eng, "_emit_hidden", "hook")
+    speculative.emit_hidden = EMIT_HIDDEN  # unwrapped: an earlier run's probe must not time this one's hook
+    probe.wrap(speculative, "emit_hidden", "hook")  # the hook's rows of a speculative step
     probe.wrap(eng, "sync", "sync")  # after the step: lands in the step record appended last (same dict)
     return eng, prop, probe
 
@@ -224,7 +232,7 @@ def one_pass(batch: int, depth: int, a: argparse.Namespace, mode: str) -> dict[s
     new = (a.warm + a.steps + 1) * (depth + 1)  # no row can finish before the last measured step
     eng, prop, probe = build(batch, depth, a.context, new)
     probe.window = (a.warm, a.warm + a.steps)
-    reqs = [Request(p, SamplingParams(temperature=a.temperature, max_new_tokens=new)) for p in prompts(batch)]
+    reqs = [Request(p, RequestSampling(temperature=a.temperature, max_new_tokens=new)) for p in prompts(batch)]
     res: dict[str, Any] = {}
     torch.set_num_threads(1)
     counter = OpCounter(probe)

@@ -43,6 +43,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.bench import chat_prompts, gsm8k_questions
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
@@ -52,7 +54,7 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout import speculative
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.speculative import row_filters
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 SYNC_APIS = ("item", "tolist", "cpu")  # torch.Tensor methods that block the host on a CUDA tensor
 
@@ -154,7 +156,7 @@ def instrument(probe: Probe, engine: Engine, prop: EagleProposer | None) -> None
     probe.wrap(torch.cuda.CUDAGraph, "replay", "replay")  # every graph replay, under whatever phase launched it
     probe.wrap(engine, "sync", "engine.sync")
     probe.wrap(engine, "prefill", "prefill")
-    probe.wrap(engine, "_sync_histories", "sync histories")
+    probe.wrap(engine.state, "sync_histories", "sync histories")
     if prop is None:
         probe.wrap(engine, "decode_step", "decode", step=True)
         return
@@ -164,8 +166,8 @@ def instrument(probe: Probe, engine: Engine, prop: EagleProposer | None) -> None
     probe.wrap(prop.features, "gather", "feature gather")
     probe.wrap(prop, "_load_window", "window load")
     probe.wrap(prop, "advance", "window advance")
-    probe.wrap(engine, "_emit_hidden", "hidden hook")
-    probe.wrap(engine, "hidden_hook", "observe (feature ring)")  # the engine holds the bound prop.observe
+    probe.wrap(speculative, "emit_hidden", "hidden hook")
+    probe.wrap(engine.state, "hidden_hook", "observe (feature ring)")  # the engine holds the bound prop.observe
     if engine.verify_graphs is not None:
         probe.wrap(engine.verify_graphs, "run", "verify")
     else:  # CPU / no graphs: the eager body
@@ -195,7 +197,7 @@ def pick_draft_vocab(model: Transformer, tok: Any, a: argparse.Namespace) -> tor
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", a.batch + a.vocab_prompts)[a.batch:])
     if a.model == "tiny":
         prompts = [p[-48:] for p in prompts]
-    params = SamplingParams(temperature=1.0, top_k=a.top_k, max_new_tokens=a.new_tokens)
+    params = RequestSampling(temperature=1.0, top_k=a.top_k, max_new_tokens=a.new_tokens)
     eng = Engine(model, eos_ids=tuple(tok.eos_ids), config=EngineConfig(
         max_len=max(len(p) for p in prompts) + a.new_tokens + 8, max_slots=len(prompts)))
     toks = torch.tensor([t for s in eng.generate([Request(p, params) for p in prompts]).sequences for t in s.tokens])
@@ -217,27 +219,28 @@ def make_proposer(model: Transformer, a: argparse.Namespace) -> EagleProposer:
         drafter = EagleDrafter(model, EagleConfig())
     # in the target's dtype, as the engine's copy runs in a job (drafter/online.py): bf16 on GPU
     drafter = drafter.to(model.head_weight.device, model.head_weight.dtype)
-    prop = EagleProposer(drafter, EagleProposerConfig(topk=1, context=a.context))
+    prop = EagleProposer(drafter, EagleProposerConfig(context=a.context))
     if a.vocab is not None:
         prop.set_draft_vocab(a.vocab)
     return prop
 
 
 def make_engine(model: Transformer, eos: tuple[int, ...], prop: EagleProposer | None, a: argparse.Namespace,
-                max_len: int, params: SamplingParams) -> Engine:
-    spec = SpecConfig(mode="on", method="chain", depth=a.depth) if prop is not None else SpecConfig(mode="off")
+                max_len: int, params: RequestSampling) -> Engine:
     layers = prop.drafter.feature_layers if prop is not None else ()
     eng = Engine(model, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=a.batch, capture_layers=layers),
-                 spec=spec, proposer=prop, hidden_hook=prop.observe if prop is not None else None)
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", a.depth)) if prop is not None else None,
+                 proposers={"eagle": prop} if prop is not None else None,
+                 hidden_hook=prop.observe if prop is not None else None)
     eng.warmup(a.batch, max_len, params=params)
     if prop is not None:
         # every bucket the shrinking batch will use, for the rows' settings (DraftContext.filters)
-        prop.capture_chain(range(1, a.batch + 1), a.depth, row_filters([(params.temperature, params.top_p, params.top_k)]))
+        prop.capture(range(1, a.batch + 1), a.depth, row_filters([(params.temperature, params.top_p, params.top_k)]))
     return eng
 
 
 # ------------------------------------------------------------------------------------------------------ passes
-def run(eng: Engine, prompts: list[list[int]], params: SamplingParams) -> Any:
+def run(eng: Engine, prompts: list[list[int]], params: RequestSampling) -> Any:
     out = eng.generate([Request(p, params) for p in prompts])
     if eng.device.type == "cuda":
         torch.cuda.synchronize()
@@ -253,7 +256,7 @@ def step_stats(out: Any, kind: str) -> dict[str, float]:
             "tokens_per_s": emitted / max(secs, 1e-9), "accept_len": emitted / max(rows, 1)}
 
 
-def phase_pass(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]], params: SamplingParams,
+def phase_pass(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]], params: RequestSampling,
                kind: str) -> dict[str, Any]:
     probe = Probe(eng.device.type == "cuda")
     instrument(probe, eng, prop)
@@ -277,7 +280,7 @@ def phase_pass(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]]
     return {**st, "phases": phases, "syncs": syncs}
 
 
-def profile_pass(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]], params: SamplingParams,
+def profile_pass(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]], params: RequestSampling,
                  n_steps: int, skip: int = 3) -> dict[str, Any]:
     cuda = eng.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -342,7 +345,7 @@ def profile_pass(eng: Engine, prop: EagleProposer | None, prompts: list[list[int
     }
 
 
-def sync_census(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]], params: SamplingParams,
+def sync_census(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]], params: RequestSampling,
                 n_steps: int, skip: int = 3) -> dict[str, Any]:
     """Every synchronizing CUDA op (torch's sync debug mode) in n_steps steps, by phase and engine call site."""
     if eng.device.type != "cuda":
@@ -380,7 +383,7 @@ def sync_census(eng: Engine, prop: EagleProposer | None, prompts: list[list[int]
 
 def measure_arm(model: Transformer, eos: tuple[int, ...], prompts: list[list[int]], a: argparse.Namespace,
                 sd: bool) -> dict[str, Any]:
-    params = SamplingParams(temperature=1.0, top_k=a.top_k, max_new_tokens=a.new_tokens)
+    params = RequestSampling(temperature=1.0, top_k=a.top_k, max_new_tokens=a.new_tokens)
     max_len = max(len(p) for p in prompts) + a.new_tokens + 8
     prop = make_proposer(model, a) if sd else None
     t0 = time.perf_counter()

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, DrafterKind
+from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, DrafterKind, chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.step_costs import StepCostConfig
 from worker.tlt.adaptive.switch import SwitchConfig
@@ -38,8 +38,8 @@ from worker.tlt.model.load import load_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.model.widen import parse_name, plan
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
-from worker.tlt.spec.ngram import NGramConfig, NGramProposer
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec.ngram import NGramProposer
 
 TAIL = 32  # "tail" = fewer active sequences than this (TLT's threshold, the metric's definition)
 # --fused: the decode / verify forward in the fused Triton kernels (auto: where they run) or in torch (cuBLAS, SDPA)
@@ -53,14 +53,14 @@ def sync(dev: torch.device) -> None:
 
 def identical(model: Transformer, tok: Any, prompts: list[list[int]], new: int, fused: str) -> dict:
     """Greedy plain vs greedy SD on (n-gram chain of 4): identical tokens, sequence by sequence."""
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=new)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=new)) for p in prompts]
     max_len = max(len(p) for p in prompts) + new
     outs = []
     for sd in ("off", "on"):
-        spec = SpecConfig("on", "chain", depth=4) if sd == "on" else SpecConfig()
         eng = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=max_len, max_slots=len(prompts),
                                                                       fused_kernels=FUSED[fused]),
-                     spec=spec, proposer=NGramProposer(NGramConfig(topk=1)) if sd == "on" else None)
+                     controller=AdaptiveSd.fixed(chain_arm("ngram", 4)) if sd == "on" else None,
+                     proposers={"ngram": NGramProposer()})
         warm_up(eng, reqs, max_len)
         outs.append(eng.generate(reqs))
     plain, spec_out = outs
@@ -99,7 +99,7 @@ def train_drafter(model: Transformer, tok: Any, name: str, prompts: list[list[in
             "rows": last.get("drafter/buffer_rows"), "acc": last.get("drafter/acc"),
             "gen_s": sum(s.get("timing_s/gen", 0.0) for s in rep.steps),
             "train_s": sum(s.get("timing_s/drafter", 0.0) for s in rep.steps)}
-    return EagleProposer(drafter, EagleProposerConfig(topk=1)), info
+    return EagleProposer(drafter, EagleProposerConfig()), info
 
 
 def rollout(model: Transformer, tok: Any, prompts: list[list[int]], a: argparse.Namespace, mode: str,
@@ -112,14 +112,14 @@ def rollout(model: Transformer, tok: Any, prompts: list[list[int]], a: argparse.
         kinds: list[DrafterKind] = ["ngram", "eagle"] if eagle is not None else ["ngram"]
         ctl = AdaptiveSd.from_spec(RolloutConfig(speculative="adaptive", sd_on_below=TAIL, seed=a.seed), kinds,
                                    step_costs=StepCostConfig(), sd_below=a.sd_below)
-    proposers: dict[str, Any] = {"ngram": NGramProposer(NGramConfig(topk=1))}
+    proposers: dict[str, Any] = {"ngram": NGramProposer()}
     if eagle is not None and mode != "off":
         proposers["eagle"] = eagle
     eng = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=max_len, max_slots=len(prompts) * a.samples,
                                                                   seed=a.seed, fused_kernels=FUSED[a.fused]),
-                 adaptive=ctl, proposers=proposers,
+                 controller=ctl, proposers=proposers,
                  hidden_hook=eagle.observe if eagle is not None and mode != "off" else None)
-    params = SamplingParams(temperature=a.temperature, top_k=a.top_k, max_new_tokens=max_new, n=a.samples)
+    params = RequestSampling(temperature=a.temperature, top_k=a.top_k, max_new_tokens=max_new, n=a.samples)
     reqs = [Request(p, params) for p in prompts]
     warm_s = warm_up(eng, reqs, max_len)
     sync(eng.device)

@@ -30,8 +30,12 @@ def test_modes_from_the_job_spec() -> None:
     arm = on.plan(512)
     assert (arm.drafter, arm.depth, arm.topk, arm.verify_tokens) == ("eagle", 4, 2, 8)
     assert on.plan(512) == arm  # fixed arm, every step, any batch
-    ngram_on = AdaptiveSd.from_spec(RolloutConfig(speculative="on", draft_topk=4), ["ngram"])
-    assert ngram_on.plan(1).chain  # the n-gram drafter only drafts chains
+    ngram_on = AdaptiveSd.from_spec(RolloutConfig(speculative="on", draft_depth=3, draft_topk=2, verify_tokens=8),
+                                    ["ngram"])
+    arm = ngram_on.plan(1)  # the n-gram drafter drafts the spec's tree too: one shape whatever the drafter
+    assert (arm.drafter, arm.depth, arm.topk, arm.verify_tokens) == ("ngram", 3, 2, 8)
+    fixed = AdaptiveSd.fixed(on.fixed_arm)
+    assert fixed.plan(1) == fixed.plan(512) == on.fixed_arm and fixed.bandit is None
     ada = AdaptiveSd.from_spec(RolloutConfig(sd_on_below=8, sd_patience=2, bandit="ucb"), ["ngram"])
     assert ada.bandit is not None and ada.bandit.kind == "ucb"
     assert [ada.plan(a) == NO_SD for a in (16, 4)] == [True, True] and not ada.switch.on

@@ -7,6 +7,8 @@ the widest arm. Run: python -m pytest tests/adaptive/test_adaptive_engine_loop.p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from scipy.stats import chisquare
 
@@ -18,7 +20,7 @@ from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
 from worker.tlt.selfcheck import exact_pair_law
 from worker.tlt.spec.ngram import NGramProposer
 from worker.tlt.spec.proposer import Proposer
@@ -57,13 +59,13 @@ def engine(ctl: AdaptiveSd | None, slots: int, clock: FakeClock | None = None, *
     if ctl is not None:
         proposers = {"ngram": NGramProposer(), "small": SmallModelProposer(DRAFTER)}
     return Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=200, max_slots=slots, sync_every=4),
-                  adaptive=ctl, proposers=proposers, clock=clock or FakeClock(), **kw)
+                  controller=ctl, proposers=proposers, clock=clock or FakeClock(), **kw)
 
 
 def requests(temperature: float, n_prompts: int = 5, n: int = 2) -> list[Request]:
     prompts = [p * 3 for p in random_prompts(n_prompts, seed=5, lo=3, hi=9)]  # repeats: the n-gram drafter matches
     budgets = [10, 14, 18, 22, 120]  # a long tail: the last group outlives the others by ~100 tokens
-    return [Request(p, SamplingParams(temperature=temperature, max_new_tokens=budgets[i % 5], n=n))
+    return [Request(p, RequestSampling(temperature=temperature, max_new_tokens=budgets[i % 5], n=n))
             for i, p in enumerate(prompts)]
 
 
@@ -143,9 +145,9 @@ def test_sampling_exact_across_arm_switches(cycle: tuple[str, ...]) -> None:
     prompt, temp, top_p = [3, 1, 4], 0.8, 0.9
     law = exact_pair_law(small, prompt, temp, top_p, 0)
     eng = Engine(small, eos_ids=(), config=EngineConfig(max_len=8, max_slots=3000, seed=7),
-                 adaptive=ScriptedSd(cycle, mode="on"),
+                 controller=ScriptedSd(cycle, mode="on"),
                  proposers={"ngram": NGramProposer(), "small": SmallModelProposer(perturbed_copy(small, 0.5))})
-    out = eng.generate([Request(prompt, SamplingParams(temperature=temp, top_p=top_p, max_new_tokens=3, n=3000))])
+    out = eng.generate([Request(prompt, RequestSampling(temperature=temp, top_p=top_p, max_new_tokens=3, n=3000))])
     assert [s.arm for s in out.steps if s.kind != "prefill"][0] == cycle[0]
     counts: dict[tuple[int, int], int] = {}
     for seq in out.sequences:
@@ -206,7 +208,8 @@ def test_kv_headroom_for_widest_arm_and_drafters_checked() -> None:
     assert eng.max_nodes == 48  # the bucket-1 tree verifies 48 tokens per sequence
     assert eng.cache.max_len >= 200 + 48
     with pytest.raises(ValueError, match="small"):
-        Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=64, max_slots=2), adaptive=controller())
+        Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=64, max_slots=2), controller=controller(),
+               proposers={"ngram": NGramProposer()})
 
 
 class ChainSpy(SmallModelProposer):
@@ -216,20 +219,20 @@ class ChainSpy(SmallModelProposer):
         super().__init__(DRAFTER)
         self.captured: list[tuple[list[int], int, tuple[int, bool, float]]] = []
 
-    def capture_chain(self, batches: list[int], depth: int, filters: tuple[int, bool, float]) -> int:
+    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float]) -> int:
         self.captured.append((list(batches), depth, filters))
         return len(batches)
 
 
 def test_warmup_captures_every_chain_arm_the_switch_can_reach() -> None:
-    """Engine._warmup_drafts (part of warmup on CUDA) asks a graph-keeping drafter for every chain arm's draft length
+    """Engine._warmup_drafts (part of warmup on CUDA) asks a graph-keeping drafter (Proposer.capture) for every chain arm's draft length
     at every batch SD can run (up to the switch's off threshold), with the sampling filters the rows will have; tree
     arms and batches SD never runs are not asked; mixed per-row settings ask nothing (filters unknown)."""
     table = arms_table(["ngram", "small"])
     ctl = AdaptiveSd(SwitchConfig(mode="adaptive", on_below=4, patience=1),
                      make_bandit(table, BanditConfig(kind="epsilon_greedy"), seed=0))
     spy = ChainSpy()
-    eng = Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=200, max_slots=16), adaptive=ctl,
+    eng = Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=200, max_slots=16), controller=ctl,
                  proposers={"ngram": NGramProposer(), "small": spy})
     eng._warmup_drafts(16, ("uniform", 1.0, 0.9, 50))
     off_at = ctl.switch.config.off_threshold

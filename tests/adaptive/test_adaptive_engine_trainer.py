@@ -36,10 +36,10 @@ def test_make_rollout_builds_the_adaptive_engine() -> None:
     model, tok = load_model(spec.model, "cpu")
     rollout = make_rollout(spec, model, tok, torch.device("cpu"))
     eng = rollout.engine
-    assert eng.adaptive is not None and sorted(eng.proposers) == ["eagle", "ngram"]
+    assert eng.controller is not None and sorted(eng.proposers) == ["eagle", "ngram"]
     assert rollout.drafter is not None and eng.proposers["eagle"] is rollout.drafter.proposer
     assert eng.tail.hook is not None and eng.hidden_hook is not None
-    assert {a.drafter for a in eng.adaptive.all_arms()} == {"none", "ngram", "eagle"}
+    assert {a.drafter for a in eng.controller.all_arms()} == {"none", "ngram", "eagle"}
     ngram_only = make_rollout(_spec("ngram"), model, tok, torch.device("cpu")).engine
     assert sorted(ngram_only.proposers) == ["ngram"] and ngram_only.tail.hook is None
 

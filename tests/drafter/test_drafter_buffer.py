@@ -8,7 +8,7 @@ import torch
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 
 def _rows(seq: int, start: int, n: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,7 +68,7 @@ def test_engine_capture_keeps_response_rows(tiny_target: Transformer) -> None:
     cap = EngineCapture(buf)
     engine = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=4), hidden_hook=cap)
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
-    out = engine.generate([Request(p, SamplingParams(temperature=1.0, max_new_tokens=12, n=2)) for p in prompts])
+    out = engine.generate([Request(p, RequestSampling(temperature=1.0, max_new_tokens=12, n=2)) for p in prompts])
     buf_rows = {}
     for s in set(buf.seq[buf.step >= 0].tolist()):
         sel = (buf.seq == s) & (buf.step >= 0)

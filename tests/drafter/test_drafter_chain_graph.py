@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from tests.drafter.eager_graphs import record_eagerly
+from worker.tlt.decoding.draft_types import DraftProposal
+from worker.tlt.decoding.sampling import RowSampling, processed_probs
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import preset, random_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.sampling import SamplingParams, processed_probs
-from worker.tlt.spec.types import DraftProposal
 
 SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
@@ -44,7 +44,7 @@ def _ctx(hist: list[list[int]], depth: int, temperature: float, device: torch.de
     b = len(hist)
     return DraftContext(histories=hist, prompt_lens=[2] * b, group_ids=list(range(b)), sample_ids=[0] * b,
                         max_nodes=depth + 1, max_depth=depth, device=device,
-                        sampling=SamplingParams.uniform(b, temperature=temperature, device=device))
+                        sampling=RowSampling.uniform(b, temperature=temperature, device=device))
 
 
 def _hist(lengths: tuple[int, ...] = (9, 40, 3, 70, 5)) -> list[list[int]]:
@@ -79,7 +79,7 @@ def test_chain_propose_has_no_host_sync_and_k_forwards(tiny_target: Transformer,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     d = _drafter(tiny_target)
     hist = _hist()
-    p = _filled(d, EagleProposerConfig(topk=1, context=16), hist)
+    p = _filled(d, EagleProposerConfig(context=16), hist)
     ctx = _ctx(hist, 6, temperature, p.device)
     forwards: list[int] = []
     inner = d.step
@@ -99,7 +99,8 @@ def test_chain_propose_has_no_host_sync_and_k_forwards(tiny_target: Transformer,
     drawn = prop.draft_probs[:4, :6].gather(-1, prop.tokens[:4, 1:, None])
     assert bool((drawn > 0).all())  # every drafted token came from its q row (greedy: the one-hot's index)
     # the tree path still reads histories through the same inputs (and may sync: it is not graph-captured)
-    assert EagleProposer(d, EagleProposerConfig(topk=3, context=16)).propose(ctx).num_nodes <= 7
+    tree = DraftContext(**{**ctx.__dict__, "topk": 3})
+    assert EagleProposer(d, EagleProposerConfig(context=16)).propose(tree).num_nodes <= 7
 
 
 def test_preallocated_kv_drafts_what_the_concatenating_kv_drafts(tiny_target: Transformer) -> None:
@@ -108,7 +109,7 @@ def test_preallocated_kv_drafts_what_the_concatenating_kv_drafts(tiny_target: Tr
     d = _drafter(tiny_target)
     hist = _hist()
     w, k = 16, 5
-    p = _filled(d, EagleProposerConfig(topk=1, context=w), hist)
+    p = _filled(d, EagleProposerConfig(context=w), hist)
     ctx = _ctx(hist, k, 0.0, p.device)
     prop = p.propose(ctx)
     packed = torch.from_numpy(p._pack(ctx, len(hist)))
@@ -151,8 +152,8 @@ def test_graph_plumbing_pads_to_the_bucket_and_matches_eager(tiny_target: Transf
     monkeypatch.setattr(EagleProposer, "_graphable", lambda self, bsz, ctx: True)
     for lengths, bucket in (((9, 40, 3, 70, 5), 8), ((12, 6, 30, 25), 4), ((12, 6, 30), 4)):
         hist = _hist(lengths)
-        graphed = _filled(d, EagleProposerConfig(topk=1, context=w), hist)
-        eager = _filled(d, EagleProposerConfig(topk=1, context=w, cuda_graphs=False), hist)
+        graphed = _filled(d, EagleProposerConfig(context=w), hist)
+        eager = _filled(d, EagleProposerConfig(context=w, cuda_graphs=False), hist)
         monkeypatch.setattr(eager, "_graphable", lambda bsz, ctx: False)
         ctx = _ctx(hist, k, temperature, eager.device)
         graphed.propose(ctx)  # captures (its recording draws from the generator once)
@@ -182,8 +183,8 @@ def test_graphed_chain_equals_eager_and_never_syncs(tiny_target: Transformer, te
     target = copy.deepcopy(tiny_target).to(dev)
     d = _drafter(target).to(dev)
     hist = _hist((9, 40, 3, 70))
-    eager = _filled(d, EagleProposerConfig(topk=1, context=16, cuda_graphs=False), hist)
-    graphed = _filled(d, EagleProposerConfig(topk=1, context=16), hist)
+    eager = _filled(d, EagleProposerConfig(context=16, cuda_graphs=False), hist)
+    graphed = _filled(d, EagleProposerConfig(context=16), hist)
     ctx = _ctx(hist, 6, temperature, dev)
     graphed.propose(ctx)  # captures (batch bucket, depth 6)
     assert list(graphed._graphs) == [(4, 6, (-1, True, -1.0))]
@@ -217,22 +218,24 @@ def test_graphed_chain_in_the_engine_is_lossless(draft_vocab: int) -> None:
     """Chain drafts from captured graphs inside the engine's speculative steps: greedy output == plain decoding
     (fp32, so both paths round alike); then bf16 target + bf16 drafter (how OnlineDrafter serves on GPU) sampled at
     T=1 finish with a sane acceptance. Also with a draft vocabulary (the fused race over its 150 ids)."""
+    from worker.tlt.adaptive.arms import chain_arm
+    from worker.tlt.adaptive.controller import AdaptiveSd
     from worker.tlt.rollout.engine import Engine
-    from worker.tlt.rollout.types import EngineConfig, Request, SpecConfig
-    from worker.tlt.rollout.types import SamplingParams as ReqParams
+    from worker.tlt.rollout.types import EngineConfig, Request
+    from worker.tlt.rollout.types import RequestSampling as ReqParams
 
     dev = torch.device("cuda")
     prompts = [[(7 * i + j * 13) % 250 for j in range(6 + i % 3)] for i in range(6)]
     cfg = EngineConfig(max_len=64, max_slots=8)
-    spec = SpecConfig(mode="on", method="chain", depth=5)
     for dtype in (torch.float32, torch.bfloat16):
         # the fixture's model, built in `dtype` on the GPU (RoPE tables stay fp32)
         target = random_model(preset("tiny-llama", n_layers=4), seed=1, std=0.15, device=dev, dtype=dtype)
         d = _drafter(target).to(dev, dtype)
-        prop = EagleProposer(d, EagleProposerConfig(topk=1, context=16))
+        prop = EagleProposer(d, EagleProposerConfig(context=16))
         if draft_vocab:
             prop.set_draft_vocab(torch.randperm(258, generator=torch.Generator().manual_seed(0))[:draft_vocab])
-        eng = Engine(target, eos_ids=(257,), config=cfg, spec=spec, proposer=prop, hidden_hook=prop.observe)
+        eng = Engine(target, eos_ids=(257,), config=cfg, controller=AdaptiveSd.fixed(chain_arm("eagle", 5)),
+                     proposers={"eagle": prop}, hidden_hook=prop.observe)
         if dtype == torch.float32:
             greedy = ReqParams(temperature=0.0, max_new_tokens=40)
             ref = Engine(target, eos_ids=(257,), config=cfg).generate([Request(p, greedy) for p in prompts])
@@ -253,7 +256,7 @@ def test_graphed_chain_follows_an_in_place_draft_vocab_change(tiny_target: Trans
     dev = torch.device("cuda")
     d = _drafter(copy.deepcopy(tiny_target).to(dev)).to(dev)
     hist = _hist((9, 40, 3, 70))
-    p = _filled(d, EagleProposerConfig(topk=1, context=16), hist)
+    p = _filled(d, EagleProposerConfig(context=16), hist)
     ctx = _ctx(hist, 6, 1.0, dev)
     perm = torch.randperm(320, generator=torch.Generator().manual_seed(3))
     first, second = perm[:100], perm[100:200]  # disjoint sets

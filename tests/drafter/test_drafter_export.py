@@ -19,12 +19,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from worker.tlt.decoding.sampling import RowSampling
 from worker.tlt.drafter.export import export_eagle1, export_eagle3, load_exported
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.sampling import SamplingParams
 
 
 def eagle3_table(h: int, inter: int, nh: int, nkv: int, hd: int, vocab: int, dv: int) -> dict[str, tuple]:
@@ -116,11 +116,11 @@ def a_embed(target: Transformer) -> torch.Tensor:
     return target.model.embed_tokens.weight.detach().to(torch.bfloat16)
 
 
-def _ctx(hist: list[list[int]], depth: int, nodes: int, temperature: float) -> DraftContext:
+def _ctx(hist: list[list[int]], depth: int, nodes: int, temperature: float, topk: int = 1) -> DraftContext:
     b = len(hist)
     return DraftContext(histories=hist, prompt_lens=[3] * b, group_ids=list(range(b)), sample_ids=[0] * b,
-                        max_nodes=nodes, max_depth=depth,
-                        sampling=SamplingParams.uniform(b, temperature=temperature))
+                        max_nodes=nodes, max_depth=depth, topk=topk,
+                        sampling=RowSampling.uniform(b, temperature=temperature))
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
@@ -141,10 +141,10 @@ def test_export_reload_drafts_identically(tmp_path, tiny_target: Transformer, ki
     for topk, depth, nodes in ((1, 4, 5), (3, 4, 10)):
         props = []
         for drafter in (d, back):
-            prop = EagleProposer(drafter, EagleProposerConfig(topk=topk, context=8))
+            prop = EagleProposer(drafter, EagleProposerConfig(context=8))
             for b, f in enumerate(feats):
                 prop.observe([(b, 0)] * f.shape[0], torch.zeros(f.shape[0]), f)
-            props.append(prop.propose(_ctx(hist, depth, nodes, temperature=0.0)))
+            props.append(prop.propose(_ctx(hist, depth, nodes, temperature=0.0, topk=topk)))
         a, b2 = props
         assert torch.equal(a.tokens, b2.tokens) and torch.equal(a.parents, b2.parents)
         assert torch.equal(a.counts, b2.counts)

@@ -235,8 +235,8 @@ def test_sampled_chain_with_fused_step_samples_in_kernels(tiny_target: Transform
     """T = 1, no filters, fused step: each drafted token comes from kernels/draft_sample.py, drawing the same noise
     from the proposer's generator as the torch path, with the same tokens and q; with a draft vocabulary too (the
     kernel's token and q in target ids)."""
+    from worker.tlt.decoding.sampling import pick_with_noise, processed_probs
     from worker.tlt.kernels import draft_sample as ds
-    from worker.tlt.spec.sampling import pick_with_noise, processed_probs
 
     d = _drafter(tiny_target)
     d.fused = True  # on CPU: Triton's interpreter

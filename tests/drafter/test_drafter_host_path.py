@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer, HostStage, SeqIds
+from worker.tlt.decoding.uploads import HostStage, SeqIds
+from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.drafter.feature_ring import FeatureRing
 from worker.tlt.spec.proposer import DraftContext
 

@@ -16,7 +16,7 @@ from worker.tlt.drafter.export import load_exported
 from worker.tlt.drafter.measure import RECIPES
 from worker.tlt.model import preset, random_model
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rollout.types import SamplingParams
+from worker.tlt.rollout.types import RequestSampling
 
 
 def test_position_sums_add_steps_of_different_depths() -> None:
@@ -59,7 +59,7 @@ def test_recipe_smoke_run_exports_the_longest_chain(tmp_path: Path) -> None:
 
 def test_eagle3_recipe_trains_on_teacher_forced_rows_of_the_same_responses(tiny_target: Transformer) -> None:
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
-    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    params = RequestSampling(temperature=1.0, max_new_tokens=6)
     resp = measure.generate_responses(tiny_target, prompts, params, eos=(), max_len=16, gb=0.01)
     buf3 = measure.buffer_for(tiny_target, resp, "eagle3", gb=0.01)
     # each prompt's last position + its responses; the engine hook never computes the last response token's hidden

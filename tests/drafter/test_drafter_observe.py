@@ -41,7 +41,7 @@ def _observe_interleaved(p: EagleProposer, rows: tuple[int, int], f: int) -> tup
 
 def test_observe_writes_each_ring_cell_once_and_keeps_the_last_rows(tiny_target: Transformer,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    p = EagleProposer(EagleDrafter(tiny_target, EagleConfig()), EagleProposerConfig(topk=1, context=8))
+    p = EagleProposer(EagleDrafter(tiny_target, EagleConfig()), EagleProposerConfig(context=8))
     written: list[torch.Tensor] = []
     inner = torch.Tensor.index_copy_
 
@@ -68,7 +68,7 @@ def test_observe_on_cuda_is_deterministic(tiny_target: Transformer) -> None:
     dev = torch.device("cuda")
     d = EagleDrafter(copy.deepcopy(tiny_target).to(dev), EagleConfig()).to(dev)
     for _ in range(20):
-        p = EagleProposer(d, EagleProposerConfig(topk=1, context=16))
+        p = EagleProposer(d, EagleProposerConfig(context=16))
         h0, h1 = _observe_interleaved(p, (300, 40), d.feature_dim)
         ring = _ring_of(p, [301, 41]).cpu()
         assert torch.equal(ring[0], h0[-16:]) and torch.equal(ring[1], h1[-16:])

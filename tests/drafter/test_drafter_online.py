@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec_translate import drafter_config
 
 
 def _spec(**drafter) -> JobSpec:
@@ -23,12 +26,12 @@ def _spec(**drafter) -> JobSpec:
 
 
 def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
-    od = OnlineDrafter(_spec(), tiny_target)
+    od = OnlineDrafter(drafter_config(_spec()), tiny_target)
     eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
-                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", 3)), proposers={"eagle": od.proposer},
                  hidden_hook=od.hidden_hook)
-    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2)),
-            Request([9, 10, 11], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    reqs = [Request([5, 6, 7, 8], RequestSampling(temperature=1.0, max_new_tokens=16, n=2)),
+            Request([9, 10, 11], RequestSampling(temperature=1.0, max_new_tokens=16, n=2))]
     versions = []
     for step in range(3):
         od.begin_rollout(step)
@@ -47,7 +50,7 @@ def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
     assert versions == [0, 1, 2]
     assert od.buffer.steps_held() == [1, 2]
 
-    other = OnlineDrafter(_spec(), tiny_target)
+    other = OnlineDrafter(drafter_config(_spec()), tiny_target)
     other.load_state_dict(od.state_dict())
     assert other.trainer.steps == od.trainer.steps
     for k, v in od.train_drafter.state_dict().items():
@@ -66,11 +69,11 @@ def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
 def test_harvest_is_per_step_and_never_above_the_idle_time(tiny_target: Transformer) -> None:
     """Drafter steps between tail decode steps are harvested idle time; the rest of the budget, run after the update,
     is not. Per step used <= idle (ratio <= 1); the *_total counters add the steps up."""
-    od = OnlineDrafter(_spec(), tiny_target)
+    od = OnlineDrafter(drafter_config(_spec()), tiny_target)
     eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
-                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", 3)), proposers={"eagle": od.proposer},
                  hidden_hook=od.hidden_hook)
-    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    reqs = [Request([5, 6, 7, 8], RequestSampling(temperature=1.0, max_new_tokens=16, n=2))]
     idle_sum = used_sum = 0.0
     for step in range(3):
         od.begin_rollout(step)
@@ -90,12 +93,12 @@ def test_harvest_is_per_step_and_never_above_the_idle_time(tiny_target: Transfor
 
 def test_online_drafter_needs_a_learned_kind(tiny_target: Transformer) -> None:
     with pytest.raises(ValueError, match="eagle1 or eagle3"):
-        OnlineDrafter(_spec(kind="ngram"), tiny_target)
+        OnlineDrafter(drafter_config(_spec(kind="ngram")), tiny_target)
 
 
 def test_hook_rows_of_the_wrong_width_are_refused(tiny_target: Transformer) -> None:
     # an EAGLE-3 drafter on an engine built without its capture_layers would train on the final hidden only
-    od = OnlineDrafter(_spec(kind="eagle3"), tiny_target)
+    od = OnlineDrafter(drafter_config(_spec(kind="eagle3")), tiny_target)
     with pytest.raises(ValueError, match="capture_layers"):
         od.hidden_hook([(0, 0)], torch.tensor([1]), torch.zeros(1, tiny_target.args.dim))
 
@@ -104,11 +107,11 @@ def test_draft_vocab_is_picked_from_the_responses_and_checkpointed(tiny_target: 
     """drafter.draft_vocab_size: the first rollout drafts over every token; each later rollout start re-picks the
     most frequent tokens of all responses so far, in place (the same tensor: captured graphs stay valid); a
     checkpoint restores the counts and the set."""
-    od = OnlineDrafter(_spec(draft_vocab_size=40), tiny_target)
+    od = OnlineDrafter(drafter_config(_spec(draft_vocab_size=40)), tiny_target)
     eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
-                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", 3)), proposers={"eagle": od.proposer},
                  hidden_hook=od.hidden_hook)
-    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    reqs = [Request([5, 6, 7, 8], RequestSampling(temperature=1.0, max_new_tokens=16, n=2))]
     od.begin_rollout(0)
     assert od.proposer.draft_vocab is None
     out = eng.generate(reqs)
@@ -126,7 +129,7 @@ def test_draft_vocab_is_picked_from_the_responses_and_checkpointed(tiny_target: 
     again = od.proposer.draft_vocab
     assert again is not None and int(counts[again].min()) >= int(
         counts[~torch.isin(torch.arange(counts.numel()), again)].max())
-    other = OnlineDrafter(_spec(draft_vocab_size=40), tiny_target)
+    other = OnlineDrafter(drafter_config(_spec(draft_vocab_size=40)), tiny_target)
     other.load_state_dict(od.state_dict())
     assert torch.equal(other.token_counts, od.token_counts)
     other_vocab = other.proposer.draft_vocab

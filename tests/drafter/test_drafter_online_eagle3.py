@@ -8,12 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.model import eagle3_layers
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
+from worker.tlt.spec_translate import drafter_config
 
 
 def _spec(topk: int = 1, **drafter) -> JobSpec:
@@ -25,27 +28,28 @@ def _spec(topk: int = 1, **drafter) -> JobSpec:
     })
 
 
-def _engine(target: Transformer, od: OnlineDrafter | None, spec: SpecConfig | None) -> Engine:
-    layers = od.capture_layers if od is not None else ()
-    return Engine(target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4, capture_layers=layers),
-                  spec=spec, proposer=od.proposer if od is not None else None,
-                  hidden_hook=od.hidden_hook if od is not None else None)
+def _engine(target: Transformer, od: OnlineDrafter | None, arm: Arm | None) -> Engine:
+    """Plain decoding (no drafter), or SD with the online drafter and one arm."""
+    if od is None or arm is None:
+        return Engine(target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4))
+    return Engine(target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4, capture_layers=od.capture_layers),
+                  controller=AdaptiveSd.fixed(arm), proposers={"eagle": od.proposer}, hidden_hook=od.hidden_hook)
 
 
 def _drafted(out: GenerationOutput) -> int:
     return sum(sum(s.drafted_pos) for s in out.steps if s.kind == "spec")
 
 
-REQS = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=14, n=2)),
-        Request([9, 10, 11], SamplingParams(temperature=1.0, max_new_tokens=14, n=2))]
+REQS = [Request([5, 6, 7, 8], RequestSampling(temperature=1.0, max_new_tokens=14, n=2)),
+        Request([9, 10, 11], RequestSampling(temperature=1.0, max_new_tokens=14, n=2))]
 
 
 def test_eagle3_online_loop_trains_and_publishes(tiny_target: Transformer) -> None:
-    od = OnlineDrafter(_spec(), tiny_target)
+    od = OnlineDrafter(drafter_config(_spec()), tiny_target)
     h = tiny_target.args.dim
     assert od.capture_layers == eagle3_layers(tiny_target.args.n_layers)
     assert od.buffer.width == 4 * h and od.proposer.drafter.feature_dim == 3 * h
-    eng = _engine(tiny_target, od, SpecConfig(mode="on", method="chain", depth=3))
+    eng = _engine(tiny_target, od, chain_arm("eagle", 3))
     initial = {k: v.clone() for k, v in od.train_drafter.trainable_state_dict().items()}
     for step in range(2):
         od.begin_rollout(step)
@@ -62,20 +66,19 @@ def test_eagle3_online_loop_trains_and_publishes(tiny_target: Transformer) -> No
         torch.testing.assert_close(od.proposer.drafter.state_dict()[k], v.to(od.proposer.drafter.state_dict()[k]))
 
 
-@pytest.mark.parametrize("spec", [SpecConfig("on", "chain", depth=4),
-                                  SpecConfig("on", "tree", depth=3, topk=2, verify_tokens=7)], ids=["chain", "tree"])
-def test_eagle3_greedy_sd_is_lossless(tiny_target: Transformer, spec: SpecConfig) -> None:
-    od = OnlineDrafter(_spec(topk=spec.topk if spec.method == "tree" else 1), tiny_target)
-    eng = _engine(tiny_target, od, spec)
+@pytest.mark.parametrize("arm", [chain_arm("eagle", 4), tree_arm("eagle", 3, 2, 7)], ids=["chain", "tree"])
+def test_eagle3_greedy_sd_is_lossless(tiny_target: Transformer, arm: Arm) -> None:
+    od = OnlineDrafter(drafter_config(_spec(topk=arm.topk)), tiny_target)
+    eng = _engine(tiny_target, od, arm)
     # a little training first, so that drafts are sometimes accepted (partial acceptance and roll-back)
     for step in range(3):
         od.begin_rollout(step)
         od.observe_rollout(eng.generate(REQS))
         od.after_update(step, [])
     od.begin_rollout(3)
-    greedy = [Request([5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=20)),
-              Request([40, 41], SamplingParams(temperature=0.0, max_new_tokens=20)),
-              Request([9, 10, 11, 12, 13], SamplingParams(temperature=0.0, max_new_tokens=20))]
+    greedy = [Request([5, 6, 7, 8], RequestSampling(temperature=0.0, max_new_tokens=20)),
+              Request([40, 41], RequestSampling(temperature=0.0, max_new_tokens=20)),
+              Request([9, 10, 11, 12, 13], RequestSampling(temperature=0.0, max_new_tokens=20))]
     sd = eng.generate(greedy)
     accepted = sum(s.accepted for s in sd.steps if s.kind == "spec")
     assert 0 < accepted < _drafted(sd)  # partial acceptance: both the accept and the roll-back paths ran

@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import chain_arm, tree_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.sampling import RowSampling
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
@@ -14,9 +17,8 @@ from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.speculative import row_filters
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.sampling import SamplingParams as RowParams
 from worker.tlt.spec.tree import node_depths
 
 PROMPTS = [[(7 * i + j * 13) % 250 for j in range(6 + i % 3)] for i in range(8)]
@@ -32,7 +34,7 @@ def trained(tiny_target: Transformer) -> EagleDrafter:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # (module fixtures run before the autouse one-thread fixture)
     try:
-        eng.generate([Request(p, SamplingParams(temperature=0.0, max_new_tokens=40)) for p in PROMPTS])
+        eng.generate([Request(p, RequestSampling(temperature=0.0, max_new_tokens=40)) for p in PROMPTS])
         tr = SpotTrainer(d, buf, SpotTrainerConfig(learning_rate=1e-2, batch_size=8, window=24))
         tr.train(lambda: False, max_steps=250)
     finally:
@@ -43,22 +45,22 @@ def trained(tiny_target: Transformer) -> EagleDrafter:
 @pytest.mark.parametrize("method,topk", [("chain", 1), ("tree", 3)])
 def test_greedy_sd_with_eagle_is_lossless_and_accepts(tiny_target: Transformer, trained: EagleDrafter, method: str,
                                                       topk: int) -> None:
-    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    arm = chain_arm("eagle", 4) if topk == 1 else tree_arm("eagle", 4, topk, 10)
+    params = RequestSampling(temperature=0.0, max_new_tokens=40)
     plain = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=8))
     ref = plain.generate([Request(p, params) for p in PROMPTS])
-    prop = EagleProposer(trained, EagleProposerConfig(topk=topk, context=16))
-    spec = SpecConfig(mode="on", method=method, depth=4, topk=topk, verify_tokens=10)  # type: ignore[arg-type]
-    eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=8), spec=spec,
-                 proposer=prop, hidden_hook=prop.observe)
+    prop = EagleProposer(trained, EagleProposerConfig(context=16))
+    eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=8),
+                 controller=AdaptiveSd.fixed(arm), proposers={"eagle": prop}, hidden_hook=prop.observe)
     out = eng.generate([Request(p, params) for p in PROMPTS])
     assert [s.tokens for s in out.sequences] == [s.tokens for s in ref.sequences]
     steps = [s for s in out.steps if s.kind == "spec"]
     per_verify = sum(s.emitted for s in steps) / sum(s.active for s in steps)
     assert per_verify > 1.5, f"{per_verify:.2f} tokens per verify"
     # an untrained drafter is (nearly) useless on the same rollout: the gain comes from training
-    fresh = EagleProposer(EagleDrafter(tiny_target, EagleConfig()), EagleProposerConfig(topk=topk, context=16))
-    eng0 = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=8), spec=spec,
-                  proposer=fresh, hidden_hook=fresh.observe)
+    fresh = EagleProposer(EagleDrafter(tiny_target, EagleConfig()), EagleProposerConfig(context=16))
+    eng0 = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=8),
+                  controller=AdaptiveSd.fixed(arm), proposers={"eagle": fresh}, hidden_hook=fresh.observe)
     out0 = eng0.generate([Request(p, params) for p in PROMPTS])
     steps0 = [s for s in out0.steps if s.kind == "spec"]
     per_verify0 = sum(s.emitted for s in steps0) / sum(s.active for s in steps0)
@@ -66,20 +68,21 @@ def test_greedy_sd_with_eagle_is_lossless_and_accepts(tiny_target: Transformer, 
     assert per_verify0 < per_verify - 0.3
 
 
-def _ctx(hist: list[list[int]], depth: int, nodes: int, temperature: float) -> DraftContext:
+def _ctx(hist: list[list[int]], depth: int, nodes: int, temperature: float, topk: int = 1) -> DraftContext:
     b = len(hist)
     return DraftContext(histories=hist, prompt_lens=[2] * b, group_ids=list(range(b)), sample_ids=[0] * b,
-                        max_nodes=nodes, max_depth=depth, sampling=RowParams.uniform(b, temperature=temperature))
+                        max_nodes=nodes, max_depth=depth, topk=topk,
+                        sampling=RowSampling.uniform(b, temperature=temperature))
 
 
 def test_proposals_respect_budget_and_carry_q(tiny_target: Transformer, trained: EagleDrafter) -> None:
     g = torch.Generator().manual_seed(0)
     hist = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 30, 2)]
     for topk, depth, nodes in ((1, 6, 4), (1, 3, 16), (2, 5, 7), (4, 3, 20)):
-        p = EagleProposer(trained, EagleProposerConfig(topk=topk, context=8))
+        p = EagleProposer(trained, EagleProposerConfig(context=8))
         for b, h in enumerate(hist[:2]):  # row 2 has no features yet: root only
             p.observe([(b, 0)] * (len(h) - 1), torch.zeros(len(h) - 1), torch.randn(len(h) - 1, 64, generator=g))
-        prop = p.propose(_ctx(hist, depth, nodes, temperature=1.0 if topk == 1 else 0.0))
+        prop = p.propose(_ctx(hist, depth, nodes, temperature=1.0 if topk == 1 else 0.0, topk=topk))
         assert prop.num_nodes <= nodes and bool((prop.counts <= nodes).all())
         assert int(node_depths(prop.parents).max()) <= depth
         assert prop.counts.tolist()[2] == 1 and prop.counts.tolist()[0] == min(nodes, 1 + depth if topk == 1 else nodes)
@@ -104,12 +107,12 @@ def test_filters_no_row_uses_are_skipped_not_changed(tiny_target: Transformer, t
     feats = [torch.randn(len(h) - 1, 64, generator=g) for h in hist]
 
     def draft(filters: tuple[int, bool, float], top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        p = EagleProposer(trained, EagleProposerConfig(topk=1, context=8, seed=3))
+        p = EagleProposer(trained, EagleProposerConfig(context=8, seed=3))
         for b, (h, f) in enumerate(zip(hist, feats, strict=True)):
             p.observe([(b, 0)] * (len(h) - 1), torch.zeros(len(h) - 1), f)
         ctx = _ctx(hist, 4, 5, temperature=1.0)
         ctx = DraftContext(**{**ctx.__dict__, "filters": filters,
-                              "sampling": RowParams.uniform(2, temperature=1.0, top_k=top_k)})
+                              "sampling": RowSampling.uniform(2, temperature=1.0, top_k=top_k)})
         prop = p.propose(ctx)
         assert prop.draft_probs is not None
         return prop.tokens, prop.draft_probs

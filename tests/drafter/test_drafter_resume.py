@@ -12,13 +12,16 @@ from typing import Any
 
 import torch
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.checkpoint import latest_checkpoint
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec_translate import drafter_config
 from worker.tlt.train import run
 
 VOLATILE = ("timing_s/", "perf/", "harvest/")  # wall-clock metrics differ between any two runs
@@ -95,10 +98,10 @@ def test_resumed_run_trains_the_drafter_bit_identically(tmp_path: Path) -> None:
 
 def _loop(od: OnlineDrafter, target: Transformer, steps: range) -> None:
     eng = Engine(target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4, seed=7),
-                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", 3)), proposers={"eagle": od.proposer},
                  hidden_hook=od.hidden_hook)
-    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2)),
-            Request([9, 10, 11], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    reqs = [Request([5, 6, 7, 8], RequestSampling(temperature=1.0, max_new_tokens=16, n=2)),
+            Request([9, 10, 11], RequestSampling(temperature=1.0, max_new_tokens=16, n=2))]
     for step in steps:
         od.begin_rollout(step)
         eng.gen.manual_seed(100 + step)  # the rollout's own stream is the trainer's to restore (rl/checkpoint.py)
@@ -112,13 +115,13 @@ def test_weights_and_optimizer_alone_do_not_resume_exactly(tiny_target: Transfor
     spec = JobSpec.model_validate({"model": {"builtin": "tiny-llama"}, "rollout": {"sd_on_below": 8},
                                    "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 4,
                                                "buffer_gb": 0.01, "learning_rate": 1e-2}})
-    ref = OnlineDrafter(spec, tiny_target)
+    ref = OnlineDrafter(drafter_config(spec), tiny_target)
     _loop(ref, tiny_target, range(2))
     state = ref.state_dict()
     t = state["trainer"]
     old_format = {"drafter": t["drafter"], "optimizer": t["optimizer"], "steps": t["steps"], "version": t["version"]}
     _loop(ref, tiny_target, range(2, 3))
-    full, partial = OnlineDrafter(spec, tiny_target), OnlineDrafter(spec, tiny_target)
+    full, partial = OnlineDrafter(drafter_config(spec), tiny_target), OnlineDrafter(drafter_config(spec), tiny_target)
     full.load_state_dict(state)
     partial.load_state_dict(old_format)
     _loop(full, tiny_target, range(2, 3))

@@ -11,15 +11,17 @@ import pytest
 import torch
 
 from tests.drafter.test_drafter_proposer import PROMPTS, _ctx, trained  # noqa: F401 (the module fixture)
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 
 def _observed(d: EagleDrafter, hist: list[list[int]], seed: int) -> EagleProposer:
-    p = EagleProposer(d, EagleProposerConfig(topk=1, context=8, seed=seed))
+    p = EagleProposer(d, EagleProposerConfig(context=8, seed=seed))
     g = torch.Generator().manual_seed(7)
     for b, h in enumerate(hist):
         p.observe([(b, 0)] * (len(h) - 1), torch.zeros(len(h) - 1), torch.randn(len(h) - 1, 64, generator=g))
@@ -52,16 +54,16 @@ def test_greedy_sd_with_a_draft_vocab_is_lossless(tiny_target: Transformer, trai
                                                   covering: bool) -> None:
     """A vocab holding the rollout's tokens keeps most of the acceptance; one holding none of them accepts nothing
     (every draft misses) -- and both emit exactly the plain-decoding tokens."""
-    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    params = RequestSampling(temperature=0.0, max_new_tokens=40)
     plain = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=8))
     ref = [s.tokens for s in plain.generate([Request(p, params) for p in PROMPTS]).sequences]
     seen = torch.tensor(sorted({t for s in ref for t in s}))
     vocab = seen if covering else torch.tensor([t for t in range(320) if t not in set(seen.tolist())])
-    prop = EagleProposer(trained, EagleProposerConfig(topk=1, context=16))
+    prop = EagleProposer(trained, EagleProposerConfig(context=16))
     prop.set_draft_vocab(vocab)
-    spec = SpecConfig(mode="on", method="chain", depth=4, topk=1, verify_tokens=10)
-    eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=8), spec=spec,
-                 proposer=prop, hidden_hook=prop.observe)
+    eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=8),
+                 controller=AdaptiveSd.fixed(chain_arm("eagle", 4)), proposers={"eagle": prop},
+                 hidden_hook=prop.observe)
     out = eng.generate([Request(p, params) for p in PROMPTS])
     assert [s.tokens for s in out.sequences] == ref
     steps = [s for s in out.steps if s.kind == "spec"]
@@ -76,7 +78,7 @@ def test_vocab_head_rows_follow_the_target_head(tiny_target: Transformer, traine
     target = copy.deepcopy(tiny_target)
     d = EagleDrafter(target, trained.cfg)
     d.load_state_dict(trained.state_dict())
-    p = EagleProposer(d, EagleProposerConfig(topk=1, context=8))
+    p = EagleProposer(d, EagleProposerConfig(context=8))
     vocab = torch.arange(0, 320, 3)
     p.set_draft_vocab(vocab)
     rows, ids = p._draft_head()

@@ -11,14 +11,16 @@ import pytest
 import torch
 
 from tests.drafter.eager_graphs import record_eagerly
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.drafter.draft_window import DraftWindow
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.types import DraftProposal
 
 
 def _prompts() -> list[list[int]]:
@@ -26,7 +28,7 @@ def _prompts() -> list[list[int]]:
 
 
 def _requests(temperature: float) -> list[Request]:
-    return [Request(p, SamplingParams(temperature=temperature, max_new_tokens=20 + 9 * (i % 3)))
+    return [Request(p, RequestSampling(temperature=temperature, max_new_tokens=20 + 9 * (i % 3)))
             for i, p in enumerate(_prompts())]
 
 
@@ -40,9 +42,9 @@ def test_window_drafts_what_the_ring_pack_drafts_through_an_engine_run(tiny_targ
     monkeypatch.setattr(EagleProposer, "_record", record_eagerly)
     drafter = EagleDrafter(tiny_target, EagleConfig())
     drafter.reset_parameters(std=0.1, seed=5)
-    win = EagleProposer(drafter, EagleProposerConfig(topk=1, context=context))
+    win = EagleProposer(drafter, EagleProposerConfig(context=context))
     monkeypatch.setattr(win, "_graphable", lambda bsz, ctx: True)
-    twin = EagleProposer(drafter, EagleProposerConfig(topk=1, context=context, cuda_graphs=False))
+    twin = EagleProposer(drafter, EagleProposerConfig(context=context, cuda_graphs=False))
     loads = []
     real_load = DraftWindow.load
     monkeypatch.setattr(DraftWindow, "load", lambda self, *a: (loads.append(1), real_load(self, *a))[1])
@@ -69,8 +71,8 @@ def test_window_drafts_what_the_ring_pack_drafts_through_an_engine_run(tiny_targ
         twin.observe(seq, toks, hidden)
 
     cfg = EngineConfig(max_len=96, max_slots=4, cuda_graphs=False)
-    eng = Engine(tiny_target, eos_ids=(257,), config=cfg, spec=SpecConfig(mode="on", method="chain", depth=4),
-                 proposer=win, hidden_hook=hook)
+    eng = Engine(tiny_target, eos_ids=(257,), config=cfg, controller=AdaptiveSd.fixed(chain_arm("eagle", 4)),
+                 proposers={"eagle": win}, hidden_hook=hook)
     out = eng.generate(_requests(0.0))
     ref = Engine(tiny_target, eos_ids=(257,), config=cfg).generate(_requests(0.0))
     assert [s.tokens for s in out.sequences] == [s.tokens for s in ref.sequences]

@@ -10,18 +10,20 @@ from collections import defaultdict
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.model import preset, random_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
-from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec.small_model import SmallModelProposer
 
 TARGET = random_model(preset("tiny-llama", n_layers=4), seed=1, std=0.15)
 LAYERS = (2, 2, 1)  # eagle3_layers(4): a repeated layer must come back twice, in this order
 H = TARGET.args.dim
 
 
-def _hooked_run(spec: SpecConfig | None) -> tuple[list[list[int]], dict[tuple[int, int], list[torch.Tensor]]]:
+def _hooked_run(arm: Arm | None) -> tuple[list[list[int]], dict[tuple[int, int], list[torch.Tensor]]]:
     rows: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
     fed: dict[tuple[int, int], list[int]] = defaultdict(list)
 
@@ -31,26 +33,22 @@ def _hooked_run(spec: SpecConfig | None) -> tuple[list[list[int]], dict[tuple[in
             fed[sid].append(t)
             rows[sid].append(h.clone())
 
-    proposer = None
-    if spec is not None:
-        topk = spec.topk if spec.method == "tree" else 1
-        proposer = SmallModelProposer(perturbed_copy(TARGET, noise=0.1), SmallModelConfig(topk=topk))
     eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=3, sync_every=2,
                                                              capture_layers=LAYERS),
-                 spec=spec, proposer=proposer, hidden_hook=hook)
+                 controller=AdaptiveSd.fixed(arm) if arm is not None else None,
+                 proposers={"small": SmallModelProposer(perturbed_copy(TARGET, noise=0.1))}, hidden_hook=hook)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
-    out = eng.generate([Request(p, SamplingParams(temperature=0.0, max_new_tokens=12)) for p in prompts])
+    out = eng.generate([Request(p, RequestSampling(temperature=0.0, max_new_tokens=12)) for p in prompts])
     seqs = [prompts[s.request] + s.tokens for s in out.sequences]
     for s in out.sequences:  # each position's K/V entered the cache once, in order: all but the last token
         assert fed[(s.request, 0)] == seqs[s.request][:-1]
     return seqs, rows
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig("on", "chain", depth=3),
-                                  SpecConfig("on", "tree", depth=3, topk=2, verify_tokens=6)],
+@pytest.mark.parametrize("arm", [None, chain_arm("small", 3), tree_arm("small", 3, 2, 6)],
                          ids=["plain", "chain", "tree"])
-def test_hook_rows_are_the_layer_inputs_of_a_plain_forward(spec: SpecConfig | None) -> None:
-    seqs, rows = _hooked_run(spec)
+def test_hook_rows_are_the_layer_inputs_of_a_plain_forward(arm: Arm | None) -> None:
+    seqs, rows = _hooked_run(arm)
     for r, seq in enumerate(seqs):
         got = torch.stack(rows[(r, 0)])  # [N, 4H]
         with torch.no_grad():
@@ -65,7 +63,7 @@ def test_without_capture_layers_the_hook_gets_the_final_hidden() -> None:
     widths: set[int] = set()
     eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=32, max_slots=2),
                  hidden_hook=lambda s, t, h: widths.add(h.shape[-1]))
-    eng.generate([Request([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=4))])
+    eng.generate([Request([1, 2, 3], RequestSampling(temperature=0.0, max_new_tokens=4))])
     assert widths == {H}
 
 

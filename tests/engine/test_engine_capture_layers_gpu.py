@@ -12,11 +12,14 @@ from collections import defaultdict
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model import preset, random_model
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec_translate import drafter_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -25,7 +28,7 @@ def test_graphed_eagle3_capture_and_lossless_greedy() -> None:
     target = random_model(preset("tiny-llama", n_layers=4), seed=1, std=0.15, device="cuda")
     spec = JobSpec.model_validate({"model": {"builtin": "tiny-llama"},
                                    "drafter": {"kind": "eagle3", "buffer_gb": 0.01, "learning_rate": 1e-2}})
-    od = OnlineDrafter(spec, target)
+    od = OnlineDrafter(drafter_config(spec), target)
     rows: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
 
     def hook(seq_ids: list[tuple[int, int]], tokens: torch.Tensor, hidden: torch.Tensor) -> None:
@@ -34,11 +37,11 @@ def test_graphed_eagle3_capture_and_lossless_greedy() -> None:
             rows[sid].append(h.clone())
 
     cfg = EngineConfig(max_len=96, max_slots=4, cuda_graphs=True, capture_layers=od.capture_layers)
-    eng = Engine(target, eos_ids=(257,), config=cfg, spec=SpecConfig("on", "chain", depth=4), proposer=od.proposer,
-                 hidden_hook=hook)
-    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=40)),
-            Request([40, 41], SamplingParams(temperature=0.0, max_new_tokens=40)),
-            Request([9, 10, 11, 12, 13], SamplingParams(temperature=0.0, max_new_tokens=40))]
+    eng = Engine(target, eos_ids=(257,), config=cfg, controller=AdaptiveSd.fixed(chain_arm("eagle", 4)),
+                 proposers={"eagle": od.proposer}, hidden_hook=hook)
+    reqs = [Request([5, 6, 7, 8], RequestSampling(temperature=0.0, max_new_tokens=40)),
+            Request([40, 41], RequestSampling(temperature=0.0, max_new_tokens=40)),
+            Request([9, 10, 11, 12, 13], RequestSampling(temperature=0.0, max_new_tokens=40))]
     od.begin_rollout(0)
     od.observe_rollout(eng.generate(reqs))
     od.after_update(0, [])

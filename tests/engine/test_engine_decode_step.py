@@ -12,7 +12,7 @@ import torch
 from worker.tlt.rollout.decode_step import GREEDY, MIXED, DecodeStep, sampling_mode
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import naive_greedy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SequenceResult
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling, SequenceResult
 
 
 def test_sampling_mode() -> None:
@@ -25,9 +25,9 @@ def test_sampling_mode() -> None:
 def test_mixed_batch_keeps_greedy_rows_greedy() -> None:
     model = tiny_target()
     prompts = random_prompts(3, seed=11)
-    reqs = [Request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=10, eos_ids=())),
-            Request(prompts[1], SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=10, eos_ids=())),
-            Request(prompts[2], SamplingParams(temperature=1.0, top_k=5, max_new_tokens=10, eos_ids=()))]
+    reqs = [Request(prompts[0], RequestSampling(temperature=0.0, max_new_tokens=10, eos_ids=())),
+            Request(prompts[1], RequestSampling(temperature=0.8, top_p=0.9, max_new_tokens=10, eos_ids=())),
+            Request(prompts[2], RequestSampling(temperature=1.0, top_k=5, max_new_tokens=10, eos_ids=()))]
     engine = Engine(model, eos_ids=(), config=EngineConfig(max_len=48, max_slots=3, sync_every=3))
     out = engine.generate(reqs)
     assert out.sequences[0].tokens == naive_greedy(model, prompts[0], 10, ())
@@ -42,15 +42,15 @@ def test_mixed_batch_keeps_greedy_rows_greedy() -> None:
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_compiled_step_emits_the_eager_tokens(temperature: float) -> None:
     model = tiny_target()
-    reqs = [Request(p, SamplingParams(temperature=temperature, top_k=20, max_new_tokens=9, n=2))
+    reqs = [Request(p, RequestSampling(temperature=temperature, top_k=20, max_new_tokens=9, n=2))
             for p in random_prompts(2, seed=4)]
     runs = []
     for compiled in (False, True):
         torch._dynamo.reset()
         engine = Engine(model, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4, seed=7))
         if compiled:  # what EngineConfig.compile does on CUDA, with a backend that needs no C++ toolchain
-            engine.step = DecodeStep(model, engine.cache, engine.rows, engine.gen, compile_max_batch=4,
-                                     compiler="aot_eager")
+            engine.state.step = DecodeStep(model, engine.cache, engine.rows, engine.gen, compile_max_batch=4,
+                                           compiler="aot_eager")
         out = engine.generate(reqs)
         runs.append([(s.tokens, s.logprobs) for s in out.sequences])
     assert runs[0] == runs[1]
@@ -60,21 +60,21 @@ def test_attention_bound_follows_plain_steps() -> None:
     model = tiny_target()
     prompts = random_prompts(3, seed=2)
     engine = Engine(model, eos_ids=(), config=EngineConfig(max_len=40, max_slots=3))
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=20)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=20)) for p in prompts]
     engine.prefill([(i, 0) for i in range(3)], reqs)
     for _ in range(5):
         engine.decode_step(3)
     # while no row hit its budget the bound is exact: cached tokens (the next step attends up to it + 1)
-    assert engine.row_hi[:3].tolist() == engine.rows.lens[:3].tolist()
-    assert engine._active_hi() == int(engine.rows.lens[:3].max())
-    engine.row_hi[0] += 30  # a speculative step writes into the array: the cached maximum must follow
-    assert engine._active_hi() == int(engine.rows.lens[0]) + 30
+    assert engine.state.row_hi[:3].tolist() == engine.rows.lens[:3].tolist()
+    assert engine.state.active_hi() == int(engine.rows.lens[:3].max())
+    engine.state.row_hi[0] += 30  # a speculative step writes into the array: the cached maximum must follow
+    assert engine.state.active_hi() == int(engine.rows.lens[0]) + 30
 
 
 def test_row_state_snapshot_restores_in_place() -> None:
     engine = Engine(tiny_target(), eos_ids=(), config=EngineConfig(max_len=32, max_slots=2))
     prompts = random_prompts(2, seed=1)
-    engine.prefill([(0, 0), (1, 0)], [Request(p, SamplingParams(max_new_tokens=8)) for p in prompts])
+    engine.prefill([(0, 0), (1, 0)], [Request(p, RequestSampling(max_new_tokens=8)) for p in prompts])
     st = engine.rows
     before = [t.clone() for t in st.tensors()]
     ptrs = [t.data_ptr() for t in st.tensors()]
@@ -89,7 +89,7 @@ def test_row_state_snapshot_restores_in_place() -> None:
 def test_on_finish_called_once_per_sequence_as_it_leaves() -> None:
     model = tiny_target()
     prompts = random_prompts(5, seed=6)
-    reqs = [Request(p, SamplingParams(temperature=1.0, max_new_tokens=3 + 4 * i, n=2, eos_ids=()))
+    reqs = [Request(p, RequestSampling(temperature=1.0, max_new_tokens=3 + 4 * i, n=2, eos_ids=()))
             for i, p in enumerate(prompts)]
     engine = Engine(model, eos_ids=(), config=EngineConfig(max_len=64, max_slots=4, sync_every=2))
     seen: list[tuple[SequenceResult, int]] = []

@@ -16,12 +16,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.bench import chat_prompts, gsm8k_questions
 from worker.tlt.config import ModelSource
 from worker.tlt.model.load import load_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 from worker.tlt.spec.ngram import NGramProposer
 from worker.tlt.spec.proposer import Proposer
 from worker.tlt.spec.small_model import SmallModelProposer
@@ -47,7 +49,7 @@ def smollm2():
 def test_cuda_graph_decode_equals_eager(smollm2) -> None:
     model, tok = smollm2
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", 12))
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=64)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=64)) for p in prompts]
     outs = []
     for graphs in (False, True):
         cfg = EngineConfig(max_len=512, max_slots=12, cuda_graphs=graphs)
@@ -71,10 +73,10 @@ def _tokens(model, tok, reqs, *, graphs: bool, compile: bool = False, seed: int 
 def test_sampled_graph_decode_equals_eager_same_seed(smollm2, setting: str) -> None:
     model, tok = smollm2
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", 4))
-    params = {"top_k50": [SamplingParams(temperature=1.0, top_k=50, max_new_tokens=96, n=4)] * 4,
-              "plain": [SamplingParams(temperature=1.0, max_new_tokens=96, n=4)] * 4,
-              "top_p": [SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=96, n=4)] * 4,
-              "mixed": [SamplingParams(temperature=t, top_p=p, top_k=k, max_new_tokens=96, n=4)
+    params = {"top_k50": [RequestSampling(temperature=1.0, top_k=50, max_new_tokens=96, n=4)] * 4,
+              "plain": [RequestSampling(temperature=1.0, max_new_tokens=96, n=4)] * 4,
+              "top_p": [RequestSampling(temperature=0.7, top_p=0.9, max_new_tokens=96, n=4)] * 4,
+              "mixed": [RequestSampling(temperature=t, top_p=p, top_k=k, max_new_tokens=96, n=4)
                         for t, p, k in [(1.0, 1.0, 50), (0.0, 1.0, 0), (0.8, 0.95, 0), (1.2, 1.0, 20)]]}[setting]
     reqs = [Request(pr, pa) for pr, pa in zip(prompts, params, strict=True)]
     eager, _ = _tokens(model, tok, reqs, graphs=False)
@@ -89,7 +91,7 @@ def test_sampled_graph_decode_equals_eager_same_seed(smollm2, setting: str) -> N
 def test_graph_decode_with_hidden_hook_equals_eager(smollm2) -> None:
     model, tok = smollm2
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", 3))
-    reqs = [Request(p, SamplingParams(temperature=1.0, top_k=50, max_new_tokens=48, n=2)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=1.0, top_k=50, max_new_tokens=48, n=2)) for p in prompts]
     seen: dict[bool, list] = {False: [], True: []}
     for graphs in (False, True):
         def hook(seqs, toks, hidden, g=graphs) -> None:
@@ -101,7 +103,7 @@ def test_graph_decode_with_hidden_hook_equals_eager(smollm2) -> None:
 
 def test_compiled_graphs_greedy_identical_fp32_tiny() -> None:
     target = tiny_target().cuda()
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=24)) for p in random_prompts(6, seed=2)]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=24)) for p in random_prompts(6, seed=2)]
     eager, _ = _tokens(target, None, reqs, graphs=False)
     compiled, engine = _tokens(target, None, reqs, graphs=True, compile=True)
     assert engine.step.compile_max_batch > 0 and engine.graphs is not None and len(engine.graphs) > 0
@@ -124,7 +126,7 @@ def test_prefill_graphs_replay_small_chunks(smollm2) -> None:
     """4 greedy requests in 2 slots: those admitted alone (fused prefill chunks, past the active row) run eagerly and
     are captured the first time, replayed the second; tokens and log-probs equal the engine without graphs'."""
     model, tok = smollm2
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=24 + 16 * i))
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=24 + 16 * i))
             for i, p in enumerate(chat_prompts(tok, gsm8k_questions("gsm8k", 4)))]
 
     def run(engine: Engine) -> list[tuple[list[int], list[float]]]:
@@ -146,7 +148,7 @@ def test_prefill_graphs_replay_small_chunks(smollm2) -> None:
 def test_sampling_with_graphs_is_reproducible(smollm2) -> None:
     model, tok = smollm2
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", 4))
-    reqs = [Request(p, SamplingParams(temperature=1.0, max_new_tokens=64, n=4)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=1.0, max_new_tokens=64, n=4)) for p in prompts]
     runs = [[s.tokens for s in Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=512, max_slots=16,
                                                                                         seed=3)).generate(reqs).sequences]
             for _ in range(2)]
@@ -156,30 +158,30 @@ def test_sampling_with_graphs_is_reproducible(smollm2) -> None:
 def test_spec_greedy_identical_fp32_cuda() -> None:
     target = tiny_target().cuda()
     drafter = perturbed_copy(target, 0.15)
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=24)) for p in random_prompts(16, seed=1)]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=24)) for p in random_prompts(16, seed=1)]
     base = Engine(target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=16)).generate(reqs)
-    cases: list[tuple[SpecConfig, Proposer]] = [
-        (SpecConfig("on", "chain", depth=4), SmallModelProposer(drafter)),
-        (SpecConfig("on", "tree", depth=3, topk=2, verify_tokens=8), NGramProposer())]
-    for spec, prop in cases:
-        out = Engine(target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=16), spec=spec,
-                     proposer=prop).generate(reqs)
+    cases: list[tuple[Arm, Proposer]] = [
+        (chain_arm("small", 4), SmallModelProposer(drafter)),
+        (tree_arm("ngram", 3, 2, 8), NGramProposer())]
+    for arm, prop in cases:
+        out = Engine(target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=16),
+                     controller=AdaptiveSd.fixed(arm), proposers={arm.drafter: prop}).generate(reqs)
         assert [s.tokens for s in out.sequences] == [s.tokens for s in base.sequences]
 
 
 def test_bf16_identical_token_fraction_smollm2(smollm2) -> None:
     model, tok = smollm2
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", 32))
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=256)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=256)) for p in prompts]
     base = [s.tokens for s in Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=768, max_slots=32))
             .generate(reqs).sequences]
-    cases: list[tuple[str, SpecConfig, Proposer]] = [
-        ("ngram-chain5", SpecConfig("on", "chain", depth=5), NGramProposer()),
-        ("small-chain4", SpecConfig("on", "chain", depth=4), SmallModelProposer(perturbed_copy(model, 0.02))),
+    cases: list[tuple[str, Arm, Proposer]] = [
+        ("ngram-chain5", chain_arm("ngram", 5), NGramProposer()),
+        ("small-chain4", chain_arm("small", 4), SmallModelProposer(perturbed_copy(model, 0.02))),
     ]
-    for name, spec, prop in cases:
-        engine = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=768, max_slots=32), spec=spec,
-                        proposer=prop)
+    for name, arm, prop in cases:
+        engine = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=768, max_slots=32),
+                        controller=AdaptiveSd.fixed(arm), proposers={arm.drafter: prop})
         got = [s.tokens for s in engine.generate(reqs).sequences]
         frac = _common_prefix_fraction(got, base)
         identical = sum(g == w for g, w in zip(got, base, strict=True))

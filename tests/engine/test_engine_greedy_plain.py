@@ -9,7 +9,7 @@ import torch
 
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import naive_greedy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
@@ -18,7 +18,7 @@ def test_plain_greedy_matches_naive(arch: str, slots: int, sync_every: int) -> N
     model = tiny_target(arch)
     prompts = random_prompts(7, seed=3)
     eos = (257,)
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=6 + 3 * i)) for i, p in enumerate(prompts)]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=6 + 3 * i)) for i, p in enumerate(prompts)]
     engine = Engine(model, eos_ids=eos, config=EngineConfig(max_len=64, max_slots=slots, sync_every=sync_every))
     out = engine.generate(reqs)
     assert [(s.request, s.sample) for s in out.sequences] == [(i, 0) for i in range(7)]
@@ -41,7 +41,7 @@ def test_early_eos_and_samples_per_prompt() -> None:
     prompts = random_prompts(4, seed=5)
     refs = [naive_greedy(model, p, 12, ()) for p in prompts]
     eos = (refs[0][3],)  # a token the first sequence emits early
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=12, n=3, eos_ids=eos)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=12, n=3, eos_ids=eos)) for p in prompts]
     out = Engine(model, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=5, sync_every=2)).generate(reqs)
     assert len(out.sequences) == 12
     for s in out.sequences:
@@ -54,4 +54,4 @@ def test_early_eos_and_samples_per_prompt() -> None:
 def test_prompt_too_long_is_refused() -> None:
     engine = Engine(tiny_target(), eos_ids=(257,), config=EngineConfig(max_len=16, max_slots=2))
     with pytest.raises(ValueError, match="max_len"):
-        engine.generate([Request([1] * 10, SamplingParams(max_new_tokens=10))])
+        engine.generate([Request([1] * 10, RequestSampling(max_new_tokens=10))])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from worker.tlt.decoding.kv_cache import KVCache, bytes_per_token, slots_for_budget
 from worker.tlt.model.args import preset
-from worker.tlt.rollout.kv_cache import KVCache, bytes_per_token, slots_for_budget
 
 
 def _cache() -> KVCache:

@@ -12,17 +12,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
 from worker.tlt.spec.small_model import SmallModelProposer
 
 EOS = (257,)
 
 
 def _requests(temperature: float, n: int = 1, seed: int = 3) -> list[Request]:
-    return [Request(p, SamplingParams(temperature=temperature, max_new_tokens=5 + 2 * i, n=n))
+    return [Request(p, RequestSampling(temperature=temperature, max_new_tokens=5 + 2 * i, n=n))
             for i, p in enumerate(random_prompts(4, seed=seed))]
 
 
@@ -79,12 +81,11 @@ def test_sampled_after_release_and_restore_equals_a_fresh_engine_with_the_same_s
 def test_small_model_drafter_cache_goes_too_and_sd_output_is_unchanged() -> None:
     target = tiny_target()
     drafter = perturbed_copy(target, 0.3)
-    spec = SpecConfig(mode="on", method="chain", depth=3)
 
     def make() -> tuple[Engine, SmallModelProposer]:
         prop = SmallModelProposer(drafter)
-        return Engine(target, eos_ids=EOS, config=EngineConfig(max_len=48, max_slots=3, seed=11), spec=spec,
-                      proposer=prop), prop
+        return Engine(target, eos_ids=EOS, config=EngineConfig(max_len=48, max_slots=3, seed=11),
+                      controller=AdaptiveSd.fixed(chain_arm("small", 3)), proposers={"small": prop}), prop
 
     engine, prop = make()
     engine.generate(_requests(0.0))

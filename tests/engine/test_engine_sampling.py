@@ -7,22 +7,24 @@ from __future__ import annotations
 
 import torch
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 from worker.tlt.selfcheck import sampling_check
 from worker.tlt.spec.small_model import SmallModelProposer
 
 
 def _rollout(seed: int, spec: bool) -> list[list[int]]:
     target = tiny_target()
-    reqs = [Request(p, SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=12, n=3))
+    reqs = [Request(p, RequestSampling(temperature=0.9, top_p=0.95, max_new_tokens=12, n=3))
             for p in random_prompts(4, seed=2)]
     engine = Engine(target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=5, seed=seed),
-                    spec=SpecConfig("on", "chain", depth=3) if spec else None,
-                    proposer=SmallModelProposer(perturbed_copy(target, 0.15)) if spec else None)
+                    controller=AdaptiveSd.fixed(chain_arm("small", 3)) if spec else None,
+                    proposers={"small": SmallModelProposer(perturbed_copy(target, 0.15))})
     return [s.tokens for s in engine.generate(reqs).sequences]
 
 
@@ -50,12 +52,11 @@ def test_hidden_hook_sees_every_cached_position() -> None:
         seen.extend(zip(seqs, toks.tolist(), hidden, strict=True))
 
     prompts = random_prompts(3, seed=9)
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=8)) for p in prompts]
-    for spec in (None, SpecConfig("on", "chain", depth=3)):
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=8)) for p in prompts]
+    for ctl in (None, AdaptiveSd.fixed(chain_arm("small", 3))):
         seen.clear()
-        engine = Engine(target, eos_ids=(), config=EngineConfig(max_len=48, max_slots=2), spec=spec,
-                        proposer=SmallModelProposer(perturbed_copy(target, 0.15)) if spec else None,
-                        hidden_hook=hook)
+        engine = Engine(target, eos_ids=(), config=EngineConfig(max_len=48, max_slots=2), controller=ctl,
+                        proposers={"small": SmallModelProposer(perturbed_copy(target, 0.15))}, hidden_hook=hook)
         out = engine.generate(reqs)
         for s in out.sequences:
             full = prompts[s.request] + s.tokens

@@ -15,14 +15,16 @@ import pytest
 import torch
 
 from tests.kernels.cases import REAL_HEADS
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.model.args import ModelArgs, shape
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.load import build_model, load_hf_state_dict, random_model
 from worker.tlt.model.memory_plan import plan_kv
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
-from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec.small_model import SmallModelProposer
 
 
 def _hf(args: ModelArgs):  # type: ignore[no-untyped-def]
@@ -58,15 +60,15 @@ def test_greedy_sd_identical_at_real_head_shapes(name: str) -> None:
     target = random_model(REAL_HEADS[name], seed=1, std=0.1)
     drafter = perturbed_copy(target, noise=0.15)
     prompts = random_prompts(3, seed=5)
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=12 + 3 * i)) for i, p in enumerate(prompts)]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=12 + 3 * i)) for i, p in enumerate(prompts)]
 
-    def run(spec: SpecConfig | None):  # type: ignore[no-untyped-def]
-        proposer = SmallModelProposer(drafter, SmallModelConfig(topk=1)) if spec is not None else None
+    def run(sd: bool):  # type: ignore[no-untyped-def]
         engine = Engine(target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=3, sync_every=4),
-                        spec=spec, proposer=proposer)
+                        controller=AdaptiveSd.fixed(chain_arm("small", 7)) if sd else None,
+                        proposers={"small": SmallModelProposer(drafter)})
         return engine.generate(reqs)
 
-    plain, sd = run(None), run(SpecConfig("on", "chain", depth=7))
+    plain, sd = run(False), run(True)
     assert [s.tokens for s in sd.sequences] == [s.tokens for s in plain.sequences]
     assert sum(s.accepted for s in sd.steps) > 0  # the drafter was right some of the time: real acceptance
     assert any(s.kind == "spec" and s.accepted < s.verify_tokens - 1 for s in sd.steps)  # and wrong some: roll-back

@@ -15,7 +15,7 @@ import pytest
 from worker.tlt.rollout import engine as engine_mod
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
 from worker.tlt.rollout.windows import PlainWindows
 
 MODEL = tiny_target()
@@ -29,7 +29,7 @@ def _generate(reqs: list[Request], eos: tuple[int, ...], slots: int, overlap: bo
 
 
 def _requests(n: int, seed: int) -> list[Request]:
-    return [Request(p, SamplingParams(temperature=0.0, max_new_tokens=10 + 3 * (i % 4)))
+    return [Request(p, RequestSampling(temperature=0.0, max_new_tokens=10 + 3 * (i % 4)))
             for i, p in enumerate(random_prompts(n, seed=seed, hi=10))]
 
 

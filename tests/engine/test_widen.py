@@ -18,7 +18,7 @@ from worker.tlt.model.tokenizer import Tokenizer
 from worker.tlt.model.transformer import Transformer, rope_inv_freq
 from worker.tlt.model.widen import WIDENED_BUILTINS, Widening, parse_name, plan, plan_into, widen_state_dict
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_logits_match_smollm2(pair) -> None:
 
 def test_engine_greedy_tokens_match_smollm2(pair) -> None:
     small, wide, _, tok = pair
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=24)) for p in _prompts(tok, 12)]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=24)) for p in _prompts(tok, 12)]
     cfg = EngineConfig(max_len=320, max_slots=12)
     ref = Engine(small, eos_ids=tok.eos_ids, config=cfg).generate(reqs)
     out = Engine(wide, eos_ids=tok.eos_ids, config=cfg).generate(reqs)

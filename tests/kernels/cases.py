@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.model.args import ModelArgs, RopeScaling, shape
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rollout.kv_cache import KVCache
 from worker.tlt.rollout.reference import tiny_target
 
 # (preset, overrides): Llama GQA G=2, Llama G=1, Qwen2 (qkv bias), Qwen3 (q/k norm, head_dim 32)

@@ -13,9 +13,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from worker.tlt.decoding.row_state import RowState
 from worker.tlt.kernels import attention, chain_verify, draft_sample, linear, qkv_rope, sample_commit, spec_commit
 from worker.tlt.kernels.common import Config
-from worker.tlt.rollout.state import RowState
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",

@@ -14,16 +14,18 @@ import os
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
+from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.kernels import chain_verify as cv
 from worker.tlt.kernels.chain_verify import chain_verify
 from worker.tlt.rollout import spec_body
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.sampling import processed_probs
-from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
-from worker.tlt.spec.types import DraftProposal, VerifyResult
+from worker.tlt.spec.small_model import SmallModelProposer
 from worker.tlt.spec.verify import verify_sampling
 
 
@@ -192,13 +194,12 @@ def test_engine_routing_changes_no_token(drafter: str, monkeypatch: pytest.Monke
     """Sampled chain SD (T = 0.8) through spec_body with the kernel routed in (its CUDA condition lifted: the
     interpreter) emits exactly the torch path's tokens: same acceptance, same draws from the engine's generator."""
     target = tiny_target()
-    reqs = [Request(p * 2, SamplingParams(temperature=0.8, max_new_tokens=12)) for p in random_prompts(3, seed=5)]
+    reqs = [Request(p * 2, RequestSampling(temperature=0.8, max_new_tokens=12)) for p in random_prompts(3, seed=5)]
 
     def tokens() -> tuple[list[list[int]], tuple[float, float]]:
-        prop = NGramProposer() if drafter == "ngram" else SmallModelProposer(perturbed_copy(target, 0.15),
-                                                                            SmallModelConfig(topk=1))
+        prop = NGramProposer() if drafter == "ngram" else SmallModelProposer(perturbed_copy(target, 0.15))
         eng = Engine(target, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=4, seed=3),
-                     spec=SpecConfig("on", "chain", depth=3), proposer=prop)
+                     controller=AdaptiveSd.fixed(chain_arm(drafter, 3)), proposers={drafter: prop})  # type: ignore[arg-type]
         out = [s.tokens for s in eng.generate(reqs).sequences]
         return out, (eng.accept_stats.mean_accept_len, eng.accept_stats.tokens_per_verify_node)
 

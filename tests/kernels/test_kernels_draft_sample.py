@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
+from worker.tlt.decoding.sampling import pick_with_noise, processed_probs
 from worker.tlt.kernels.draft_sample import draft_sample
-from worker.tlt.spec.sampling import pick_with_noise, processed_probs
 
 
 def _case(b: int, v: int, seed: int, dtype: torch.dtype, holes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,28 +5,35 @@ Run: python -m pytest tests/kernels/test_kernels_engine.py -q"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.args import preset
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
-from worker.tlt.spec.ngram import NGramConfig, NGramProposer
-from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec.ngram import NGramProposer
+from worker.tlt.spec.proposer import Proposer
+from worker.tlt.spec.small_model import SmallModelProposer
 
 
-def _generate(model: torch.nn.Module, reqs: list[Request], fused: bool, spec: SpecConfig | None = None,
-              proposer: object = None) -> list[list[int]]:
+def _generate(model: torch.nn.Module, reqs: list[Request], fused: bool, arm: Arm | None = None,
+              proposer: Proposer | None = None) -> list[list[int]]:
     cfg = EngineConfig(max_len=64, max_slots=3, sync_every=3, fused_kernels=fused)
-    engine = Engine(model, eos_ids=(257,), config=cfg, spec=spec, proposer=proposer)  # type: ignore[arg-type]
+    sd: dict[str, Any] = {} if arm is None or proposer is None else {"controller": AdaptiveSd.fixed(arm),
+                                                     "proposers": {arm.drafter: proposer}}
+    engine = Engine(model, eos_ids=(257,), config=cfg, **sd)  # type: ignore[arg-type]
     assert engine.step.fused is fused
     return [s.tokens for s in engine.generate(reqs).sequences]
 
 
 def _requests(n: int, seed: int, new: int) -> list[Request]:
-    return [Request(p, SamplingParams(temperature=0.0, max_new_tokens=new + i)) for i, p in
+    return [Request(p, RequestSampling(temperature=0.0, max_new_tokens=new + i)) for i, p in
             enumerate(random_prompts(n, seed=seed, hi=12))]
 
 
@@ -41,17 +48,16 @@ def test_fused_speculative_chain_equals_plain() -> None:
     model = tiny_target()
     reqs = _requests(3, seed=2, new=10)
     plain = _generate(model, reqs, fused=True)
-    drafter = SmallModelProposer(perturbed_copy(model, noise=0.15), SmallModelConfig(topk=1))
-    spec = _generate(model, reqs, fused=True, spec=SpecConfig("on", "chain", depth=3), proposer=drafter)
+    drafter = SmallModelProposer(perturbed_copy(model, noise=0.15))
+    spec = _generate(model, reqs, fused=True, arm=chain_arm("small", 3), proposer=drafter)
     assert spec == plain
 
 
 def test_fused_speculative_tree_equals_plain() -> None:
     model = tiny_target("tiny-qwen2")
-    reqs = [Request([5, 6, 7, 5, 6, 7, 5, 6] * 2, SamplingParams(temperature=0.0, max_new_tokens=12))]
+    reqs = [Request([5, 6, 7, 5, 6, 7, 5, 6] * 2, RequestSampling(temperature=0.0, max_new_tokens=12))]
     plain = _generate(model, reqs, fused=True)
-    spec = _generate(model, reqs, fused=True, spec=SpecConfig("on", "tree", depth=2, topk=2, verify_tokens=5),
-                     proposer=NGramProposer(NGramConfig(topk=2)))
+    spec = _generate(model, reqs, fused=True, arm=tree_arm("ngram", 2, 2, 5), proposer=NGramProposer())
     assert spec == plain
 
 
@@ -110,7 +116,7 @@ def test_small_prefill_chunks_run_fused(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(model, "forward_hidden", spy)
     prompts = random_prompts(2, seed=4, hi=12)  # padded to 16 tokens each: one chunk of 2 x 16 = 32 tokens
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=1)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=1)) for p in prompts]
     cfg = EngineConfig(max_len=64, max_slots=2, fused_kernels=True)
     fused_first = [s.tokens for s in Engine(model, eos_ids=(257,), config=cfg).generate(reqs).sequences]
     assert torch_calls == []
@@ -127,7 +133,7 @@ def test_sampled_first_tokens_of_later_rows_fused_equal_torch_sampler(monkeypatc
     from worker.tlt.rollout.decode_step import DecodeStep
 
     model = tiny_target()
-    reqs = [Request(p, SamplingParams(temperature=0.8, top_k=20, max_new_tokens=3 + 2 * i)) for i, p in
+    reqs = [Request(p, RequestSampling(temperature=0.8, top_k=20, max_new_tokens=3 + 2 * i)) for i, p in
             enumerate(random_prompts(5, seed=9, hi=12))]
 
     def run() -> list[tuple[list[int], list[float]]]:

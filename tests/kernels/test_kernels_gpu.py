@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from tests.kernels.cases import Batch, clone_cache, decode_batch, random_cache, tree_batch
+from worker.tlt.adaptive.arms import Arm, chain_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.kernels import tuning
 from worker.tlt.kernels.settings import KernelConfig, configure
 from worker.tlt.model.args import preset
@@ -26,8 +28,8 @@ from worker.tlt.model.load import random_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
-from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec.small_model import SmallModelProposer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -123,11 +125,11 @@ def test_cuda_graph_replay_equals_eager(smol: Transformer, configs: str) -> None
     assert all(torch.equal(x, y) for x, y in zip((*cache.k, *cache.v), (*eager_cache.k, *eager_cache.v), strict=True))
 
 
-def _engine_tokens(model: Transformer, graphs: bool, spec: SpecConfig | None = None) -> list[list[int]]:
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=24)) for p in random_prompts(6, seed=3)]
-    proposer = None if spec is None else SmallModelProposer(perturbed_copy(model, 0.15), SmallModelConfig(topk=1))
+def _engine_tokens(model: Transformer, graphs: bool, arm: Arm | None = None) -> list[list[int]]:
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=24)) for p in random_prompts(6, seed=3)]
     cfg = EngineConfig(max_len=96, max_slots=4, cuda_graphs=graphs, fused_kernels=True)
-    engine = Engine(model, eos_ids=(257,), config=cfg, spec=spec, proposer=proposer)
+    engine = Engine(model, eos_ids=(257,), config=cfg, controller=AdaptiveSd.fixed(arm) if arm else None,
+                    proposers={"small": SmallModelProposer(perturbed_copy(model, 0.15))})
     assert engine.step.fused
     return [s.tokens for s in engine.generate(reqs).sequences]
 
@@ -137,7 +139,7 @@ def test_engine_fused_graphs_and_sd_fp32_tiny() -> None:
     model.init_rope("cuda")
     eager = _engine_tokens(model, graphs=False)
     assert _engine_tokens(model, graphs=True) == eager
-    assert _engine_tokens(model, graphs=True, spec=SpecConfig("on", "chain", depth=3)) == eager
+    assert _engine_tokens(model, graphs=True, arm=chain_arm("small", 3)) == eager
 
 
 def test_qkv_tiles_bit_identical_fp32() -> None:

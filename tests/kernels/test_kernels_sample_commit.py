@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.tlt.decoding.row_state import RowState
 from worker.tlt.kernels import sample_commit as sc
 from worker.tlt.kernels.sample_commit import sample_commit, supported
 from worker.tlt.kernels.settings import KernelConfig, configure
@@ -34,8 +35,7 @@ from worker.tlt.rollout.decode_step import (
 )
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import random_prompts, tiny_target
-from worker.tlt.rollout.state import RowState
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 
 def _rows(slots: int, seed: int, device: str = "cpu") -> RowState:
@@ -279,7 +279,7 @@ def test_supported_top_k() -> None:
     assert sc._chunk_for(256, 49152) == 4096 and sc._chunk_for(50, 49152) == 2048
 
 
-def _decode(mode_params: SamplingParams, fused_sampler: bool, steps: int,
+def _decode(mode_params: RequestSampling, fused_sampler: bool, steps: int,
             monkeypatch: pytest.MonkeyPatch) -> tuple[list[torch.Tensor], int]:
     """Prefill 3 rows of a tiny model, then `steps` plain decode steps through a DecodeStep whose fused flag is on
     (torch forward: fused_max_seqs=0) -> (row state, sample_commit calls)."""
@@ -295,7 +295,7 @@ def _decode(mode_params: SamplingParams, fused_sampler: bool, steps: int,
     engine.step = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True, fused_max_seqs=0,
                              fused_sampler=fused_sampler)
     prompts = random_prompts(3, seed=8)
-    reqs = [Request(p, SamplingParams(temperature=mode_params.temperature, top_k=mode_params.top_k,
+    reqs = [Request(p, RequestSampling(temperature=mode_params.temperature, top_k=mode_params.top_k,
                                       max_new_tokens=(2, 4, 9)[i])) for i, p in enumerate(prompts)]
     engine.prefill([(i, 0) for i in range(3)], reqs)
     mode = sampling_mode([(mode_params.temperature, 1.0, mode_params.top_k)] * 3)
@@ -305,8 +305,8 @@ def _decode(mode_params: SamplingParams, fused_sampler: bool, steps: int,
     return engine.rows.tensors(), len(calls)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=20)])
-def test_decode_step_routes_and_matches_torch(params: SamplingParams, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("params", [RequestSampling(temperature=0.0), RequestSampling(temperature=0.8, top_k=20)])
+def test_decode_step_routes_and_matches_torch(params: RequestSampling, monkeypatch: pytest.MonkeyPatch) -> None:
     """The prefill's first tokens and 5 steps (rows 0 and 1 reach their 2 and 4 new tokens on the way, then commit
     nothing): the fused sampler's row state is the torch path's, with the same draws from the engine's generator."""
     want, n_torch = _decode(params, False, 5, monkeypatch)

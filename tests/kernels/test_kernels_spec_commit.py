@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.tlt.decoding.row_state import RowState
 from worker.tlt.kernels.spec_commit import spec_commit
 from worker.tlt.rollout.spec_body import torch_commit
-from worker.tlt.rollout.state import RowState
 
 
 def _case(seed: int, r: int, depth: int, device: str) -> tuple[RowState, tuple]:  # type: ignore[type-arg]

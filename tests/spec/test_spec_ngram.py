@@ -20,7 +20,7 @@ PROMPT = [100, 101, 102, 103]
 
 
 def ctx_for(
-    groups: dict[int, list[list[int]]], rows: list[tuple[int, int]], max_nodes: int, max_depth: int
+    groups: dict[int, list[list[int]]], rows: list[tuple[int, int]], max_nodes: int, max_depth: int, topk: int = 1
 ) -> DraftContext:
     return DraftContext(
         histories=[groups[g][s] for g, s in rows],
@@ -29,6 +29,7 @@ def ctx_for(
         sample_ids=[s for _, s in rows],
         max_nodes=max_nodes,
         max_depth=max_depth,
+        topk=topk,
         groups=groups,
     )
 
@@ -81,8 +82,8 @@ def test_tree_of_distinct_continuations_respects_budget_and_depth() -> None:
     s2 = PROMPT + [1, 2, 3, 4, 6]
     me = PROMPT + [8, 2, 3]
     groups = {0: [s0, s1, s2, me]}
-    drafter = NGramProposer(NGramConfig(topk=2))
-    prop = drafter.propose(ctx_for(groups, [(0, 3)], max_nodes=4, max_depth=2))
+    drafter = NGramProposer()
+    prop = drafter.propose(ctx_for(groups, [(0, 3)], max_nodes=4, max_depth=2, topk=2))
     validate_proposal(prop, max_nodes=4, max_depth=2)
     n = int(prop.counts[0])
     assert n == 4
@@ -91,7 +92,7 @@ def test_tree_of_distinct_continuations_respects_budget_and_depth() -> None:
     # most supported: 4 (twice), then 9 (once) at depth 1; then 4's children 5 / 6 tie: the most recent (6) wins
     assert toks == [3, 4, 9, 6] and pars == [-1, 0, 0, 1]
     assert int(node_depths(prop.parents).max()) <= 2
-    chain = NGramProposer(NGramConfig(topk=1)).propose(ctx_for(groups, [(0, 3)], max_nodes=16, max_depth=2))
+    chain = NGramProposer().propose(ctx_for(groups, [(0, 3)], max_nodes=16, max_depth=2, topk=1))
     assert drafted(chain, 0) == [4, 6]
 
 
@@ -159,7 +160,7 @@ def test_greedy_sd_with_ngram_drafter_equals_plain_greedy() -> None:
 
 
 # ---- the vectorised drafter against a plain-Python statement of its rule ----------------------------------------
-def reference_drafts(groups: dict[int, list[list[int]]], rows: list[tuple[int, int]], cfg: NGramConfig,
+def reference_drafts(groups: dict[int, list[list[int]]], rows: list[tuple[int, int]], cfg: NGramConfig, topk: int,
                      plen: int, max_nodes: int, max_depth: int) -> list[tuple[list[int], list[int]]]:
     """(tokens, parents) per row from the final histories: every occurrence of the row's last min_n tokens that has
     a continuation (a sibling's shared prompt not counted twice), the max_scan latest by (key end, member), the
@@ -184,12 +185,12 @@ def reference_drafts(groups: dict[int, list[list[int]]], rows: list[tuple[int, i
             scored.append((n, q, m))
         best = max((n for n, _, _ in scored), default=0)
         trie = ngram._Trie()
-        depth = max_depth if cfg.topk > 1 else min(max_depth, max_nodes - 1)
+        depth = max_depth if topk > 1 else min(max_depth, max_nodes - 1)
         if len(me) >= n0 and depth >= 1 and max_nodes >= 2:
             for q, m in [(q, m) for n, q, m in scored if n == best][: cfg.max_matches]:
                 trie.add(members[m][q + 1 : q + 1 + depth])
         idx, toks, pars = {0: 0}, [me[-1]], [-1]
-        for i in trie.select(cfg.topk, max_nodes):
+        for i in trie.select(topk, max_nodes):
             idx[i] = len(toks)
             toks.append(trie.tokens[i])
             pars.append(idx[trie.parents[i]])
@@ -214,17 +215,17 @@ def as_lists(prop) -> list[tuple[list[int], list[int]]]:
     return [(prop.tokens[b, : n[b]].tolist(), prop.parents[b, : n[b]].tolist()) for b in range(len(n))]
 
 
-@pytest.mark.parametrize("cfg", [NGramConfig(), NGramConfig(min_n=2, max_n=4, max_scan=8, max_matches=3),
-                                 NGramConfig(topk=2), NGramConfig(min_n=3, topk=3, max_matches=4)])
-def test_vectorised_drafts_equal_the_reference_rule(cfg: NGramConfig) -> None:
+@pytest.mark.parametrize(("cfg", "topk"), [(NGramConfig(), 1), (NGramConfig(min_n=2, max_n=4, max_scan=8, max_matches=3), 1),
+                                           (NGramConfig(), 2), (NGramConfig(min_n=3, max_matches=4), 3)])
+def test_vectorised_drafts_equal_the_reference_rule(cfg: NGramConfig, topk: int) -> None:
     rng = random.Random(7)
     for trial in range(12):
         groups = {g: random_group(rng, rng.randint(1, 5), vocab=6 + trial, length=60) for g in range(3)}
         rows = [(g, s) for g in groups for s in range(len(groups[g])) if rng.random() < 0.7] or [(0, 0)]
         nodes, depth = rng.choice([(2, 1), (5, 4), (8, 3), (16, 6)])
-        prop = NGramProposer(cfg).propose(ctx_for(groups, rows, nodes, depth))
+        prop = NGramProposer(cfg).propose(ctx_for(groups, rows, nodes, depth, topk))
         validate_proposal(prop, max_nodes=nodes, max_depth=depth)
-        assert as_lists(prop) == reference_drafts(groups, rows, cfg, len(PROMPT), nodes, depth)
+        assert as_lists(prop) == reference_drafts(groups, rows, cfg, topk, len(PROMPT), nodes, depth)
 
 
 @pytest.mark.parametrize("topk", [1, 2])
@@ -234,12 +235,12 @@ def test_incremental_index_drafts_what_a_fresh_one_drafts(topk: int) -> None:
     rng = random.Random(3)
     finals = {g: random_group(rng, 4, vocab=9, length=120) for g in range(3)}
     groups = {g: [h[: len(PROMPT) + 1] for h in hs] for g, hs in finals.items()}
-    live = NGramProposer(NGramConfig(topk=topk))
+    live = NGramProposer()
     for _ in range(40):
         for g, hs in groups.items():
             for s, h in enumerate(hs):
                 h.extend(finals[g][s][len(h) : len(h) + rng.randint(0, 7)])  # same list objects, as the engine
         rows = [(g, s) for g in groups for s in range(4) if len(groups[g][s]) < len(finals[g][s])] or [(0, 0)]
-        got = as_lists(live.propose(ctx_for(groups, rows, 8, 6)))
-        fresh = as_lists(NGramProposer(NGramConfig(topk=topk)).propose(ctx_for(groups, rows, 8, 6)))
+        got = as_lists(live.propose(ctx_for(groups, rows, 8, 6, topk)))
+        fresh = as_lists(NGramProposer().propose(ctx_for(groups, rows, 8, 6, topk)))
         assert got == fresh

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from worker.tlt.spec.sampling import (
-    SamplingParams,
+from worker.tlt.decoding.sampling import (
+    RowSampling,
     processed_probs,
     sample,
     sample_without_replacement,
@@ -66,7 +66,7 @@ def test_processed_probs_matches_reference(temperature: float, top_p: float, top
 def test_per_row_tensors_equal_scalar_settings() -> None:
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(len(SETTINGS), 4, 9, generator=g)
-    params = SamplingParams(
+    params = RowSampling(
         temperature=torch.tensor([s[0] for s in SETTINGS]),
         top_p=torch.tensor([s[1] for s in SETTINGS]),
         top_k=torch.tensor([s[2] for s in SETTINGS]),

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.spec.tree import (
     ancestor_mask,
     chain_proposal,
@@ -18,7 +19,6 @@ from worker.tlt.spec.tree import (
     topk_tree,
     validate_proposal,
 )
-from worker.tlt.spec.types import DraftProposal
 
 
 def random_forest(bsz: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 from worker.tlt.adaptive import AdaptiveSd, BanditConfig, SwitchConfig, arms_table, make_bandit
+from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
 from worker.tlt.rollout.decode_step import GREEDY
 from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.spec_body import SpecOut
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 from worker.tlt.rollout.verify_graphs import VerifyGraphs, _Entry
-from worker.tlt.spec.ngram import NGramConfig, NGramProposer
-from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
+from worker.tlt.spec.ngram import NGramProposer
+from worker.tlt.spec.small_model import SmallModelProposer
 
 TARGET = tiny_target()
 DRAFTER = perturbed_copy(TARGET, noise=0.15)
@@ -45,79 +48,75 @@ class _EagerReplay:
 class EagerVerifyGraphs(VerifyGraphs):
     """The graph path without CUDA: every "replay" runs the body on the static buffers."""
 
-    def _record(self, engine: Engine, entry: _Entry, body: Callable[[], SpecOut]) -> None:
+    def _record(self, state: EngineState, entry: _Entry, body: Callable[[], SpecOut]) -> None:
         entry.graph = _EagerReplay(entry, body)  # type: ignore[assignment]
 
 
 def attach(eng: Engine, graphs: VerifyGraphs | None) -> None:
-    """What Engine.__init__ does on CUDA (`engine.verify_graphs`, read by rollout/speculative.py with getattr)."""
-    eng.__dict__["verify_graphs"] = graphs
+    """What the engine's graph set holds on CUDA (`Engine.graph_set.verify`, replayed by rollout/speculative.py)."""
+    eng.graph_set.verify = graphs
 
 
 def graphs_of(eng: Engine) -> VerifyGraphs:
-    return eng.__dict__["verify_graphs"]
+    g = eng.verify_graphs
+    assert g is not None
+    return g
 
 
-def run(model, reqs: list[Request], spec: SpecConfig | None, proposer, slots: int, graphs: type | None,
+def run(model, reqs: list[Request], arm: Arm | None, proposer, slots: int, graphs: type | None,
         device: str = "cpu") -> tuple[list[list[int]], Engine]:
-    eng = Engine(model, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=slots, sync_every=4),
-                 spec=spec, proposer=proposer)
-    if graphs is not None:
-        attach(eng, graphs())
-    else:
-        eng.verify_graphs = None  # on CUDA the engine builds its own: the reference path stays eager
+    sd: dict[str, Any] = {} if arm is None else {"controller": AdaptiveSd.fixed(arm), "proposers": {arm.drafter: proposer}}
+    eng = Engine(model, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=slots, sync_every=4), **sd)
+    attach(eng, graphs() if graphs is not None else None)  # None on CUDA too: the reference path stays eager
     return [s.tokens for s in eng.generate(reqs).sequences], eng
 
 
-def proposer_for(drafter: str, spec: SpecConfig) -> NGramProposer | SmallModelProposer:
-    topk = spec.topk if spec.method == "tree" else 1
-    return NGramProposer(NGramConfig(topk=topk)) if drafter == "ngram" else SmallModelProposer(
-        DRAFTER, SmallModelConfig(topk=topk))
+def proposer_for(drafter: str) -> NGramProposer | SmallModelProposer:
+    return NGramProposer() if drafter == "ngram" else SmallModelProposer(DRAFTER)
 
 
-CASES = [  # (sequences, slots, spec, drafter)
-    (5, 16, SpecConfig("on", "chain", depth=6), "ngram"),  # bucket 8 > 5 active: free pad rows; short n-gram drafts
-    (12, 12, SpecConfig("on", "chain", depth=4), "small"),  # continuous batching shrinks the batch inside a bucket
-    (6, 8, SpecConfig("on", "tree", depth=3, topk=2, verify_tokens=7), "small"),
+CASES = [  # (sequences, slots, arm)
+    (5, 16, chain_arm("ngram", 6)),  # bucket 8 > 5 active: free pad rows; short n-gram drafts
+    (12, 12, chain_arm("small", 4)),  # continuous batching shrinks the batch inside a bucket
+    (6, 8, tree_arm("small", 3, 2, 7)),
 ]
 
 
-@pytest.mark.parametrize(("n", "slots", "spec", "drafter"), CASES, ids=[f"{c[3]}-{c[2].method}" for c in CASES])
-def test_graph_path_on_cpu_equals_plain_greedy(n: int, slots: int, spec: SpecConfig, drafter: str) -> None:
-    reqs = [Request(p * 2, SamplingParams(temperature=0.0, max_new_tokens=20 + 3 * i))
+@pytest.mark.parametrize(("n", "slots", "arm"), CASES, ids=[c[2].name for c in CASES])
+def test_graph_path_on_cpu_equals_plain_greedy(n: int, slots: int, arm: Arm) -> None:
+    reqs = [Request(p * 2, RequestSampling(temperature=0.0, max_new_tokens=20 + 3 * i))
             for i, p in enumerate(random_prompts(n, seed=n))]
-    prop = proposer_for(drafter, spec)
+    prop = proposer_for(arm.drafter)
     plain, _ = run(TARGET, reqs, None, None, slots, None)
-    graphed, eng = run(TARGET, reqs, spec, prop, slots, EagerVerifyGraphs)
+    graphed, eng = run(TARGET, reqs, arm, prop, slots, EagerVerifyGraphs)
     assert graphed == plain
     g = graphs_of(eng)
-    assert len(g) >= 1 and all(k[1] == spec.num_nodes for k in g.keys())  # one width per arm shape
+    assert len(g) >= 1 and all(k[1] == arm.verify_tokens for k in g.keys())  # one width per arm shape
     assert any(k[0] > 1 for k in g.keys())
     assert eng.accept_stats.steps > 0 and eng.accept_stats.mean_accept_len >= 1.0
 
 
-@pytest.mark.parametrize(("n", "slots", "spec", "drafter"), CASES, ids=[f"{c[3]}-{c[2].method}" for c in CASES])
-def test_sampled_graph_path_with_top_k_1_equals_plain_greedy(n: int, slots: int, spec: SpecConfig,
-                                                             drafter: str) -> None:
+@pytest.mark.parametrize(("n", "slots", "arm"), CASES, ids=[c[2].name for c in CASES])
+def test_sampled_graph_path_with_top_k_1_equals_plain_greedy(n: int, slots: int, arm: Arm) -> None:
     """T=1 with top-k 1 samples deterministically (the target's argmax), through the sampled verifier: the static
     uniforms / noise buffers, padded rows and nodes, and the drafter's q (small model) must not change a token."""
-    reqs = [Request(p * 2, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=20 + 3 * i))
+    reqs = [Request(p * 2, RequestSampling(temperature=1.0, top_k=1, max_new_tokens=20 + 3 * i))
             for i, p in enumerate(random_prompts(n, seed=n + 1))]
-    greedy = [Request(r.prompt, SamplingParams(temperature=0.0, max_new_tokens=r.params.max_new_tokens)) for r in reqs]
-    prop = proposer_for(drafter, spec)
+    greedy = [Request(r.prompt, RequestSampling(temperature=0.0, max_new_tokens=r.params.max_new_tokens)) for r in reqs]
+    prop = proposer_for(arm.drafter)
     plain, _ = run(TARGET, greedy, None, None, slots, None)
-    graphed, eng = run(TARGET, reqs, spec, prop, slots, EagerVerifyGraphs)
+    graphed, eng = run(TARGET, reqs, arm, prop, slots, EagerVerifyGraphs)
     assert graphed == plain
     assert all(k[4] != GREEDY for k in graphs_of(eng).keys())
 
 
 def test_warmup_captures_every_shape() -> None:
     """warmup() captures each (batch bucket, arm shape) ahead of time; the rollout then captures nothing new."""
-    reqs = [Request(p * 2, SamplingParams(temperature=0.0, max_new_tokens=30 + 2 * i))
+    reqs = [Request(p * 2, RequestSampling(temperature=0.0, max_new_tokens=30 + 2 * i))
             for i, p in enumerate(random_prompts(6, seed=11))]
     plain, _ = run(TARGET, reqs, None, None, 8, None)
     eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=8, sync_every=4),
-                 spec=SpecConfig("on", "chain", depth=4), proposer=NGramProposer())
+                 controller=AdaptiveSd.fixed(chain_arm("ngram", 4)), proposers={"ngram": NGramProposer()})
     graphs = EagerVerifyGraphs()
     attach(eng, graphs)
     eng._warmup_verify(8, GREEDY)  # what Engine.warmup does on CUDA: one shape per batch bucket here
@@ -133,18 +132,18 @@ def test_adaptive_warmup_captures_each_buckets_own_arms() -> None:
     table = arms_table(["ngram", "small"])
     ctl = AdaptiveSd(SwitchConfig(mode="adaptive", on_below=16), make_bandit(table, BanditConfig()))
     eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=32),
-                 adaptive=ctl, proposers={"ngram": NGramProposer(), "small": SmallModelProposer(DRAFTER)})
+                 controller=ctl, proposers={"ngram": NGramProposer(), "small": SmallModelProposer(DRAFTER)})
     graphs = EagerVerifyGraphs()
     attach(eng, graphs)
     mode = ("uniform", 1.0, 1.0, 0)
     eng._warmup_verify(32, mode)
     keys = graphs.keys()
-    want = {(eng.bucket(n), a.verify_tokens, min(a.depth, a.verify_tokens - 1), a.topk, a.drafter != "ngram")
+    want = {(eng.state.bucket(n), a.verify_tokens, min(a.depth, a.verify_tokens - 1), a.topk, a.drafter != "ngram")
             for n in range(1, 25) for a in ctl.arms_for(n) if a.is_sd}  # off_at default: 1.5 x on_below = 24
     assert {(k[0], k[1], k[2], k[3], k[5]) for k in keys} == want
     widest = max(a.verify_tokens for a in ctl.arms_for(1))
     assert widest > max(a.verify_tokens for a in ctl.arms_for(24))
-    assert not any(k[0] == eng.bucket(24) and k[1] == widest for k in keys)
+    assert not any(k[0] == eng.state.bucket(24) and k[1] == widest for k in keys)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------
@@ -157,16 +156,16 @@ gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason
 def test_cuda_graph_verify_equals_eager(drafter: str) -> None:
     target = tiny_target().to("cuda").float()
     small = perturbed_copy(target, noise=0.15)
-    reqs = [Request(p * 2, SamplingParams(temperature=0.0, max_new_tokens=20 + 3 * i))  # prompt + new <= max_len 96
+    reqs = [Request(p * 2, RequestSampling(temperature=0.0, max_new_tokens=20 + 3 * i))  # prompt + new <= max_len 96
             for i, p in enumerate(random_prompts(10, seed=3))]
-    spec = SpecConfig("on", "chain", depth=5)
+    arm = chain_arm("ngram" if drafter == "ngram" else "small", 5)
 
     def prop():
-        return NGramProposer() if drafter == "ngram" else SmallModelProposer(small, SmallModelConfig(topk=1))
+        return NGramProposer() if drafter == "ngram" else SmallModelProposer(small)
 
     plain, _ = run(target, reqs, None, None, 16, None)
-    eager, _ = run(target, reqs, spec, prop(), 16, None)
-    graphed, eng = run(target, reqs, spec, prop(), 16, VerifyGraphs)
+    eager, _ = run(target, reqs, arm, prop(), 16, None)
+    graphed, eng = run(target, reqs, arm, prop(), 16, VerifyGraphs)
     assert graphed == eager == plain
     g = graphs_of(eng)
     assert len(g) >= 1 and g.capture_seconds > 0
@@ -183,18 +182,17 @@ def test_smollm2_verify_step_time_graphed_vs_eager() -> None:
 
     model, tok = load_model(ModelSource(builtin="smollm2-135m-instruct", dtype="bfloat16"), "cuda")
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", 16))
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=128)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=128)) for p in prompts]
     rows = []
     for graphs in (None, VerifyGraphs):
         eng = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=512, max_slots=16),
-                     spec=SpecConfig("on", "chain", depth=6), proposer=NGramProposer())
+                     controller=AdaptiveSd.fixed(chain_arm("ngram", 6)), proposers={"ngram": NGramProposer()})
         if graphs is None:
-            eng.verify_graphs = None  # the engine builds its own on CUDA: the reference path stays eager
+            attach(eng, None)  # the engine builds its own on CUDA: the reference path stays eager
         else:
-            g = VerifyGraphs.for_engine(eng)
-            assert g is not None
+            g = VerifyGraphs(eng.graph_pool)
             attach(eng, g)
-            g.warmup(eng, {b: [(7, 6, 1, False)] for b in (1, 2, 4, 8, 16)}, GREEDY)  # captures before timing
+            g.warmup(eng.state, {b: [(7, 6, 1, False)] for b in (1, 2, 4, 8, 16)}, GREEDY)  # captures before timing
         eng.generate(reqs)  # warm-up (n-gram, allocator)
         torch.cuda.synchronize()
         t0 = time.perf_counter()

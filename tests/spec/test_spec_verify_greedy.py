@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from worker.tlt.spec.sampling import processed_probs
+from worker.tlt.decoding.draft_types import DraftProposal
+from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.spec.tree import chain_proposal
-from worker.tlt.spec.types import DraftProposal
 from worker.tlt.spec.verify import truncate_emitted, verify_greedy, verify_sampling
 
 

@@ -17,11 +17,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
+from worker.tlt.decoding.sampling import processed_probs, sample, sample_without_replacement
 from worker.tlt.spec import verify as verify_module
-from worker.tlt.spec.sampling import processed_probs, sample, sample_without_replacement
 from worker.tlt.spec.stat_tests import chi_square_pvalue, joint_pair_pvalue
 from worker.tlt.spec.tree import chain_proposal
-from worker.tlt.spec.types import DraftProposal, VerifyResult
 from worker.tlt.spec.verify import verify_sampling
 
 VOCAB = 10

@@ -24,6 +24,7 @@ from worker.tlt.rewards.streaming import StreamingScorer
 from worker.tlt.rl.engine_adapter import EngineRollout, make_rollout
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.rollout.types import GenerationOutput, Request, SequenceResult
+from worker.tlt.spec_translate import request_sampling
 
 
 def _count_a(completion: str, answer: str) -> float:
@@ -58,7 +59,7 @@ class _FakeEngine:
 
     def __init__(self, responses: list[list[int]], streaming: bool, scored: threading.Event) -> None:
         self.responses, self.scored = responses, scored
-        self.proposer = self.hidden_hook = self.adaptive = None
+        self.hidden_hook = self.controller = None
         self.gen = torch.Generator()
         self.returned_at: float | None = None
         if streaming:
@@ -90,7 +91,7 @@ def _toy_trainer(toy_spec, engine: Any = None) -> GRPOTrainer:
     prompts = render_examples(rows, tok, None, 64)
     rollout = make_rollout(spec, model, tok, torch.device("cpu"))
     if engine is not None:
-        rollout = EngineRollout(engine, tok, spec)
+        rollout = EngineRollout(engine, tok, request_sampling(spec))
     return GRPOTrainer(spec, model, tok, rollout, prompts, resolve(["toy_count"]))
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
+from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.step_costs import StepCostConfig
 from worker.tlt.adaptive.switch import SwitchConfig
@@ -48,7 +48,7 @@ from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.reporting import Reporter
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
 
 log = logging.getLogger(__name__)
@@ -112,13 +112,12 @@ def make_controller(sd: str, on_below: int = 32, seed: int = 0, costs_below: int
 def make_engine(model: Transformer, tok: TokenizerLike, max_len: int, slots: int, sd: str, sd_depth: int,
                 cuda_graphs: bool, compile_step: bool, seed: int, controller: AdaptiveSd | None = None,
                 fused: bool | None = None) -> Engine:
-    spec = SpecConfig("on", "chain", depth=sd_depth) if sd == "on" else SpecConfig()
-    proposer = NGramProposer(NGramConfig(topk=1)) if sd == "on" else None
-    proposers = {"ngram": NGramProposer(NGramConfig(topk=1))} if controller is not None else None
+    if sd == "on":  # the n-gram chain of sd_depth at every step
+        controller = AdaptiveSd.fixed(chain_arm("ngram", sd_depth))
     cfg = EngineConfig(max_len=max_len, max_slots=slots, cuda_graphs=cuda_graphs, compile=compile_step, seed=seed,
                        fused_kernels=fused)
-    return Engine(model, eos_ids=tok.eos_ids, config=cfg, spec=spec, proposer=proposer, adaptive=controller,
-                  proposers=proposers)
+    return Engine(model, eos_ids=tok.eos_ids, config=cfg, controller=controller,
+                  proposers={"ngram": NGramProposer(NGramConfig())})
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
@@ -209,7 +208,7 @@ def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int
     ctl = make_controller(sd, sd_on_below, seed, sd_costs_below)
     engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed,
                          ctl, fused)
-    params = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)
+    params = RequestSampling(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)
     reqs = [Request(p, params) for p in prompts]
     warm_up(engine, reqs, max_len)
     _sync(dev)
@@ -233,11 +232,11 @@ def warm_up(engine: Engine, reqs: list[Request], max_len: int) -> float:
     engine.warmup(sum(r.params.n for r in reqs), max_len, params=params)
     # without the adaptive controller: prefill does not depend on it, and the first-token run's decode steps (over
     # rows already finished) must not reach its bandit or step costs as zero-token observations
-    ctl, engine.adaptive = engine.adaptive, None
+    ctl, engine.controller = engine.controller, None
     try:
         engine.generate([dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=1)) for r in reqs])
     finally:
-        engine.adaptive = ctl
+        engine.controller = ctl
     _sync(engine.device)
     return time.perf_counter() - t0
 
@@ -258,7 +257,7 @@ def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]
     dev = model.head_weight.device
     max_len = max(len(p) for p in prompts) + max_new
     engine = make_engine(model, tok, max_len, len(prompts), "off", 0, cuda_graphs, compile_step, 0, fused=fused)
-    params = SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=max_new, eos_ids=())
+    params = RequestSampling(temperature=1.0, top_k=top_k, max_new_tokens=max_new, eos_ids=())
     engine.warmup(len(prompts), max_len, batches=[len(prompts)], params=params)  # no sequence ends early
     reqs = [Request(p, params) for p in prompts]
     best, prefill_s = float("inf"), 0.0

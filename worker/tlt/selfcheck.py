@@ -33,17 +33,19 @@ from collections import Counter
 
 import torch
 
+from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import BUILTIN_MODELS, ModelSource
+from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import load_model, random_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import naive_greedy, perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
-from worker.tlt.spec.ngram import NGramConfig, NGramProposer
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec.ngram import NGramProposer
 from worker.tlt.spec.proposer import Proposer
-from worker.tlt.spec.sampling import processed_probs
-from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
+from worker.tlt.spec.small_model import SmallModelProposer
 from worker.tlt.spec.stat_tests import chi_square_pvalue
 
 log = logging.getLogger(__name__)
@@ -73,15 +75,22 @@ class Progress:
             sys.stderr.flush()
 
 
-def _spec_variants(drafter: Transformer) -> list[tuple[str, SpecConfig, Proposer]]:
+def _spec_variants(drafter: Transformer) -> list[tuple[str, Arm, Proposer]]:
     return [
-        ("chain4", SpecConfig("on", "chain", depth=4), SmallModelProposer(drafter)),
-        ("chain8", SpecConfig("on", "chain", depth=8), SmallModelProposer(drafter)),
-        ("tree3x2", SpecConfig("on", "tree", depth=3, topk=2, verify_tokens=8),
-         SmallModelProposer(drafter, SmallModelConfig(topk=2))),
-        ("ngram5", SpecConfig("on", "chain", depth=5), NGramProposer(NGramConfig(topk=1))),
-        ("ngram-tree", SpecConfig("on", "tree", depth=4, topk=2, verify_tokens=10), NGramProposer(NGramConfig(topk=2))),
+        ("chain4", chain_arm("small", 4), SmallModelProposer(drafter)),
+        ("chain8", chain_arm("small", 8), SmallModelProposer(drafter)),
+        ("tree3x2", tree_arm("small", 3, 2, 8), SmallModelProposer(drafter)),
+        ("ngram5", chain_arm("ngram", 5), NGramProposer()),
+        ("ngram-tree", tree_arm("ngram", 4, 2, 10), NGramProposer()),
     ]
+
+
+def _engine(target: Transformer, eos: tuple[int, ...], cfg: EngineConfig, arm: Arm | None,
+            proposer: Proposer | None) -> Engine:
+    """Plain decoding (arm None) or SD with one arm at every step."""
+    if arm is None or proposer is None:
+        return Engine(target, eos_ids=eos, config=cfg)
+    return Engine(target, eos_ids=eos, config=cfg, controller=AdaptiveSd.fixed(arm), proposers={arm.drafter: proposer})
 
 
 def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[int]], max_new: int,
@@ -91,21 +100,20 @@ def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[i
     progress = progress or Progress(quiet=True)
     t = time.perf_counter()
     max_len = max(len(p) for p in prompts) + max_new + 1
-    reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=max_new)) for p in prompts]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=max_new)) for p in prompts]
     plain = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts))).generate(reqs)
     ref = [s.tokens for s in plain.sequences]
     naive_ok = all(naive_greedy(target, prompts[i], max_new, eos) == ref[i] for i in range(min(naive, len(prompts))))
     progress.done("greedy plain vs naive recompute", "match" if naive_ok else "MISMATCH", t)
     seqs = identical = ref_tokens = common = 0
     per_variant: dict[str, float] = {}
-    for name, spec, proposer in _spec_variants(drafter):
+    for name, arm, proposer in _spec_variants(drafter):
         for slots in slot_counts:
             key = f"{name}/slots{slots}"
             if progress.over_budget(f"greedy {key}"):
                 continue
             t = time.perf_counter()
-            engine = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=slots), spec=spec,
-                            proposer=proposer)
+            engine = _engine(target, eos, EngineConfig(max_len=max_len, max_slots=slots), arm, proposer)
             out = engine.generate(reqs)
             same = 0
             for got, want in zip((s.tokens for s in out.sequences), ref, strict=True):
@@ -163,11 +171,10 @@ def _pvalue(samples: list[tuple[int, int]], law: dict[tuple[int, int], float]) -
 def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int], samples: int,
                    settings: list[tuple[float, float, int]], slots: int, progress: Progress | None = None) -> dict:
     progress = progress or Progress(quiet=True)
-    variants: list[tuple[str, SpecConfig | None, Proposer | None]] = [
+    variants: list[tuple[str, Arm | None, Proposer | None]] = [
         ("plain", None, None),
-        ("chain2", SpecConfig("on", "chain", depth=2), SmallModelProposer(drafter)),
-        ("tree2x2", SpecConfig("on", "tree", depth=2, topk=2, verify_tokens=5),
-         SmallModelProposer(drafter, SmallModelConfig(topk=2))),
+        ("chain2", chain_arm("small", 2), SmallModelProposer(drafter)),
+        ("tree2x2", tree_arm("small", 2, 2, 5), SmallModelProposer(drafter)),
     ]
     pvals: dict[str, float] = {}
     negative = 1.0
@@ -175,15 +182,14 @@ def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int],
         if si > 0 and progress.over_budget(f"sampling T{temp}/p{top_p}/k{top_k}"):
             continue  # the first setting always runs: it carries the negative control
         law = exact_pair_law(target, prompt, temp, top_p, top_k)
-        params = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, max_new_tokens=3, eos_ids=(), n=samples)
-        for vi, (name, spec, proposer) in enumerate(variants):
+        params = RequestSampling(temperature=temp, top_p=top_p, top_k=top_k, max_new_tokens=3, eos_ids=(), n=samples)
+        for vi, (name, arm, proposer) in enumerate(variants):
             key = f"{name}/T{temp}/p{top_p}/k{top_k}"
             if vi > 0 and progress.over_budget(f"sampling {key}"):
                 continue
             t = time.perf_counter()
             cfg = EngineConfig(max_len=len(prompt) + 4, max_slots=min(slots, samples), seed=1000 * si + vi)
-            out = Engine(target, eos_ids=(), config=cfg, spec=spec, proposer=proposer).generate(
-                [Request(prompt, params)])
+            out = _engine(target, (), cfg, arm, proposer).generate([Request(prompt, params)])
             pairs = [(s.tokens[1], s.tokens[2]) for s in out.sequences]
             pvals[key] = _pvalue(pairs, law)
             if si == 0 and vi == 0:  # negative control: the same samples against another temperature's law

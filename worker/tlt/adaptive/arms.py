@@ -10,8 +10,8 @@ job spec's default, splits at the engine's graph batch buckets 1 / 2 / 3-4 / ...
 per bucket (TLT: 48 / 32 / 16 / 8): a small batch leaves the GPU memory-bound, so it can verify many tokens per sequence
 for the price of one; a large batch is near compute-bound and can afford few.
 
-Convention (as the engine's `rollout.types.SpecConfig.verify_tokens`, SGLang's `speculative_num_draft_tokens` and
-the N of spec/types.py's `DraftProposal`): `verify_tokens` is the width of the target's verify forward per
+Convention (as SGLang's `speculative_num_draft_tokens` and
+the N of decoding/draft_types.py's `DraftProposal`): `verify_tokens` is the width of the target's verify forward per
 sequence, root included, i.e. the verify length of a CUDA graph. A chain of depth k verifies k + 1; plain decoding 1.
 
 Run the tests: `python -m pytest tests/adaptive -q`.
@@ -87,6 +87,14 @@ def chain_arm(drafter: DrafterKind, depth: int) -> Arm:
 
 def tree_arm(drafter: DrafterKind, depth: int, topk: int, verify_tokens: int) -> Arm:
     return Arm(f"{drafter}-d{depth}k{topk}v{verify_tokens}", drafter, depth=depth, topk=topk, verify_tokens=verify_tokens)
+
+
+def fixed_arm(drafter: DrafterKind, depth: int, topk: int = 1, verify_tokens: int = 0) -> Arm:
+    """One SD arm of this shape: a chain of `depth` tokens (topk 1), else a top-k tree whose verify width is
+    `verify_tokens` brought into [depth + 1, the tree's capacity]."""
+    if topk == 1:
+        return chain_arm(drafter, depth)
+    return tree_arm(drafter, depth, topk, min(max(verify_tokens, depth + 1), tree_capacity(depth, topk)))
 
 
 # Named presets (benchmarks and job specs can pin one arm by name).

@@ -8,9 +8,10 @@
     reporter.metrics(step, ctl.metrics.summary())                    # per rollout
 
 Speculative modes (the job spec's `rollout.speculative`): "off" never drafts; "on" drafts every step with the fixed
-arm of the spec (draft_depth, draft_topk, verify_tokens) -- a baseline, no bandit; "adaptive" switches SD by the
-active batch (SdSwitch), or by measured step costs (CostSwitch, adaptive/step_costs.py), and lets the bandit pick the
-arm per bucket, "none" included.
+arm of the spec (draft_depth, draft_topk, verify_tokens: a chain, or a tree when draft_topk > 1, for every drafter)
+-- a baseline, no bandit; "adaptive" switches SD by the active batch (SdSwitch), or by measured step costs
+(CostSwitch, adaptive/step_costs.py), and lets the bandit pick the arm per bucket, "none" included. Fixed SD is this
+controller with one arm (`AdaptiveSd.fixed(arm)`): the engine has one SD path.
 
 Run the tests: `python -m pytest tests/adaptive/test_adaptive_controller.py -q`.
 """
@@ -28,9 +29,7 @@ from worker.tlt.adaptive.arms import (
     BucketScheme,
     DrafterKind,
     arms_table,
-    chain_arm,
-    tree_arm,
-    tree_capacity,
+    fixed_arm,
 )
 from worker.tlt.adaptive.bandit import BanditConfig, WindowBandit, bandit_from_dict, make_bandit
 from worker.tlt.adaptive.metrics import RolloutSdMetrics
@@ -68,14 +67,17 @@ class AdaptiveSd:
         kind = next((d for d in drafters if d != "none"), None)
         fixed = NO_SD
         if switch.mode == "on" and kind is not None:
-            depth, topk = rollout.draft_depth, (rollout.draft_topk if kind != "ngram" else 1)
-            fixed = chain_arm(kind, depth) if topk == 1 else tree_arm(
-                kind, depth, topk, min(max(rollout.verify_tokens, depth + 1), tree_capacity(depth, topk)))
+            fixed = fixed_arm(kind, rollout.draft_depth, rollout.draft_topk, rollout.verify_tokens)
         bandit = None
         if switch.mode == "adaptive":
             bandit = make_bandit(arms_table(drafters, scheme), BanditConfig(kind=rollout.bandit), seed=rollout.seed)
         costs = StepCosts(step_costs, scheme) if step_costs is not None else None
         return cls(switch, bandit, fixed, scheme, costs)
+
+    @classmethod
+    def fixed(cls, arm: Arm) -> AdaptiveSd:
+        """SD with one arm at every step (the "on" baseline; tests and benchmarks of one drafter shape)."""
+        return cls(SwitchConfig(mode="on"), None, arm)
 
     def start_rollout(self) -> None:
         """A new rollout starts with a full batch: switch off, metrics empty; the bandit keeps what it learned."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from worker.tlt import metric_catalog as mc
 from worker.tlt.adaptive.arms import TLT_BUCKETS, BucketScheme
+from worker.tlt.adaptive.switch import in_tail
 
 
 def per_position_counts(accepted: Sequence[int], drafted: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -116,8 +117,9 @@ class RolloutSdMetrics:
             raise ValueError(f"accepted={accepted} disagrees with sum(accepted_per_pos)={total}")
         self.steps += 1
         drafting = sd_on and verify_tokens > 1
-        (self.tail if active < self.on_below else self.full).add(emitted, seconds, active)
-        if active < self.on_below:
+        tail = in_tail(active, self.on_below)
+        (self.tail if tail else self.full).add(emitted, seconds, active)
+        if tail:
             (self.tail_sd if drafting else self.tail_plain).add(emitted, seconds, active)
         bucket = self.scheme.bucket(active)
         self.buckets.setdefault(bucket, _Totals()).add(emitted, seconds, active)

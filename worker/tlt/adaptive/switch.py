@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 SwitchMode = Literal["off", "on", "adaptive"]
 
 
+def in_tail(active: int, on_below: int) -> bool:
+    """The one definition of the rollout's tail: fewer than `on_below` (the spec's `rollout.sd_on_below`) sequences
+    active, the memory-bound part where SD switches on, the metrics count tail speed and the drafter's spot training
+    counts idle GPU time."""
+    return active < on_below
+
+
 @dataclass(frozen=True)
 class SwitchConfig:
     mode: SwitchMode = "adaptive"  # "off"/"on" pin SD for every step (baselines); adaptive: by the active batch
@@ -71,7 +78,7 @@ class SdSwitch:
         cfg = self.config
         if cfg.mode != "adaptive":
             return self._on
-        wants_flip = active >= cfg.off_threshold if self._on else active < cfg.on_below
+        wants_flip = active >= cfg.off_threshold if self._on else in_tail(active, cfg.on_below)
         self._streak = self._streak + 1 if wants_flip else 0
         if self._streak >= cfg.patience:
             self._on = not self._on

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from worker.tlt.drafter.buffer import to_device_no_sync
+from worker.tlt.decoding.uploads import to_device_no_sync
 from worker.tlt.drafter.feature_ring import FeatureRing
 from worker.tlt.spec.proposer import DraftContext
 

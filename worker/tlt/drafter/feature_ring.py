@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from worker.tlt.drafter.buffer import HostStage, runs_ident, seq_runs, to_device_no_sync
+from worker.tlt.decoding.uploads import HostStage, runs_ident, seq_runs, to_device_no_sync
 from worker.tlt.spec.proposer import DraftContext
 
 SeqId = tuple[int, int]  # (group / request, sample)

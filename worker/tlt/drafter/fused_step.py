@@ -22,15 +22,36 @@ Run the tests: `python -m pytest tests/drafter/test_drafter_fused_step.py -q` (G
 
 from __future__ import annotations
 
-import torch
+from typing import Protocol
 
-from worker.tlt.drafter.model import DraftKV, EagleDrafter
+import torch
+from torch import nn
+
+from worker.tlt.drafter.draft_kv import DraftKV
 from worker.tlt.kernels.attention import cache_attention
 from worker.tlt.kernels.linear import linear_residual, norm_gate_up
 from worker.tlt.kernels.qkv_rope import qkv_rope_cache
+from worker.tlt.model.args import ModelArgs
+from worker.tlt.model.transformer import MLP, Attention, RMSNorm, Transformer
 
 
-def rope_mismatch(drafter: EagleDrafter) -> str | None:
+class DrafterLayer(Protocol):
+    """What the fused step reads of an EAGLE-1 drafter (drafter/model.EagleDrafter, which calls this module)."""
+
+    args: ModelArgs
+    fc: nn.Linear
+    self_attn: Attention
+    mlp: MLP
+    post_attention_layernorm: RMSNorm
+
+    @property
+    def target(self) -> Transformer: ...
+
+    @property
+    def embed_weight(self) -> torch.Tensor: ...
+
+
+def rope_mismatch(drafter: DrafterLayer) -> str | None:
     """Why the target's RoPE tables cannot stand in for the drafter's own RoPE (None: they can)."""
     t, a = drafter.target, drafter.args
     if t.rope_cos.numel() == 0:
@@ -59,7 +80,7 @@ def _write_columns(write_at: int, s: int, b: int, device: torch.device) -> torch
 
 @torch.no_grad()
 def fused_drafter_step(
-    drafter: EagleDrafter,
+    drafter: DrafterLayer,
     tokens: torch.Tensor,  # [B, S] token x_{j+1} of each new entry
     hidden: torch.Tensor,  # [B, S, H] target feature (first step) or the drafter's previous `out`
     positions: torch.Tensor,  # [B, S] RoPE positions

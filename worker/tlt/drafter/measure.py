@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from worker.tlt.adaptive.arms import NO_SD, Arm, chain_arm, tree_arm
+from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import DatasetSource, ModelSource
 from worker.tlt.data.dataset import load_examples, split_examples
 from worker.tlt.data.prompts import render_examples
@@ -37,29 +39,29 @@ from worker.tlt.drafter.warmup import capture_eagle3_rows
 from worker.tlt.model.load import load_model, resolve_dtype
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 
 log = logging.getLogger(__name__)
 
-ARMS: dict[str, tuple[SpecConfig, int]] = {  # name -> (engine spec, proposer top-k)
-    "off": (SpecConfig(mode="off"), 1),
-    "chain k=6": (SpecConfig(mode="on", method="chain", depth=6), 1),
-    "tree d=6 k=4 v=32": (SpecConfig(mode="on", method="tree", depth=6, topk=4, verify_tokens=32), 4),
+ARMS: dict[str, Arm] = {  # name -> the one arm the engine runs at every step
+    "off": NO_SD,
+    "chain k=6": chain_arm("eagle", 6),
+    "tree d=6 k=4 v=32": tree_arm("eagle", 6, 4, 32),
 }
 
 
-def run_arm(target: Transformer, drafter: EagleDrafter | None, prompts: list[list[int]], params: SamplingParams,
+def run_arm(target: Transformer, drafter: EagleDrafter | None, prompts: list[list[int]], params: RequestSampling,
             arm: str, eos: tuple[int, ...], max_len: int, context: int = 64,
             proposer: EagleProposer | None = None, time_propose: bool = True) -> dict[str, Any]:
     """One decoding arm over `prompts` (one batch). `proposer`: reuse one (and its captured chain graphs) instead
     of building one around `drafter`. `time_propose`: synchronise around each propose to time it (propose_ms; the
     syncs cost the step its CPU/GPU overlap, so leave it off for tokens/s)."""
-    spec, topk = ARMS[arm]
+    shape = ARMS[arm]
     prop = None
-    if spec.mode == "on":
+    if shape.is_sd:
         if proposer is None:
             assert drafter is not None
-            proposer = EagleProposer(drafter, EagleProposerConfig(topk=topk, context=context))
+            proposer = EagleProposer(drafter, EagleProposerConfig(context=context))
         prop = proposer
     spent = [0.0]
     if prop is not None and time_propose:  # time the drafting part of each speculative step (synchronised)
@@ -78,11 +80,13 @@ def run_arm(target: Transformer, drafter: EagleDrafter | None, prompts: list[lis
         prop.propose = timed  # type: ignore[method-assign]
     layers = prop.drafter.feature_layers if prop is not None else ()  # EAGLE-3 drafts from 3 target layers
     eng = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts),
-                                                          capture_layers=layers), spec=spec,
-                 proposer=prop, hidden_hook=prop.observe if prop is not None else None)
+                                                          capture_layers=layers),
+                 controller=AdaptiveSd.fixed(shape) if prop is not None else None,
+                 proposers={"eagle": prop} if prop is not None else None,
+                 hidden_hook=prop.observe if prop is not None else None)
     try:
         eng.warmup(len(prompts), max_len, params=params)  # CUDA graphs of every batch bucket and arm shape (no-op on CPU)
-        eng.generate([Request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))])  # warm-up (allocator)
+        eng.generate([Request(prompts[0], RequestSampling(temperature=0.0, max_new_tokens=8))])  # warm-up (allocator)
         spent[0] = 0.0
         out = eng.generate([Request(p, params) for p in prompts])
     finally:
@@ -154,7 +158,7 @@ class Responses:
     buffers: dict[str, HiddenStateBuffer]  # drafter kind -> buffer ("eagle3" made on first use)
 
 
-def generate_responses(target: Transformer, prompts: list[list[int]], params: SamplingParams,
+def generate_responses(target: Transformer, prompts: list[list[int]], params: RequestSampling,
                        eos: tuple[int, ...], max_len: int, gb: float, chunk: int = 2048) -> Responses:
     """The target's responses to `prompts`, `chunk` prompts per engine (its KV cache holds one chunk); the engine's
     hidden hook fills the EAGLE-1 buffer (response rows)."""
@@ -249,11 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     eval_p = [list(p.ids) for p in render_examples(val_rows[: a.eval_prompts], tok, sysmsg, 384)]
     train_new = a.train_new_tokens or a.new_tokens
     max_len = max(len(p) for p in train_p + eval_p) + max(train_new, a.new_tokens) + 8
-    params = SamplingParams(temperature=1.0, top_k=a.top_k, max_new_tokens=train_new)  # RL rollouts: T=1
+    params = RequestSampling(temperature=1.0, top_k=a.top_k, max_new_tokens=train_new)  # RL rollouts: T=1
     resp = generate_responses(target, train_p, params, eos, max_len, a.buffer_gb, a.gen_chunk)
     vocabs = [int(v) for v in a.draft_vocab.split(",")]
     arms = [x.strip() for x in a.arms.split(",")]
-    evals = {float(t): SamplingParams(temperature=float(t), top_k=a.top_k, max_new_tokens=a.new_tokens)
+    evals = {float(t): RequestSampling(temperature=float(t), top_k=a.top_k, max_new_tokens=a.new_tokens)
              for t in a.temperatures.split(",")}
     offs = {}
     for temp, ev in evals.items():
@@ -269,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             for temp, ev in evals.items():
                 for arm in arms:
                     for nv in vocabs:
-                        if nv and (ARMS[arm][1] != 1 or serve.cfg.kind != "eagle1" or nv >= target.args.vocab_size):
+                        if nv and (ARMS[arm].topk != 1 or serve.cfg.kind != "eagle1" or nv >= target.args.vocab_size):
                             continue  # draft vocabularies: EAGLE-1 chains (EAGLE-3 drafts over its own head)
-                        prop = EagleProposer(serve, EagleProposerConfig(topk=ARMS[arm][1]))
+                        prop = EagleProposer(serve, EagleProposerConfig())
                         if nv:
                             prop.set_draft_vocab(torch.topk(resp.counts.float(), nv).indices)
                         r = run_arm(target, None, eval_p, ev, arm, eos, max_len, proposer=prop, time_propose=False)

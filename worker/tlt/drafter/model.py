@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.tlt.drafter.draft_kv import DraftKV
 from worker.tlt.kernels import fused_available, unsupported_reason
 from worker.tlt.model.args import ModelArgs
 from worker.tlt.model.hf_names import FUSED, accept_hf_names, split_sizes
@@ -57,27 +58,6 @@ def eagle3_layers(n_layers: int) -> tuple[int, int, int]:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # [..., D]: HF's half-split RoPE layout
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
-
-
-@dataclass
-class DraftKV:
-    """K/V of drafter entries, each [B, Hkv, T, D]. Either grown by concatenation (`extend`: training, trees) or a
-    buffer allocated once and written by column (`step(..., write_at=...)`: the graph-captured chain draft)."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-
-    @staticmethod
-    def allocate(batch: int, args: ModelArgs, length: int, like: torch.Tensor) -> DraftKV:
-        shape = (batch, args.n_kv_heads, length, args.hd)
-        return DraftKV(like.new_zeros(shape), like.new_zeros(shape))
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> DraftKV:  # [B, Hkv, S, D] each
-        return DraftKV(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
-
-    @property
-    def length(self) -> int:
-        return int(self.k.shape[2])
 
 
 class EagleDrafter(nn.Module):

@@ -1,8 +1,8 @@
 """`OnlineDrafter`: the adaptive drafter wired into the RL loop (buffer + capture + spot trainer + engine proposer).
 
-    od = OnlineDrafter(spec, policy)                     # EAGLE-1 or -3 (warm start from spec.drafter.warm_start)
-    engine = Engine(policy, config=EngineConfig(..., capture_layers=od.capture_layers),
-                    proposer=od.proposer, hidden_hook=od.hidden_hook)
+    od = OnlineDrafter(drafter_config(spec), policy)     # EAGLE-1 or -3 (spec_translate.py; warm start if given)
+    engine = Engine(policy, config=EngineConfig(..., capture_layers=od.capture_layers), controller=...,
+                    proposers={"eagle": od.proposer}, hidden_hook=od.hidden_hook)
     per RL step:  od.begin_rollout(step)                # newest published weights -> engine; new buffer step
                   out = engine.generate(...); od.observe_rollout(out)   # tail seconds = idle GPU time offered
                   ... reward, update, weight sync ...
@@ -36,44 +36,43 @@ from typing import Any
 import torch
 
 from worker.tlt import metric_catalog as mc
-from worker.tlt.config import JobSpec
+from worker.tlt.adaptive.switch import in_tail
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.drafter.export import load_exported
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.drafter.online_config import OnlineDrafterConfig
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.types import GenerationOutput
 
 
-def build_drafter(spec: JobSpec, target: Transformer) -> EagleDrafter:
-    """A fresh drafter of the spec's kind (or the warm-start directory's weights), on the target's device."""
-    ttt = 3 if spec.drafter.kind == "eagle3" else 1
-    if warm := spec.drafter.warm_start_dir:
-        return load_exported(warm, target, ttt_steps=ttt)
-    cfg = EagleConfig(kind="eagle3" if spec.drafter.kind == "eagle3" else "eagle1", ttt_steps=ttt)
+def build_drafter(config: OnlineDrafterConfig, target: Transformer) -> EagleDrafter:
+    """A fresh drafter of the configured kind (or the warm-start directory's weights), on the target's device."""
+    ttt = 3 if config.kind == "eagle3" else 1
+    if config.warm_start_dir:
+        return load_exported(config.warm_start_dir, target, ttt_steps=ttt)
+    cfg = EagleConfig(kind=config.kind, ttt_steps=ttt)
     return EagleDrafter(target, cfg).to(target.head_weight.device)
 
 
 class OnlineDrafter:
-    def __init__(self, spec: JobSpec, target: Transformer, proposer_config: EagleProposerConfig | None = None) -> None:
-        if spec.drafter.kind not in ("eagle1", "eagle3"):
-            raise ValueError(f"an online drafter is eagle1 or eagle3, not {spec.drafter.kind}")
-        self.spec = spec
+    def __init__(self, config: OnlineDrafterConfig, target: Transformer,
+                 proposer_config: EagleProposerConfig | None = None) -> None:
+        self.config = config
         dev = target.head_weight.device
-        self.train_drafter = build_drafter(spec, target)
+        self.train_drafter = build_drafter(config, target)
         # the engine's copy runs in the target's dtype (bf16 on GPU: the shared head is read as is, not cast per
         # draft step); the trained copy stays fp32 and snapshots are cast on load
         serve = EagleDrafter(target, self.train_drafter.cfg).to(dev, target.head_weight.dtype)
         serve.load_state_dict(self.train_drafter.state_dict())
         buf_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        self.buffer = HiddenStateBuffer(self.row_width, int(spec.drafter.buffer_gb * 2**30), device=dev,
+        self.buffer = HiddenStateBuffer(self.row_width, int(config.buffer_gb * 2**30), device=dev,
                                         dtype=buf_dtype)
         self.capture = EngineCapture(self.buffer)
         self.trainer = SpotTrainer(self.train_drafter, self.buffer,
-                                   SpotTrainerConfig(learning_rate=spec.drafter.learning_rate, seed=spec.seed))
-        topk = spec.rollout.draft_topk
-        self.proposer = EagleProposer(serve, proposer_config or EagleProposerConfig(topk=topk))
+                                   SpotTrainerConfig(learning_rate=config.learning_rate, seed=config.seed))
+        self.proposer = EagleProposer(serve, proposer_config or EagleProposerConfig())
         self._published_at = 0  # trainer step count of the last snapshot
         self._steps_this_rl_step = 0
         self._tail_s = 0.0  # idle time offered by the last rollout, not yet accounted
@@ -116,26 +115,26 @@ class OnlineDrafter:
         self._steps_this_rl_step = 0
 
     def _pick_draft_vocab(self) -> None:
-        """spec.drafter.draft_vocab_size (EAGLE-1): the most frequent tokens of all responses so far become the
+        """config.draft_vocab_size (EAGLE-1): the most frequent tokens of all responses so far become the
         proposer's draft vocabulary, re-picked at every rollout start (in place: captured graphs stay valid)."""
-        n, d = self.spec.drafter.draft_vocab_size, self.train_drafter
+        n, d = self.config.draft_vocab_size, self.train_drafter
         if d.cfg.kind == "eagle1" and 0 < n < d.args.vocab_size and int(self.token_counts.sum()) > 0:
             self.proposer.set_draft_vocab(torch.topk(self.token_counts.float(), n).indices)
 
     def observe_rollout(self, out: GenerationOutput) -> float:
-        """Tail seconds of a finished rollout (steps with fewer than `sd_on_below` active sequences); its response
+        """Tail seconds of a finished rollout (steps in the tail: adaptive/switch.in_tail); its response
         tokens join the counts the draft vocabulary is picked from."""
         toks = [t for s in out.sequences for t in s.tokens]
         if toks:
             self.token_counts += torch.bincount(torch.tensor(toks), minlength=self.token_counts.numel())[
                 : self.token_counts.numel()]
-        tail = sum(s.seconds for s in out.steps if s.kind != "prefill" and s.active < self.spec.rollout.sd_on_below)
+        tail = sum(s.seconds for s in out.steps if s.kind != "prefill" and in_tail(s.active, self.config.tail_below))
         self._tail_s += tail
         return tail
 
     def train_in_tail(self, until: Callable[[], bool], max_steps: int) -> int:
         """Spot steps between tail decode steps (idle time is accounted from `observe_rollout`)."""
-        cap = self.spec.drafter.max_train_steps_per_rl_step - self._steps_this_rl_step
+        cap = self.config.max_train_steps_per_rl_step - self._steps_this_rl_step
         before = self.trainer.used_gpu_s
         n = self.trainer.train(until, min(max_steps, max(cap, 0)), idle_s=0.0)
         self._tail_used_s += self.trainer.used_gpu_s - before
@@ -146,7 +145,7 @@ class OnlineDrafter:
     def after_update(self, step: int, trajectories: Sequence[Any]) -> dict[str, float]:
         """rl/trainer.py's DrafterHook: the rest of this RL step's spot-training budget (in the step's own time, not
         harvested), then drafter/* and this step's harvest/* (module docstring)."""
-        budget = self.spec.drafter.max_train_steps_per_rl_step - self._steps_this_rl_step
+        budget = self.config.max_train_steps_per_rl_step - self._steps_this_rl_step
         self._steps_this_rl_step += self.trainer.train(lambda: False, max(budget, 0), idle_s=0.0, harvested=False)
         idle, used = self._tail_s + self._tail_used_s, self._tail_used_s
         self.trainer.add_idle(idle)

@@ -7,7 +7,7 @@ feature rows of each sequence in a device ring (feature_ring.py). When a `DraftC
 Each `propose(ctx)` recomputes the drafter over the last `context` positions of every row (drafter entries
 (x_{j+1}, h_j) at RoPE position j, the last one being (root, h_{L-1})), so nothing drafter-side has to be rolled back
 after verification; then it drafts with a drafter-side K/V of the draft entries:
-- chain (`topk == 1`): k = min(max_depth, max_nodes - 1) tokens. Every row samples each token from the drafter's
+- chain (`ctx.topk == 1`): k = min(max_depth, max_nodes - 1) tokens. Every row samples each token from the drafter's
   processed distribution q (same temperature / top-p / top-k as the target row; a greedy row's q is the one-hot at
   the argmax, so its drafts are the argmax chain) and hands the q rows to the verifier (rows of one temperature
   without top-k / top-p, with the drafter's fused step on: kernels/draft_sample.py draws the token and writes q in
@@ -18,7 +18,7 @@ after verification; then it drafts with a drafter-side K/V of the draft entries:
   whole draft is captured once per (batch bucket, depth) as a CUDA graph and replayed (chain_graph.py), reading its
   inputs from a device-side DraftWindow (draft_window.py) that the engine advances after each verification, so
   consecutive speculative steps on the same rows skip the pack, the upload and the hook's ring writes.
-- tree (`topk > 1`): EAGLE-2 expansion pruned to ctx.max_nodes (tree_draft.py). Eager.
+- tree (`ctx.topk > 1`): EAGLE-2 expansion pruned to ctx.max_nodes (tree_draft.py). Eager.
 Weights come from the spot trainer as versioned snapshots, loaded at rollout start (`load_snapshot`, an in-place copy
 that captured graphs see), never mid-rollout. A graphed chain proposal is the graph's output buffers themselves
 (tokens, parents, counts, draft_probs): valid until the next `propose` (the engine verifies and feeds the hook
@@ -38,7 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from worker.tlt.drafter.buffer import HostStage, to_device_no_sync
+from worker.tlt.decoding.draft_types import DraftProposal
+from worker.tlt.decoding.sampling import processed_probs, sample
+from worker.tlt.decoding.uploads import HostStage, to_device_no_sync
 from worker.tlt.drafter.chain_graph import ChainGraph, batch_bucket, record_graph
 from worker.tlt.drafter.draft_window import DraftWindow
 from worker.tlt.drafter.feature_ring import FeatureRing, SeqId
@@ -46,13 +48,10 @@ from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.drafter.train import DrafterSnapshot
 from worker.tlt.drafter.tree_draft import tree_draft
 from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.sampling import processed_probs, sample
-from worker.tlt.spec.types import DraftProposal
 
 
 @dataclass(frozen=True)
 class EagleProposerConfig:
-    topk: int = 1  # 1 = chain; > 1 = top-k tree (EAGLE-2), pruned to ctx.max_nodes
     context: int = 64  # drafter positions recomputed per propose (the drafter's attention window)
     max_seqs: int = 1024  # sequences whose feature rings fit (grows on demand)
     seed: int = 0  # generator for sampled chain drafts
@@ -89,6 +88,11 @@ class EagleProposer:
         self.drafter.load_state_dict(snap.state, strict=True)  # in place: captured graphs read the new weights
         self.version = snap.version
         return True
+
+    def release(self) -> int:
+        """Nothing to free for the engine's memory release: the chain graphs read the feature ring and the
+        proposer's own buffers, not the engine's cache (a few MB, kept so that no re-capture is needed)."""
+        return 0
 
     def reset(self) -> None:
         self.features.reset()
@@ -295,7 +299,7 @@ class EagleProposer:
                 return self.propose(ctx)
         bsz = ctx.batch_size
         self._drafted = False
-        if self.config.topk <= 1:
+        if ctx.topk <= 1:
             k = max(0, min(ctx.max_depth, ctx.max_nodes - 1))
             if k > 0 and self._graphable(bsz, ctx):
                 return self._chain_graphed(ctx, k)
@@ -312,7 +316,7 @@ class EagleProposer:
         packed = self._to_device_no_sync(self._pack(ctx, bsz))
         toks, feats, m = self._inputs(ctx, packed)
         o, kv, valid, last_pos = self._context_forward(toks, feats, m, packed[:, -1], None)
-        prop = tree_draft(self.drafter, toks[:, -1], o, kv, valid, last_pos, self.config.topk, ctx.max_depth,
+        prop = tree_draft(self.drafter, toks[:, -1], o, kv, valid, last_pos, ctx.topk, ctx.max_depth,
                           ctx.max_nodes)
         has_ctx = m > 0  # rows without features yet: root only (plain decoding for that row)
         keep = has_ctx[:, None] | (torch.arange(prop.num_nodes, device=self.device)[None, :] == 0)
@@ -375,8 +379,7 @@ class EagleProposer:
         return self._load_staged[:size]
 
     @torch.no_grad()
-    def capture_chain(self, batches: Sequence[int], depth: int,
-                      filters: tuple[int, bool, float] = (0, False, -1.0)) -> int:
+    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float] = (0, False, -1.0)) -> int:
         """Capture the chain graphs of these batch sizes' buckets at `depth` ahead of time (so that no capture lands
         inside a timed rollout) for rows sampling with these filters (DraftContext.filters; default: no top-k, no
         top-p); returns how many were captured. No-op off CUDA."""

@@ -1,4 +1,4 @@
-"""`tree_draft`: EAGLE-2 top-k tree expansion for the EAGLE proposer (`EagleProposerConfig(topk > 1)`), eager.
+"""`tree_draft`: EAGLE-2 top-k tree expansion for the EAGLE proposer (`DraftContext.topk > 1`), eager.
 
 Each level feeds the `topk` best frontier nodes (by cumulative log q) through the drafter; every node attends to the
 context and its own ancestors; `spec.tree.topk_tree` prunes the expanded levels to `max_nodes` (deterministic
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.spec.tree import topk_tree
-from worker.tlt.spec.types import DraftProposal
 
 
 @torch.no_grad()

@@ -33,7 +33,8 @@ from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.reporting import Reporter
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams
+from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.spec_translate import drafter_config
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +66,15 @@ def warmup(
     if not prompts:
         raise ValueError("warm-up needs at least one prompt")
     dev = target.head_weight.device
-    drafter = build_drafter(spec, target)
+    cfg = drafter_config(spec)
+    drafter = build_drafter(cfg, target)
     width = drafter.feature_dim + (drafter.args.dim if drafter.cfg.kind == "eagle3" else 0)
     # the target is frozen here, so every round's responses stay valid training rows (an RL step keeps two: its
     # policy moves); the ring's budget bounds them. More responses and steps raised the H200 chain accept length
     # 2.28 -> 2.48 (2,048 -> 7,168 responses, 6,000 -> 24,000 steps: bench/results/drafter_recipes_h200.md)
-    buffer = HiddenStateBuffer(width, int(spec.drafter.buffer_gb * 2**30), device=dev,
+    buffer = HiddenStateBuffer(width, int(cfg.buffer_gb * 2**30), device=dev,
                                dtype=resolve_dtype(None, dev), keep_steps=spec.max_steps)
-    trainer = SpotTrainer(drafter, buffer, SpotTrainerConfig(learning_rate=spec.drafter.learning_rate,
-                                                             seed=spec.seed))
+    trainer = SpotTrainer(drafter, buffer, SpotTrainerConfig(learning_rate=cfg.learning_rate, seed=cfg.seed))
     capture = EngineCapture(buffer)
     eos = tuple(eos_ids if eos_ids is not None else getattr(tokenizer, "eos_ids", target.args.eos_token_ids))
     alg = spec.algorithm
@@ -84,7 +85,7 @@ def warmup(
                             cuda_graphs=spec.rollout.cuda_graphs, seed=spec.seed),
         hidden_hook=capture if drafter.cfg.kind == "eagle1" else None,
     )
-    params = SamplingParams(temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k,
+    params = RequestSampling(temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k,
                             max_new_tokens=alg.max_completion_length)
     n = alg.prompts_per_step
     for rnd in range(spec.max_steps):
@@ -102,7 +103,7 @@ def warmup(
                 drafter.set_draft_vocab(buffer.token_counts(drafter.args.vocab_size))
         t_gen = time.perf_counter() - t0
         t1 = time.perf_counter()
-        trainer.train(lambda: reporter.should_stop(), spec.drafter.max_train_steps_per_rl_step)
+        trainer.train(lambda: reporter.should_stop(), cfg.max_train_steps_per_rl_step)
         m = trainer.metrics()
         m.update({"timing_s/gen": t_gen, "timing_s/drafter": time.perf_counter() - t1,
                   "drafter/buffer_rows": float(len(buffer)),

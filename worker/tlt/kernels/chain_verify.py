@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.spec.sampling import exponential_noise
-from worker.tlt.spec.types import VerifyResult
+from worker.tlt.decoding.draft_types import VerifyResult
+from worker.tlt.decoding.sampling import exponential_noise
 
 TINY = 1e-30  # verify.py's _TINY and pick_with_noise's noise floor
 EMPTY_MAX = -1.0e30  # running max before any column (finite: exp(EMPTY_MAX - m) is exactly 0, no NaN)

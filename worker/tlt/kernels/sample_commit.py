@@ -42,9 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.tlt.decoding.row_state import RowState
 from worker.tlt.kernels.common import pdl_args, wait_for_previous
 from worker.tlt.kernels.settings import current
-from worker.tlt.rollout.state import RowState
 
 TINY = 1e-30  # pick_with_noise's noise floor
 MAX_TOP_K = 256  # larger k: torch's topk

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.rollout.state import RowState
+from worker.tlt.decoding.row_state import RowState
 
 
 @triton.jit

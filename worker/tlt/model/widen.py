@@ -187,7 +187,8 @@ def load_widened(name: str, device: torch.device | str, dtype: torch.dtype) -> t
     """The widened model built on `device` from SmolLM2's GGUF weights (no file written), and SmolLM2's tokenizer."""
     from gguf import GGUFReader
 
-    from worker.tlt.model.load import build_model, gguf_args, load_gguf_state_dict, smollm2_gguf_path
+    from worker.tlt.model.build import build_model
+    from worker.tlt.model.gguf import gguf_args, load_gguf_state_dict, smollm2_gguf_path
 
     path = smollm2_gguf_path()
     reader = GGUFReader(str(path))

@@ -14,7 +14,8 @@ Speculative decoding (`rollout.speculative`, `drafter.kind`):
   published weights and captures hidden states through its hook; the trainer's drafter hook spot-trains it after the
   update. EAGLE-3 builds the engine with `capture_layers` = its three feature layers (hook rows [N, 4H]).
 - `on` + `ngram`: the model-free n-gram drafter over each sequence and its GRPO siblings (spec/ngram.py).
-  Drafts are a chain of `draft_depth` tokens, or a tree when `draft_topk > 1`; the engine verifies losslessly.
+  `on` drafts with one fixed arm (`AdaptiveSd.fixed`-style controller from the spec): a chain of `draft_depth`
+  tokens, or a tree when `draft_topk > 1`, for either drafter; the engine verifies losslessly.
 - `adaptive`: the engine asks `adaptive.AdaptiveSd` every decode step: SD on below `sd_on_below` active
   sequences (hysteresis `sd_patience`), the arm (drafter x depth x top-k x verify width, or plain decoding) chosen
   per batch-size bucket by the spec's bandit. Drafters: the n-gram drafter always (cold start, sees the GRPO
@@ -40,6 +41,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,17 +54,15 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.rollout_io import FinishCallback, Trajectory
 from worker.tlt.rollout.adaptive_loop import TailHook
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.kv_cache import slots_for_budget
 from worker.tlt.rollout.types import (
-    EngineConfig,
     GenerationOutput,
     Request,
-    SamplingParams,
+    RequestSampling,
     SequenceResult,
-    SpecConfig,
 )
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
 from worker.tlt.spec.proposer import Proposer
+from worker.tlt.spec_translate import controller, drafter_config, engine_config, request_sampling
 
 if TYPE_CHECKING:
     from worker.tlt.drafter.online import OnlineDrafter
@@ -91,12 +91,14 @@ def sd_metrics(out: GenerationOutput) -> dict[str, float]:
 class EngineRollout:
     """`RolloutFn` over an `Engine`: prompts x n samples -> Trajectories grouped by prompt."""
 
-    def __init__(self, engine: Engine, tokenizer: TokenizerLike, spec: JobSpec,
+    def __init__(self, engine: Engine, tokenizer: TokenizerLike, sampling: RequestSampling, release_kv: bool = False,
                  drafter: OnlineDrafter | None = None) -> None:
-        self.engine, self.tokenizer, self.algo = engine, tokenizer, spec.algorithm
+        """sampling: the training rollouts' settings (n and greedy are per call); release_kv: free the engine's KV
+        cache after training rollouts (rollout.release_kv_for_update)."""
+        self.engine, self.tokenizer, self.sampling = engine, tokenizer, sampling
         self.drafter = drafter  # also the trainer's DrafterHook when set
         self.rollouts = 0  # training rollouts so far (the drafter buffer's step numbers)
-        self.release_kv = spec.rollout.release_kv_for_update  # free the engine's KV cache after training rollouts
+        self.release_kv = release_kv
 
     @property
     def generator(self) -> torch.Generator:
@@ -105,11 +107,7 @@ class EngineRollout:
     def __call__(
         self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool, on_finish: FinishCallback | None = None
     ) -> tuple[list[Trajectory], dict[str, float]]:
-        a = self.algo
-        params = SamplingParams(
-            temperature=0.0 if greedy else a.temperature, top_p=a.top_p, top_k=a.top_k,
-            max_new_tokens=a.max_completion_length, n=n,
-        )
+        params = replace(self.sampling, n=n, temperature=0.0 if greedy else self.sampling.temperature)
         requests = [Request(list(p.ids), params) for p in prompts]
 
         def trajectory(s: SequenceResult) -> Trajectory:
@@ -125,12 +123,12 @@ class EngineRollout:
             self.engine.restore_memory()
         restore_s = time.perf_counter() - t0
         if greedy:  # validation: plain decoding, nothing captured, the bandit untouched
-            proposer, hook, ctl = self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive
-            self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = None, None, None
+            hook, ctl = self.engine.hidden_hook, self.engine.controller
+            self.engine.hidden_hook, self.engine.controller = None, None
             try:
                 out = self._generate(requests, engine_on_finish if stream else None)
             finally:
-                self.engine.proposer, self.engine.hidden_hook, self.engine.adaptive = proposer, hook, ctl
+                self.engine.hidden_hook, self.engine.controller = hook, ctl
         else:
             self.rollouts += 1
             if self.drafter is not None:
@@ -176,27 +174,14 @@ def tail_trainer(drafter: OnlineDrafter) -> TailHook:
 
 
 def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, device: torch.device) -> EngineRollout:
-    algo, ro = spec.algorithm, spec.rollout
-    max_len = spec.dataset.max_prompt_length + algo.max_completion_length
-    dtype = model.head_weight.dtype
-    # every sequence of a step resident at once, within the KV budget (validation batches queue behind them)
-    slots = min(algo.prompts_per_step * algo.num_generations, slots_for_budget(model.args, max_len + 80,
-                                                                                ro.kv_cache_gb, dtype))
-    spec_cfg = SpecConfig(mode="off")
-    proposer: Proposer | None = None
+    """The trainer's rollout over an engine built from the spec (spec_translate.py translates every setting)."""
+    ro, kind = spec.rollout, spec.drafter.kind
     drafter: OnlineDrafter | None = None
-    hook = None
-    kind = spec.drafter.kind
     if kind in ("eagle1", "eagle3") and ro.speculative in ("adaptive", "on"):  # the learned, spot-trained drafter
         from worker.tlt.drafter.online import OnlineDrafter  # imported only by jobs that train a drafter
 
-        drafter = OnlineDrafter(spec, model)
-        hook = drafter.hidden_hook
-    config = EngineConfig(
-        max_len=max_len, max_slots=max(slots, 1), kv_cache_gb=ro.kv_cache_gb, cuda_graphs=ro.cuda_graphs,
-        fused_kernels=ro.fused_kernels, seed=ro.seed + spec.seed, capture_layers=drafter.capture_layers if drafter is not None else (),
-    )
-    adaptive: AdaptiveSd | None = None
+        drafter = OnlineDrafter(drafter_config(spec), model)
+    ctl: AdaptiveSd | None = None
     proposers: dict[str, Proposer] = {}
     tail_hook: TailHook | None = None
     if ro.speculative == "adaptive":
@@ -206,23 +191,18 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
             tail_hook = tail_trainer(drafter)
         elif kind != "ngram":
             log.warning("drafter.kind=%s has no engine drafter; adaptive SD runs with the n-gram drafter only", kind)
-        adaptive = AdaptiveSd.from_spec(ro, drafters=list(proposers))  # type: ignore[arg-type]
-    elif ro.speculative == "on" and kind in ("eagle1", "eagle3", "ngram"):
-        tree = ro.draft_topk > 1
-        spec_cfg = SpecConfig(mode="on", method="tree" if tree else "chain", depth=ro.draft_depth,
-                              topk=ro.draft_topk, verify_tokens=max(ro.verify_tokens, 2))
-        if drafter is not None:
-            proposer = drafter.proposer
-        else:
-            proposer = NGramProposer(NGramConfig(topk=ro.draft_topk))
+        ctl = controller(spec, list(proposers))  # type: ignore[arg-type]
+    elif ro.speculative == "on" and kind in ("eagle1", "eagle3", "ngram"):  # one fixed arm of the spec's shape
+        proposers = {"eagle": drafter.proposer} if drafter is not None else {"ngram": NGramProposer(NGramConfig())}
+        ctl = controller(spec, list(proposers))  # type: ignore[arg-type]
     elif ro.speculative == "off":  # pinned off: plain decoding, with the same per-bucket and tail metrics as SD runs
-        adaptive = AdaptiveSd.from_spec(ro, drafters=[])
+        ctl = controller(spec, [])
     else:
         log.warning("rollout.speculative=%s with drafter.kind=%s is not wired into the trainer's engine yet; "
                     "running SD off", ro.speculative, kind)
-    engine = Engine(model, eos_ids=tokenizer.eos_ids, config=config, spec=spec_cfg, proposer=proposer,
-                    hidden_hook=hook, adaptive=adaptive, proposers=proposers, tail_hook=tail_hook)
+    config = engine_config(spec, model, drafter.capture_layers if drafter is not None else ())
+    engine = Engine(model, eos_ids=tokenizer.eos_ids, config=config, controller=ctl, proposers=proposers,
+                    hidden_hook=drafter.hidden_hook if drafter is not None else None, tail_hook=tail_hook)
     if device.type == "cuda":  # capture every CUDA graph now, not inside the first step's timed rollout
-        engine.warmup(engine.slots, max_len, params=SamplingParams(
-            temperature=algo.temperature, top_p=algo.top_p, top_k=algo.top_k, max_new_tokens=1))
-    return EngineRollout(engine, tokenizer, spec, drafter)
+        engine.warmup(engine.slots, config.max_len, params=replace(request_sampling(spec), max_new_tokens=1))
+    return EngineRollout(engine, tokenizer, request_sampling(spec), ro.release_kv_for_update, drafter)

@@ -25,39 +25,17 @@ Run the tests: `python -m pytest tests/adaptive/test_adaptive_engine_loop.py -q`
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from worker.tlt.adaptive.arms import Arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.rollout.engine_state import EngineState, StepRunner
 from worker.tlt.rollout.types import StepStats
-
-if TYPE_CHECKING:
-    from worker.tlt.rollout.engine import Engine
 
 TailHook = Callable[[float], object]  # (time budget in seconds) -> anything; called between tail decode steps
 Pending = tuple[Arm, bool, int]  # (arm planned, switch state when planned, active batch it was planned for)
-
-
-def set_proposer_topk(proposer: object, topk: int) -> bool:
-    """Point a drafter whose frozen config has a `topk` field (n-gram, small-model, EAGLE) at an arm's branching;
-    False when the proposer has no such config (its drafts are then taken as they come, trees allowed)."""
-    cfg = getattr(proposer, "config", None)
-    if cfg is None or isinstance(cfg, type) or not dataclasses.is_dataclass(cfg) or not hasattr(cfg, "topk"):
-        return False
-    if cfg.topk != topk:
-        proposer.config = dataclasses.replace(cfg, topk=topk)  # type: ignore[attr-defined,type-var]
-    return True
-
-
-def proposer_topk(proposer: object) -> int | None:
-    """The branching a drafter's config fixes (None: unknown)."""
-    cfg = getattr(proposer, "config", None)
-    topk = getattr(cfg, "topk", None)
-    return int(topk) if isinstance(topk, int) else None
 
 
 class TailBudget:
@@ -93,18 +71,18 @@ def _plan(ctl: AdaptiveSd, active: int) -> tuple[Arm, bool]:
     return arm, ctl.switch.on
 
 
-def adaptive_iteration(engine: Engine, ctl: AdaptiveSd, steps: list[StepStats], pending: Pending | None,
-                       tail: TailBudget) -> Pending | None:
-    """One iteration of the adaptive loop over rows 0..engine.n_active-1 (module docstring); returns the arm planned
-    for the next iteration, if the controller already chose one."""
-    active = engine.n_active
+def adaptive_iteration(state: EngineState, runner: StepRunner, ctl: AdaptiveSd, steps: list[StepStats],
+                       pending: Pending | None, tail: TailBudget) -> Pending | None:
+    """One iteration of the adaptive loop over rows 0..state.n_active-1 (module docstring), stepping with `runner`
+    (the engine); returns the arm planned for the next iteration, if the controller already chose one."""
+    active = state.n_active
     scheme = ctl.scheme
     if pending is not None and scheme.bucket(pending[2]) == scheme.bucket(active):
         arm, on = pending[0], pending[1]
     else:
         arm, on = _plan(ctl, active)
     if arm.is_sd:
-        st = engine.speculative_step(active, arm)
+        st = runner.speculative_step(active, arm)
         steps.append(st)
         ctl.record(active, arm, st.emitted, st.seconds, accepted_per_pos=st.accepted_pos,
                    drafted_per_pos=st.drafted_pos, sd_on=on)
@@ -113,17 +91,17 @@ def adaptive_iteration(engine: Engine, ctl: AdaptiveSd, steps: list[StepStats], 
         return None
     planned: list[tuple[Arm, bool]] = [(arm, on)]
     nxt: Pending | None = None
-    batch = engine.bucket(active)
-    clock = engine.clock
+    batch = state.bucket(active)
+    clock = state.clock
     t0 = clock()
-    emitted = [engine.decode_step(batch).sum()]
-    while len(emitted) < engine.config.sync_every:
+    emitted = [runner.decode_step(batch).sum()]
+    while len(emitted) < state.config.sync_every:
         a2, on2 = _plan(ctl, active)
         if a2.is_sd:
             nxt = (a2, on2, active)
             break
         planned.append((a2, on2))
-        emitted.append(engine.decode_step(batch).sum())
+        emitted.append(runner.decode_step(batch).sum())
     counts = torch.stack(emitted).tolist()
     dt = max(clock() - t0, 1e-9) / len(counts)
     for (a, was_on), c in zip(planned, counts, strict=True):

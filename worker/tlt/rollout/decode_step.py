@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
+from worker.tlt.decoding.kv_cache import KVCache
+from worker.tlt.decoding.row_state import RowState
+from worker.tlt.decoding.sampling import exponential_noise, pick_with_noise, processed_probs, token_logprobs
 from worker.tlt.kernels import fused_available
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rollout.kv_cache import KVCache
-from worker.tlt.rollout.state import RowState
-from worker.tlt.spec.sampling import exponential_noise, pick_with_noise, processed_probs, token_logprobs
 
 Mode = tuple[Any, ...]  # GREEDY | ("uniform", temperature, top_p, top_k) | MIXED
 GREEDY: Mode = ("greedy",)

@@ -11,7 +11,8 @@ Worth it when the update needs the memory (`rollout.release_kv_for_update`).
 
 What goes: the K/V tensors (replaced by empty tensors inside the one `KVCache` object that the engine, its decode step
 and the verify body share, so no stale reference keeps them alive), the decode, verify and prefill graphs with their
-static buffers and their memory pool, and a small-model drafter's own KV cache (re-allocated by its next proposal).
+static buffers and their memory pool, and what a drafter keeps for the cache's layout (`Proposer.release`: a
+small-model drafter's own KV cache, re-allocated by its next proposal).
 What stays: the row state, the generator (the sampling stream just continues), the EAGLE proposer's chain graphs (they
 read its feature ring and its own buffers, not the engine's cache; a few MB).
 Run the tests: `python -m pytest tests/engine/test_engine_release.py -q` (and `-m gpu` on a GPU).
@@ -19,18 +20,32 @@ Run the tests: `python -m pytest tests/engine/test_engine_release.py -q` (and `-
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
+from worker.tlt.decoding.kv_cache import KVCache
+from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.graphs import DecodeGraphs
-from worker.tlt.rollout.kv_cache import KVCache
 from worker.tlt.rollout.prefill_graphs import PrefillGraphs
 from worker.tlt.rollout.verify_graphs import VerifyGraphs
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.spec.proposer import Proposer
 
-if TYPE_CHECKING:
-    from worker.tlt.rollout.engine import Engine
+
+@dataclass
+class EngineGraphs:
+    """One memory pool and the decode / verify / prefill graph sets captured into it (all None off CUDA or with
+    cuda_graphs off)."""
+
+    pool: object | None = None
+    decode: DecodeGraphs | None = None
+    verify: VerifyGraphs | None = None
+    prefill: PrefillGraphs | None = None
+
+    def clear(self) -> int:
+        """Drop every graph with its static buffers -> the bytes they had cost; the sets stay empty after."""
+        return sum(g.clear() for g in (self.decode, self.verify, self.prefill) if g is not None)
 
 
 def kv_released(cache: KVCache) -> bool:
@@ -38,49 +53,44 @@ def kv_released(cache: KVCache) -> bool:
     return any(t.numel() == 0 for t in (*cache.k, *cache.v))
 
 
-def attach_graphs(engine: Engine) -> None:
+def new_graphs(state: EngineState) -> EngineGraphs:
     """A fresh memory pool and empty decode / verify / prefill graph sets (captured on first use), on CUDA with
     cuda_graphs."""
-    on = engine.device.type == "cuda" and engine.config.cuda_graphs
-    engine.graph_pool = torch.cuda.graph_pool_handle() if on else None
-    engine.graphs = DecodeGraphs(engine.step, engine.graph_pool) if on else None
-    engine.verify_graphs = VerifyGraphs.for_engine(engine) if on else None  # reads engine.graph_pool
-    engine.prefill_graphs = PrefillGraphs(engine.graph_pool) if on else None
+    if state.device.type != "cuda" or not state.config.cuda_graphs:
+        return EngineGraphs()
+    pool = torch.cuda.graph_pool_handle()
+    return EngineGraphs(pool, DecodeGraphs(state.step, pool), VerifyGraphs(pool), PrefillGraphs(pool))
 
 
-def release(engine: Engine) -> int:
-    """Free the KV cache and what reads it -> bytes freed (cache, small-model drafter caches, graph pool growth as
-    the captures measured it); 0 when already released."""
-    if engine.n_active:
+def release(state: EngineState, graphs: EngineGraphs, proposers: Iterable[Proposer]) -> int:
+    """Free the KV cache and what reads it -> bytes freed (cache, drafter caches, graph pool growth as the captures
+    measured it); 0 when already released. The caller drops `graphs` (emptied here, in case someone still holds
+    them) and makes new ones at restore."""
+    if state.n_active:
         raise RuntimeError("release_memory() with sequences still active: call it between generate() calls")
-    cache = engine.cache
+    cache = state.cache
     if kv_released(cache):
         return 0
     freed = cache.nbytes
-    empty = torch.empty(0, device=engine.device, dtype=engine.dtype)
+    empty = torch.empty(0, device=state.device, dtype=state.dtype)
     cache.k[:] = [empty] * len(cache.k)  # in place: every holder of this KVCache sees the release
     cache.v[:] = [empty] * len(cache.v)
-    for graphs in (engine.graphs, engine.verify_graphs, engine.prefill_graphs):
-        if graphs is not None:
-            freed += graphs.clear()  # emptied too, in case someone else still holds the object
-    engine.graph_pool, engine.graphs, engine.verify_graphs, engine.prefill_graphs = None, None, None, None
-    for p in {id(x): x for x in [engine.proposer, *engine.proposers.values()] if x is not None}.values():
-        if isinstance(p, SmallModelProposer) and p.cache is not None:
-            freed += p.cache.nbytes
-            p.cache = None
-            p.reset()  # it re-feeds whole histories into the cache it allocates next
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
+    freed += graphs.clear()
+    for p in {id(x): x for x in proposers}.values():
+        freed += p.release()
+    if state.device.type == "cuda":
+        torch.cuda.synchronize(state.device)
         torch.cuda.empty_cache()
     return freed
 
 
-def restore(engine: Engine) -> None:
-    """Allocate the cache's shapes again (zeros, as at construction) and fresh empty graph sets; no-op when live."""
-    cache = engine.cache
+def restore(state: EngineState) -> bool:
+    """Allocate the cache's shapes again (zeros, as at construction) -> True; False (a no-op) when live. The caller
+    attaches fresh graph sets."""
+    cache = state.cache
     if not kv_released(cache):
-        return
-    rows = engine.rows  # holds the cache's row count and column count (T) for the engine's lifetime
-    fresh = KVCache.allocate(engine.model.args, rows.slots, rows.max_len, engine.device, engine.dtype)
+        return False
+    rows = state.rows  # holds the cache's row count and column count (T) for the engine's lifetime
+    fresh = KVCache.allocate(state.model.args, rows.slots, rows.max_len, state.device, state.dtype)
     cache.k[:], cache.v[:] = fresh.k, fresh.v
-    attach_graphs(engine)
+    return True

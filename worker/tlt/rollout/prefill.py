@@ -7,7 +7,7 @@ path); larger chunks run the model's torch forward. On CUDA with graphs, chunks 
 replayed from a CUDA graph per shape (rollout/prefill_graphs.py), and the first tokens go through the fused sampler
 where the decode step would (two kernels instead of ~40 torch ops).
 
-`Engine.prefill(items, requests)` calls `prefill(engine, items, requests)`; see rollout/engine.py.
+`Engine.prefill(items, requests)` calls `prefill(state, items, requests, graphs)`; see rollout/engine.py.
 """
 
 from __future__ import annotations
@@ -15,17 +15,14 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from worker.tlt.decoding.row_state import MAX_EOS
 from worker.tlt.rollout.decode_step import choose, hook_rows
-from worker.tlt.rollout.state import MAX_EOS
+from worker.tlt.rollout.engine_state import EngineState, round_up
+from worker.tlt.rollout.prefill_graphs import PrefillGraphs
 from worker.tlt.rollout.types import Request, StepStats
-
-if TYPE_CHECKING:
-    from worker.tlt.rollout.engine import Engine
-
 
 FUSED_PREFILL_TOKENS = 512  # padded prompt tokens up to which a prefill chunk runs the fused kernels
 # ... and up to which it is replayed from a CUDA graph: batch 8 of GSM8K prompts (8 x 144) was a 32 ms torch prefill
@@ -34,11 +31,7 @@ FUSED_PREFILL_TOKENS = 512  # padded prompt tokens up to which a prefill chunk r
 GRAPH_PREFILL_TOKENS = 4096
 
 
-def round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
-
-
-def chunk_forward(engine: Engine, row0: int, ids: torch.Tensor,
+def chunk_forward(state: EngineState, row0: int, ids: torch.Tensor,
                   plen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
     """The forward of c prompts [c, s] (lengths plen [c], right-padded) into cache rows row0.. -> (logits at each
     prompt's last token [c, 1, V], final-norm hidden [c, s, H], captured layer inputs). A chunk of at most
@@ -46,17 +39,18 @@ def chunk_forward(engine: Engine, row0: int, ids: torch.Tensor,
     launches per layer made a 200-token GSM8K prompt a 16 ms prefill on an H200, host-bound; larger chunks keep
     torch's GEMMs."""
     c, s = ids.shape
-    small = engine.step.fused and c * s <= FUSED_PREFILL_TOKENS
-    forward = engine.step.forward_hidden if small else engine.model.forward_hidden
-    cols = engine._cols[:s]
+    small = state.step.fused and c * s <= FUSED_PREFILL_TOKENS
+    forward = state.step.forward_hidden if small else state.model.forward_hidden
+    cols = state.cols[:s]
     pos = cols.expand(c, s)
     mask = (cols[None, :] <= cols[:, None])[None] & (cols < plen[:, None])[:, None]
-    return forward(ids, pos, engine.cache, cache_rows=slice(row0, row0 + c), write_idx=pos, attn_mask=mask,
-                   logits_at=(plen - 1)[:, None], layers=engine.hook_layers)
+    return forward(ids, pos, state.cache, cache_rows=slice(row0, row0 + c), write_idx=pos, attn_mask=mask,
+                   logits_at=(plen - 1)[:, None], layers=state.hook_layers)
 
 
-def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
-    """Engine.prefill (module docstring)."""
+def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence[Request],
+            prefill_graphs: PrefillGraphs | None) -> StepStats:
+    """Engine.prefill (module docstring); small chunks replay `prefill_graphs` when there are some."""
     t0 = time.perf_counter()
     head: list[tuple[int, int]] = []  # first sample of each distinct request: prefilled
     tail: list[tuple[int, int]] = []  # its siblings: K/V copied from the first
@@ -64,16 +58,16 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
         (tail if any(h[0] == it[0] for h in head) else head).append(it)
     order = head + tail
     firsts = {r: i for i, (r, _) in enumerate(head)}
-    r0, m = engine.n_active, len(order)
+    r0, m = state.n_active, len(order)
     uniq = [order[i][0] for i in range(len(firsts))]  # request of rows r0 .. r0+u-1
-    dev = engine.device
-    last_logits = torch.empty(len(uniq), engine.model.args.vocab_size, device=dev, dtype=torch.float32)
+    dev = state.device
+    last_logits = torch.empty(len(uniq), state.model.args.vocab_size, device=dev, dtype=torch.float32)
     j = 0
     while j < len(uniq):  # chunks of distinct prompts within the token budget
         s_max, c = 0, 0
         while j + c < len(uniq):
             s_new = max(s_max, len(requests[uniq[j + c]].prompt))
-            if c and round_up(s_new, 16) * (c + 1) > engine.config.prefill_tokens:
+            if c and round_up(s_new, 16) * (c + 1) > state.config.prefill_tokens:
                 break
             s_max, c = s_new, c + 1
         s = round_up(s_max, 16)
@@ -83,39 +77,39 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
             ids[i, : plen[i]] = torch.tensor(requests[uniq[j + i]].prompt)
         ids, plen = ids.to(dev), plen.to(dev)
         # chunks up to GRAPH_PREFILL_TOKENS replay a CUDA graph once their shape was seen (rollout/prefill_graphs.py)
-        graphs = engine.prefill_graphs if c * s <= GRAPH_PREFILL_TOKENS else None
+        graphs = prefill_graphs if c * s <= GRAPH_PREFILL_TOKENS else None
         if graphs is not None:
-            body = functools.partial(chunk_forward, engine)
-            logits, hidden, cap = graphs(body, r0 + j, ids, plen, engine.hook_layers)
+            body = functools.partial(chunk_forward, state)
+            logits, hidden, cap = graphs(body, r0 + j, ids, plen, state.hook_layers)
         else:
-            logits, hidden, cap = chunk_forward(engine, r0 + j, ids, plen)
+            logits, hidden, cap = chunk_forward(state, r0 + j, ids, plen)
         last_logits[j : j + c] = logits[:, 0].float()
-        if engine.hidden_hook is not None:
-            valid = engine._cols[:s][None, :] < plen[:, None]
+        if state.hidden_hook is not None:
+            valid = state.cols[:s][None, :] < plen[:, None]
             seq = [order[j + i] for i in range(c) for _ in range(int(plen[i]))]
-            engine.hidden_hook(seq, ids[valid], hook_rows(hidden, cap, engine.hook_layers)[valid])
+            state.hidden_hook(seq, ids[valid], hook_rows(hidden, cap, state.hook_layers)[valid])
         j += c
     # siblings share their prompt's K/V
     src = [r0 + firsts[r] for r, _ in order[len(uniq):]]
     if src:
         dst = torch.arange(r0 + len(uniq), r0 + m, device=dev)
-        engine.cache.move_rows(torch.tensor(src, device=dev), dst)
+        state.cache.move_rows(torch.tensor(src, device=dev), dst)
     # row state
     rows = slice(r0, r0 + m)
-    st = engine.rows
+    st = state.rows
     plens = [len(requests[r].prompt) for r, _ in order]
     for i, (r, _) in enumerate(order):
         p = requests[r].params
-        eos = p.eos_ids if p.eos_ids is not None else engine.eos_ids
+        eos = p.eos_ids if p.eos_ids is not None else state.eos_ids
         if len(eos) > MAX_EOS:
             raise ValueError(f"at most {MAX_EOS} eos ids per request")
-        engine.row_known[r0 + i] = 0
+        state.row_known[r0 + i] = 0
         st.eos[r0 + i] = torch.tensor(list(eos) + [-1] * (MAX_EOS - len(eos)), device=dev)
-        engine.row_seq.append((r, _))
-        engine.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
-        engine.row_hi[r0 + i] = plens[i]  # (folds pending plain steps into the old rows first)
-        engine.row_plen[r0 + i] = plens[i]
-        engine.row_cap[r0 + i] = plens[i] + p.max_new_tokens
+        state.row_seq.append((r, _))
+        state.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
+        state.row_hi[r0 + i] = plens[i]  # (folds pending plain steps into the old rows first)
+        state.row_plen[r0 + i] = plens[i]
+        state.row_cap[r0 + i] = plens[i] + p.max_new_tokens
     host = torch.tensor(
         [[plens[i] - 1, plens[i], requests[r].params.max_new_tokens, r, requests[r].params.top_k]
          for i, (r, _) in enumerate(order)], dtype=torch.int64).to(dev)
@@ -125,13 +119,13 @@ def prefill(engine: Engine, items: list[tuple[int, int]], requests: Sequence[Req
     st.temp[rows], st.top_p[rows] = fl.unbind(1)
     st.n_gen[rows] = 0
     st.done[rows] = False
-    engine.n_active += m
-    engine._rows_changed()
+    state.n_active += m
+    state.rows_changed()
     logits = last_logits[torch.tensor([firsts[r] for r, _ in order], device=dev)]
-    if engine.step.samples_fused(engine._mode, m):  # two kernels instead of ~40 torch ops (rollout/decode_step.py)
-        n = engine.step.fused_tail(m, engine._mode, logits, None, row0=r0)
+    if state.step.samples_fused(state.mode, m):  # two kernels instead of ~40 torch ops (rollout/decode_step.py)
+        n = state.step.fused_tail(m, state.mode, logits, None, row0=r0)
     else:
-        tok, lp = choose(logits, engine._mode, st, rows, engine.gen)
+        tok, lp = choose(logits, state.mode, st, rows, state.gen)
         n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
-    engine._hist_fresh, engine._done_host = False, None
+    state.hist_fresh, state.done_host = False, None
     return StepStats("prefill", m, m, int(max(plens)), int(n.sum()), 0, time.perf_counter() - t0)

@@ -23,20 +23,17 @@ the counts are over the rows that were active before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from worker.tlt.decoding.draft_types import DraftProposal
+from worker.tlt.decoding.row_state import RowState
+from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.kernels import fused_available
 from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows
-from worker.tlt.rollout.state import RowState
-from worker.tlt.spec.sampling import processed_probs
+from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.spec.tree import ancestor_mask, depths_from_ancestors
-from worker.tlt.spec.types import DraftProposal
 from worker.tlt.spec.verify import verify_greedy, verify_sampling
-
-if TYPE_CHECKING:
-    from worker.tlt.rollout.engine import Engine
 
 
 @dataclass
@@ -73,11 +70,11 @@ def fused_chain_verify(logits: torch.Tensor, mode: Mode, *, chain: bool, topk: i
     return float(temp) > 0.0 and float(top_p) >= 1.0 and (int(top_k) <= 0 or int(top_k) >= logits.shape[-1])
 
 
-def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mode: Mode, tk: int,
+def verify_commit(state: EngineState, inp: SpecInputs, *, depth: int, topk: int, mode: Mode, tk: int,
                   chain: bool) -> SpecOut:
     """The body (module docstring). depth: the verifier's depth bound D; topk: max children per node; mode: the
     engine's sampling mode; tk: attention columns; chain: every row's nodes form a chain (no K/V compaction)."""
-    st, cache = engine.rows, engine.cache
+    st, cache = state.rows, state.cache
     r, w = inp.tokens.shape
     dev = inp.tokens.device
     row_i = torch.arange(r, device=dev)
@@ -94,9 +91,9 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
     widx = lens[:, None] + node_i[None, :]
     mask = (torch.arange(tk, device=dev)[None, None, :] < lens[:, None, None]).expand(r, w, tk).clone()
     mask.scatter_(2, widx[:, None, :].expand(r, w, w), anc.expand(r, w, w))
-    layers = engine.hook_layers
+    layers = state.hook_layers
     # the engine's cached forward: torch, or the fused Triton kernels (EngineConfig.fused_kernels)
-    logits, hidden, cap = engine.step.forward_hidden(inp.tokens, pos, cache, write_idx=widx, attn_mask=mask,
+    logits, hidden, cap = state.step.forward_hidden(inp.tokens, pos, cache, write_idx=widx, attn_mask=mask,
                                                      layers=layers)
     prop = inp.proposal()
     if mode == GREEDY:
@@ -105,14 +102,14 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
         from worker.tlt.kernels.chain_verify import chain_verify  # triton: imported on the CUDA path only
 
         res = chain_verify(logits, inp.tokens, inp.counts, inp.draft_probs, depth, float(mode[1]),
-                           uniforms=inp.uniforms, noise=inp.noise, generator=engine.gen)  # = the torch branch's draws
+                           uniforms=inp.uniforms, noise=inp.noise, generator=state.gen)  # = the torch branch's draws
     else:
         if mode[0] == "uniform":
             temp, top_p, top_k = mode[1:]
         else:
             temp, top_p, top_k = st.temp[:r], st.top_p[:r], st.top_k[:r]
         probs = processed_probs(logits, temp, top_p, top_k)
-        res = verify_sampling(prop, probs, engine.gen, max_depth=depth, max_children=topk, uniforms=inp.uniforms,
+        res = verify_sampling(prop, probs, state.gen, max_depth=depth, max_children=topk, uniforms=inp.uniforms,
                               noise=inp.noise)  # None: drawn from the engine's generator (eager); a graph's are refilled
     n_acc = res.num_emitted - 1
     acc_nodes = res.accepted_nodes[:, :depth].clamp_min(0)  # [R, D]
@@ -121,7 +118,7 @@ def verify_commit(engine: Engine, inp: SpecInputs, *, depth: int, topk: int, mod
     kept = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes], dim=1)
     row_depth = None if chain else node_depth.masked_fill(node_i[None, :] >= inp.counts[:, None], 0).amax(1)
     commit = torch_commit
-    if engine.step.commits_fused:  # one kernel for ~60 small torch ones
+    if state.step.commits_fused:  # one kernel for ~60 small torch ones
         from worker.tlt.kernels.spec_commit import spec_commit as commit  # triton: imported on the fused path only
     packed, n = commit(res.tokens, res.logprobs, res.num_emitted, inp.counts, row_depth, inp.n_rows, st, depth)
     return SpecOut(packed, hook_rows(hidden, cap, layers), kept, n)

@@ -6,9 +6,9 @@ row, done flags, per-position accepted / drafted counts and the emitted tokens),
 directly (the drafters read those), so consecutive speculative steps never re-read the histories and
 `Engine.sync()` needs no read of its own.
 
-On CUDA the body is replayed from a graph per (batch bucket, arm shape, sampling mode) (rollout/verify_graphs.py)
-whenever the drafter's frozen config fixes its branching (`topk`: n-gram, small model, EAGLE); a drafter without
-one runs the body eagerly after reading its tree's bounds (host syncs). What remains per step outside the graph:
+On CUDA the body is replayed from a graph per (batch bucket, arm shape, sampling mode) (rollout/verify_graphs.py):
+the arm fixes the branching (`DraftContext.topk`, which every drafter honours), so the body's shapes are static.
+What remains per step outside the graph:
 the drafter's own work, copying its proposal into the graph's buffers, and the hidden-state hook's gathers. An
 EAGLE chain drafted on its draft window (drafter/draft_window.py) advances the window on the device right after
 the verification (`proposer.advance`), so the hook runs only for other consumers (the spot trainer's buffer).
@@ -16,29 +16,27 @@ Everything from the read to the next step's replay leaves the GPU idle (bench/sp
 host path is kept short: the DraftContext is reused while the rows stay (`draft_context`), a chain's kept nodes
 are 0..n-1 (the hook indexes its tensors directly, one upload), and the per-row bookkeeping is Python on host ints.
 
-`Engine.speculative_step(batch, arm)` calls `speculative_step(engine, batch, arm)`; see rollout/engine.py.
+`Engine.speculative_step(batch, arm)` calls `speculative_step(state, batch, arm, proposer, graphs)`; see
+rollout/engine.py.
 Run the tests: `python -m pytest tests/engine/test_engine_spec_greedy.py tests/spec tests/adaptive -q`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from worker.tlt.adaptive.arms import Arm
-from worker.tlt.rollout.adaptive_loop import proposer_topk, set_proposer_topk
+from worker.tlt.decoding.draft_types import DraftProposal
+from worker.tlt.decoding.sampling import RowSampling
+from worker.tlt.rollout.engine_state import EngineState
+from worker.tlt.rollout.hidden_rows import emit_hidden
 from worker.tlt.rollout.spec_body import SpecInputs, SpecOut, verify_commit
 from worker.tlt.rollout.types import StepStats
-from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.sampling import SamplingParams as RowParams
-from worker.tlt.spec.tree import children_table, node_depths
-from worker.tlt.spec.types import DraftProposal
-
-if TYPE_CHECKING:
-    from worker.tlt.rollout.engine import Engine
+from worker.tlt.rollout.verify_graphs import VerifyGraphs
+from worker.tlt.spec.proposer import DraftContext, Proposer
 
 
 def row_filters(params: Sequence[tuple[float, float, int]]) -> tuple[int, bool, float]:
@@ -50,93 +48,81 @@ def row_filters(params: Sequence[tuple[float, float, int]]) -> tuple[int, bool, 
     return k, any(p[1] < 1.0 for p in params), t if t > 0.0 else -1.0
 
 
-def draft_context(engine: Engine, batch: int, nodes: int, depth: int) -> tuple[DraftContext, list[list[int]]]:
-    """The DraftContext of rows 0..batch-1, reused until the rows change (prefill, sync, a new generate() bump
-    engine._rows_version): its histories are the engine's own token lists, which only grow, so the same object stays
-    valid from step to step, and drafters can cache per context (EagleProposer: the rows' slots and settings).
-    -> (the context, its histories: the engine's lists, which the step extends)."""
-    key = (engine._rows_version, batch, nodes, depth)
-    hit = engine._spec_ctx
+def draft_context(state: EngineState, batch: int, nodes: int, depth: int,
+                  topk: int) -> tuple[DraftContext, list[list[int]]]:
+    """The DraftContext of rows 0..batch-1 for an arm's shape, reused until the rows change (prefill, sync, a new
+    generate() bump state.rows_version): its histories are the engine's own token lists, which only grow, so the
+    same object stays valid from step to step, and drafters can cache per context (EagleProposer: the rows' slots
+    and settings). -> (the context, its histories: the engine's lists, which the step extends)."""
+    key = (state.rows_version, batch, nodes, depth, topk)
+    hit = state.spec_ctx
     if hit is not None and hit[0] == key:
         return hit[1], hit[2]
-    st = engine.rows
-    seqs = engine.row_seq[:batch]
-    hists = [engine.histories[r][s] for r, s in seqs]
+    st = state.rows
+    seqs = state.row_seq[:batch]
+    hists = [state.histories[r][s] for r, s in seqs]
     ctx = DraftContext(
         histories=hists,
-        prompt_lens=engine.row_plen[:batch].tolist(),
+        prompt_lens=state.row_plen[:batch].tolist(),
         group_ids=[r for r, _ in seqs],
         sample_ids=[s for _, s in seqs],
         max_nodes=nodes,
         max_depth=depth,
-        device=engine.device,
-        groups=engine.histories,
-        sampling=RowParams(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
-        filters=row_filters(engine.row_params[:batch]),
+        topk=topk,
+        device=state.device,
+        groups=state.histories,
+        sampling=RowSampling(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
+        filters=row_filters(state.row_params[:batch]),
     )
-    engine._spec_ctx = (key, ctx, hists)
+    state.spec_ctx = (key, ctx, hists)
     return ctx, hists
 
 
-def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> StepStats:
-    """Engine.speculative_step (module docstring)."""
-    if arm is None:
-        proposer, depth, nodes = engine.proposer, engine.spec.depth, engine.spec.num_nodes
-        topk = proposer_topk(proposer)
-    else:
-        proposer, depth, nodes = engine.proposers.get(arm.drafter), arm.depth, arm.verify_tokens
-        topk = arm.topk if proposer is not None and set_proposer_topk(proposer, arm.topk) else None
-    if proposer is None:
-        raise RuntimeError(f"speculative_step needs a proposer (arm {arm.name if arm else None})")
-    t0 = engine.clock()
-    if not engine._hist_fresh:
-        engine._sync_histories(batch)
-    ctx, hists = draft_context(engine, batch, nodes, depth)
+def speculative_step(state: EngineState, batch: int, arm: Arm, proposer: Proposer,
+                     graphs: VerifyGraphs | None) -> StepStats:
+    """Engine.speculative_step (module docstring): draft with `proposer` in `arm`'s shape, verify (replaying
+    `graphs` when there are some), commit, read once."""
+    depth, nodes, topk = arm.depth, arm.verify_tokens, arm.topk
+    t0 = state.clock()
+    if not state.hist_fresh:
+        state.sync_histories(batch)
+    ctx, hists = draft_context(state, batch, nodes, depth, topk)
     prop = proposer.propose(ctx)
     n_nodes = prop.num_nodes
-    if n_nodes > engine.max_nodes or prop.tokens.shape[0] != batch:
-        raise ValueError(f"proposal of shape {tuple(prop.tokens.shape)}: want {batch} rows, <= {engine.max_nodes} nodes")
-    graphs = getattr(engine, "verify_graphs", None)  # rollout/verify_graphs.py (CUDA), else the eager body
-    if topk is not None and graphs is not None:  # the whole body replayed: one graph per arm shape and batch bucket
+    if n_nodes > state.max_nodes or prop.tokens.shape[0] != batch:
+        raise ValueError(f"proposal of shape {tuple(prop.tokens.shape)}: want {batch} rows, <= {state.max_nodes} nodes")
+    is_chain = topk == 1
+    if graphs is not None:  # the whole body replayed: one graph per arm shape and batch bucket
         width = max(nodes, n_nodes)
         d = min(depth, width - 1)
-        out = graphs.run(engine, prop, batch, width=width, depth=d, topk=topk)
-        rr = engine.bucket(batch)  # rows of the packed result
-        is_chain = topk == 1
+        out = graphs.run(state, prop, batch, width=width, depth=d, topk=topk)
+        rr = state.bucket(batch)  # rows of the packed result
     else:
         d = min(depth, n_nodes - 1)
-        if topk is None:  # no fixed branching: read the tree's bounds once (host syncs); the body needs them static
-            d = max(int(node_depths(prop.parents).max()), 0) if n_nodes > 1 else 0
-            kids = children_table(prop.parents, prop.counts)
-            k = max(int(kids.shape[2]), 1)
-            chained = (prop.parents[:, 1:] == engine._cols[: n_nodes - 1][None, :]) | (prop.parents[:, 1:] < 0)
-            is_chain = bool(chained.all())
-        else:
-            k, is_chain = topk, topk == 1
         inp = SpecInputs(prop.tokens, prop.parents, prop.counts, prop.draft_probs,
-                         torch.full((1,), batch, dtype=torch.int64, device=engine.device), None, None)
-        out = verify_commit(engine, inp, depth=d, topk=k, mode=engine._mode,
-                            tk=engine._tk(engine.n_active, n_nodes), chain=is_chain)
+                         torch.full((1,), batch, dtype=torch.int64, device=state.device), None, None)
+        out = verify_commit(state, inp, depth=d, topk=topk, mode=state.mode, tk=state.tk(state.n_active, n_nodes),
+                            chain=is_chain)
         rr = batch
     d_max = max(d, 1)
     at_tokens = 2 * rr + 2 * d_max + 2  # packed: the emitted tokens [rr, d + 1] come last
-    advance = getattr(proposer, "advance", None) if is_chain else None  # EagleProposer's draft window
-    fed = advance is not None and advance(out.packed[at_tokens:].view(rr, d + 1), out.hidden, out.n)
+    # a drafter that keeps its own features (EAGLE's draft window) takes the verified chain on the device
+    fed = is_chain and proposer.advance(out.packed[at_tokens:].view(rr, d + 1), out.hidden, out.n)
     packed = out.packed.tolist()  # the step's one device -> host read (layout: rollout/spec_body.py)
     n_host = packed[:batch]
-    hook = engine.hidden_hook
-    if fed:  # the window holds the step's features: the hook runs only for other consumers (a training buffer)
-        with proposer.advanced(n_host):  # type: ignore[attr-defined]
-            if hook is not None and hook != proposer.observe:  # type: ignore[attr-defined]
-                _emit_step_hidden(engine, batch, prop, out, n_host, is_chain)
+    hook = state.hidden_hook
+    if fed:  # the drafter holds the step's features: the hook runs only for other consumers (a training buffer)
+        with proposer.advanced(n_host):
+            if hook is not None and hook != getattr(proposer, "observe", None):
+                _emit_step_hidden(state, batch, prop, out, n_host, is_chain)
     elif hook is not None:
-        _emit_step_hidden(engine, batch, prop, out, n_host, is_chain)
+        _emit_step_hidden(state, batch, prop, out, n_host, is_chain)
     at = 2 * rr  # per-position counts, then active rows and verify nodes, then the emitted tokens
     acc_host, dr_host = packed[at: at + d_max], packed[at + d_max: at + 2 * d_max]
     active_rows, verify_nodes = packed[at + 2 * d_max: at + 2 * d_max + 2]
-    engine.accept_stats.add(active_rows, acc_host, dr_host, verify_nodes)
+    state.accept_stats.add(active_rows, acc_host, dr_host, verify_nodes)
     width, at = d + 1, at + 2 * d_max + 2  # emitted-run columns per row
-    known, hi, cap = engine.row_known, engine.row_hi, engine.row_cap
+    known, hi, cap = state.row_known, state.row_hi, state.row_cap
     small = batch <= 16  # Python per row beats numpy's per-call cost at the batches SD runs at
     for b, (hist, n) in enumerate(zip(hists, n_host, strict=True)):  # the histories follow, no other device read
         if n:
@@ -149,25 +135,25 @@ def speculative_step(engine: Engine, batch: int, arm: Arm | None = None) -> Step
         n_arr = np.array(n_host, dtype=np.int64)
         known[:batch] += n_arr
         np.minimum(hi[:batch] + n_arr, cap[:batch], out=hi[:batch])
-    full = batch == engine.n_active
-    engine._hist_fresh = full
-    engine._done_host = packed[rr: rr + batch] if full else None
+    full = batch == state.n_active
+    state.hist_fresh = full
+    state.done_host = packed[rr: rr + batch] if full else None
     while dr_host and dr_host[-1] == 0:  # positions no row drafted
         dr_host.pop()
         acc_host.pop()
-    return StepStats("spec", engine.n_active, batch, n_nodes, sum(n_host), sum(acc_host), engine.clock() - t0,
-                     arm=arm.name if arm is not None else None, accepted_pos=tuple(acc_host),
+    return StepStats("spec", state.n_active, batch, n_nodes, sum(n_host), sum(acc_host), state.clock() - t0,
+                     arm=arm.name, accepted_pos=tuple(acc_host),
                      drafted_pos=tuple(dr_host))
 
 
-def _emit_step_hidden(engine: Engine, batch: int, prop: DraftProposal, out: SpecOut, n_host: list[int],
+def _emit_step_hidden(state: EngineState, batch: int, prop: DraftProposal, out: SpecOut, n_host: list[int],
                       is_chain: bool) -> None:
     """The hidden hook's rows of a step: root + the accepted nodes that were kept (the last kept token is the new
     root)."""
     if is_chain:  # a chain keeps nodes 0..n-1: no gather of the kept nodes
-        engine._emit_hidden(batch, prop.tokens, out.hidden, out.n, n_host)
+        emit_hidden(state, batch, prop.tokens, out.hidden, out.n, n_host)
         return
     kept = out.kept[:batch]
     hid = out.hidden[:batch]
-    engine._emit_hidden(batch, prop.tokens.gather(1, kept.clamp_max(prop.num_nodes - 1)),
+    emit_hidden(state, batch, prop.tokens.gather(1, kept.clamp_max(prop.num_nodes - 1)),
                         hid.gather(1, kept[..., None].expand(-1, -1, hid.shape[-1])), out.n[:batch], n_host)

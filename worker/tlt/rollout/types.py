@@ -1,5 +1,6 @@
-"""The rollout engine's configs and records: per-request `SamplingParams`, `Request`, `EngineConfig`, `SpecConfig`,
-and what `Engine.generate` returns (`SequenceResult` per sequence, `StepStats` per engine step).
+"""The rollout engine's configs and records: per-request `RequestSampling`, `Request`, `EngineConfig`, and what
+`Engine.generate` returns (`SequenceResult` per sequence, `StepStats` per engine step). Speculative decoding is the
+controller's (adaptive/controller.py), a row's sampling settings on the device decoding/sampling.py's `RowSampling`.
 
 Pure data; see `rollout/engine.py` for the engine itself.
 """
@@ -11,8 +12,8 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """Per-request generation settings (the processed distribution is spec/sampling.py's)."""
+class RequestSampling:
+    """Per-request generation settings (the processed distribution is decoding/sampling.py's)."""
 
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # 1 = off
@@ -25,23 +26,7 @@ class SamplingParams:
 @dataclass(frozen=True)
 class Request:
     prompt: list[int]  # prompt token ids (already chat-templated)
-    params: SamplingParams = field(default_factory=SamplingParams)
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """Speculative decoding in the engine. The drafter (a `Proposer`) is passed to the engine separately."""
-
-    mode: Literal["off", "on"] = "off"  # adaptive switching is the adaptive engine's
-    method: Literal["chain", "tree"] = "chain"  # chain of `depth` tokens, or a top-k tree
-    depth: int = 4  # chain length k / tree depth
-    topk: int = 1  # tree branching (candidates per node); 1 with method=chain
-    verify_tokens: int = 16  # tree verify budget: nodes per sequence including the root
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes per sequence in the verify forward (root included)."""
-        return self.depth + 1 if self.method == "chain" else self.verify_tokens
+    params: RequestSampling = field(default_factory=RequestSampling)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ commit, so the row state is snapshotted before and restored after; the K/V they 
 overwrites. (On empty inputs, as `warmup()` uses, every row counts as padding and gets scratch K/V at columns 0..W-1:
 harmless only while no row is live, which warmup() checks.)
 
-    graphs = VerifyGraphs.for_engine(engine)      # None off CUDA or with cuda_graphs off
-    graphs.warmup(engine, {8: [(7, 6, 1, True)]}, mode)   # per batch bucket: (width, depth, topk, q)
-    out = graphs.run(engine, proposal, batch, width=7, depth=6, topk=1)   # SpecOut of static tensors
+    graphs = VerifyGraphs(pool)                   # the engine's (rollout/memory.py: CUDA with cuda_graphs only)
+    graphs.warmup(state, {8: [(7, 6, 1, True)]}, mode)   # per batch bucket: (width, depth, topk, q)
+    out = graphs.run(state, proposal, batch, width=7, depth=6, topk=1)   # SpecOut of static tensors
 
 Run the GPU test: `python -m pytest tests/spec/test_spec_verify_graphs.py -q -m gpu`.
 """
@@ -29,16 +29,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.rollout.decode_step import GREEDY, Mode
+from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.spec_body import SpecInputs, SpecOut, verify_commit
-from worker.tlt.spec.types import DraftProposal
-
-if TYPE_CHECKING:
-    from worker.tlt.rollout.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +56,6 @@ class VerifyGraphs:
         self.capture_seconds = 0.0
         self.pool_bytes = 0  # device memory reserved by the captures (pool growth and static buffers)
 
-    @classmethod
-    def for_engine(cls, engine: Engine) -> VerifyGraphs | None:
-        if engine.device.type != "cuda" or not engine.config.cuda_graphs:
-            return None
-        return cls(getattr(engine, "graph_pool", None))
-
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -77,32 +68,32 @@ class VerifyGraphs:
         freed, self.pool_bytes = self.pool_bytes, 0
         return freed
 
-    def warmup(self, engine: Engine, plan: Mapping[int, Sequence[tuple[int, int, int, bool]]], mode: Mode) -> float:
+    def warmup(self, state: EngineState, plan: Mapping[int, Sequence[tuple[int, int, int, bool]]], mode: Mode) -> float:
         """Capture ahead of a timed run (every row empty), per engine batch bucket, the graphs of the shapes in
         `plan[bucket]`: (width, depth, topk, drafter sends q) for the sampling `mode`. Returns the seconds spent."""
-        if engine.n_active:
+        if state.n_active:
             raise RuntimeError("warm up the verify graphs before generate(), with every row empty")
         t0 = time.perf_counter()
         for b, shapes in sorted(plan.items()):
             for width, depth, topk, q in shapes:
-                self._entry(engine, (b, width, min(depth, width - 1), topk, mode, q and mode != GREEDY))
-        if engine.device.type == "cuda":
+                self._entry(state, (b, width, min(depth, width - 1), topk, mode, q and mode != GREEDY))
+        if state.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     @torch.no_grad()
-    def run(self, engine: Engine, prop: DraftProposal, batch: int, *, width: int, depth: int, topk: int) -> SpecOut:
+    def run(self, state: EngineState, prop: DraftProposal, batch: int, *, width: int, depth: int, topk: int) -> SpecOut:
         """The body for rows 0..batch-1 by replay (captured on first use); outputs are static: read them before
         the next replay."""
         b, n = prop.tokens.shape
         if b != batch or n > width:
             raise ValueError(f"proposal [{b}, {n}] does not fit [{batch}, {width}]")
-        has_q = prop.draft_probs is not None and engine._mode != GREEDY
-        key = (engine.bucket(batch), width, depth, topk, engine._mode, has_q)
+        has_q = prop.draft_probs is not None and state.mode != GREEDY
+        key = (state.bucket(batch), width, depth, topk, state.mode, has_q)
         entry = self._entries.get(key)
         fresh = entry is None
         if entry is None:
-            entry = _Entry(self._buffers(engine, key))
+            entry = _Entry(self._buffers(state, key))
         inp = entry.inp
         # fill first: a capture warms the body up on these inputs (with n_rows = 0 it would write its scratch
         # K/V into columns 0.. of live rows)
@@ -116,27 +107,27 @@ class VerifyGraphs:
             inp.draft_probs[:b, :n] = prop.draft_probs
         inp.n_rows.fill_(b)
         if inp.uniforms is not None and inp.noise is not None:  # fresh draws for this replay
-            inp.uniforms.uniform_(generator=engine.gen)
-            inp.noise.exponential_(generator=engine.gen)
+            inp.uniforms.uniform_(generator=state.gen)
+            inp.noise.exponential_(generator=state.gen)
         if fresh:
-            self._entries[key] = self._capture(engine, key, entry)
+            self._entries[key] = self._capture(state, key, entry)
         assert entry.graph is not None
         entry.graph.replay()
         assert entry.out is not None
         return entry.out
 
     # ------------------------------------------------------------------------------------------------ internals
-    def _entry(self, engine: Engine, key: Key) -> _Entry:
+    def _entry(self, state: EngineState, key: Key) -> _Entry:
         """The graph of `key`, captured now on empty inputs if missing (warm-up only: every row must be empty)."""
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._capture(engine, key, _Entry(self._buffers(engine, key)))
+            entry = self._entries[key] = self._capture(state, key, _Entry(self._buffers(state, key)))
         return entry
 
-    def _buffers(self, engine: Engine, key: Key) -> SpecInputs:
+    def _buffers(self, state: EngineState, key: Key) -> SpecInputs:
         rows, width, depth, topk, mode, has_q = key
-        dev = engine.device
-        vocab = engine.model.head_weight.shape[0]
+        dev = state.device
+        vocab = state.model.head_weight.shape[0]
         z = torch.zeros((rows, width), dtype=torch.int64, device=dev)
         sampled = mode != GREEDY
         return SpecInputs(
@@ -147,18 +138,18 @@ class VerifyGraphs:
             noise=torch.ones(rows, vocab, device=dev) if sampled else None,
         )
 
-    def _capture(self, engine: Engine, key: Key, entry: _Entry) -> _Entry:
+    def _capture(self, state: EngineState, key: Key, entry: _Entry) -> _Entry:
         rows, width, depth, topk, mode, _ = key
         t0 = time.perf_counter()
-        tk = engine.cache.max_len
+        tk = state.cache.max_len
 
         def body() -> SpecOut:
-            return verify_commit(engine, entry.inp, depth=depth, topk=topk, mode=mode, tk=tk, chain=topk == 1)
+            return verify_commit(state, entry.inp, depth=depth, topk=topk, mode=mode, tk=tk, chain=topk == 1)
 
         # warm-up (allocator, lazy kernels) on the filled inputs, on a side stream on CUDA; the runs really commit,
         # so the row state is put back; their K/V land in columns the replay rewrites
-        saved = engine.rows.snapshot()
-        cuda = engine.device.type == "cuda"
+        saved = state.rows.snapshot()
+        cuda = state.device.type == "cuda"
         side = torch.cuda.Stream() if cuda else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream())
@@ -167,13 +158,13 @@ class VerifyGraphs:
                 body()
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)
-        engine.rows.restore(saved)
-        self._record(engine, entry, body)
+        state.rows.restore(saved)
+        self._record(state, entry, body)
         self.capture_seconds += time.perf_counter() - t0
         log.debug("captured verify graph %s", key)
         return entry
 
-    def _record(self, engine: Engine, entry: _Entry, body: Callable[[], SpecOut]) -> None:
+    def _record(self, state: EngineState, entry: _Entry, body: Callable[[], SpecOut]) -> None:
         """Capture `body` into entry.graph (static outputs into entry.out)."""
         torch.cuda.synchronize()
         before = torch.cuda.memory_reserved()

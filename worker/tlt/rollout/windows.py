@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from worker.tlt.rollout.engine_state import EngineState, StepRunner
 from worker.tlt.rollout.types import StepStats
-
-if TYPE_CHECKING:
-    from worker.tlt.rollout.engine import Engine
 
 
 @dataclass
@@ -34,15 +31,15 @@ class _Window:
     packed: torch.Tensor  # [k + active] emitted per step, then the done flags (pinned host memory on CUDA)
     ready: torch.cuda.Event | None  # recorded right after the copy into `packed` (CUDA)
     t0: float  # launch time
-    rows_version: int  # Engine._rows_version at launch: its done flags index the rows as they were then
+    rows_version: int  # EngineState.rows_version at launch: its done flags index the rows as they were then
 
 
 class PlainWindows:
-    def __init__(self, engine: Engine, overlap: bool | None = None) -> None:
-        """overlap: run one window ahead of the reads (default: on CUDA; tests force it on CPU, where a window's
-        values are final at launch)."""
-        self.engine = engine
-        self.overlap = engine.device.type == "cuda" if overlap is None else overlap
+    def __init__(self, state: EngineState, runner: StepRunner, overlap: bool | None = None) -> None:
+        """runner: whose decode_step the windows launch; overlap: run one window ahead of the reads (default: on
+        CUDA; tests force it on CPU, where a window's values are final at launch)."""
+        self.state, self.runner = state, runner
+        self.overlap = state.device.type == "cuda" if overlap is None else overlap
         self.inflight: _Window | None = None
         self._t_read = 0.0  # when the last read finished: a window's seconds start there at the earliest
 
@@ -72,15 +69,15 @@ class PlainWindows:
     def _can_run_ahead(self) -> bool:
         """Some active row has token budget left past the windows launched so far: a row's length is its prompt plus
         n_gen - 1 (the root's K/V enters at the next step), row_hi bounds it from above."""
-        eng = self.engine
+        eng = self.state
         n = eng.n_active
         return bool((eng.row_hi[:n] + 1 < eng.row_cap[:n]).any())
 
     def _launch(self) -> _Window:
-        eng = self.engine
+        eng = self.state
         active, batch, k = eng.n_active, eng.bucket(eng.n_active), eng.config.sync_every
         t0 = time.perf_counter()
-        emitted = [eng.decode_step(batch).sum() for _ in range(k)]
+        emitted = [self.runner.decode_step(batch).sum() for _ in range(k)]
         packed = torch.cat([torch.stack(emitted), eng.rows.done[:active].to(torch.int64)])
         ready = None
         if packed.is_cuda:
@@ -89,10 +86,10 @@ class PlainWindows:
             ready = torch.cuda.Event()
             ready.record()
             packed = host
-        return _Window(active, batch, k, packed, ready, t0, eng._rows_version)
+        return _Window(active, batch, k, packed, ready, t0, eng.rows_version)
 
     def _read(self, win: _Window, steps: list[StepStats]) -> bool:
-        """The window's step records; its done flags -> Engine._done_host if the rows are still those it ran on."""
+        """The window's step records; its done flags -> EngineState.done_host if the rows are still those it ran on."""
         if win.ready is not None:
             win.ready.synchronize()
         vals = win.packed.tolist()
@@ -100,10 +97,10 @@ class PlainWindows:
         dt = (now - max(win.t0, self._t_read)) / win.k
         self._t_read = now
         steps += [StepStats("decode", win.active, win.batch, 1, int(c), 0, dt) for c in vals[: win.k]]
-        eng = self.engine
-        if win.rows_version != eng._rows_version:  # a sync moved rows since (or a prefill added some)
+        eng = self.state
+        if win.rows_version != eng.rows_version:  # a sync moved rows since (or a prefill added some)
             return False
         # set after the next window's launch (decode_step clears them): stale by up to that window, so a subset of
         # the rows done by now -- all that Engine.sync needs
-        eng._done_host = [bool(x) for x in vals[win.k :]]
+        eng.done_host = [bool(x) for x in vals[win.k :]]
         return True

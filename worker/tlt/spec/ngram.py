@@ -4,8 +4,8 @@ Responses to one prompt share whole phrases (the restated question, the same equ
 last few tokens of a sequence often occur earlier in its own text or in a sibling's, followed by what it will say
 next. `NGramProposer` finds the occurrences of the last `min_n` tokens in the group, examines the `max_scan` most
 recent, extends each match backwards up to `max_n` tokens, keeps the longest matches (most recent first, at most
-`max_matches`) and drafts what followed them: a chain of the most frequent continuation (`topk=1`) or a small tree of
-the distinct continuations (`topk>1`), within the verify budget and depth of the context. Drafts are deterministic
+`max_matches`) and drafts what followed them: a chain of the most frequent continuation (`ctx.topk == 1`) or a small tree
+of the distinct continuations (`ctx.topk > 1`), within the verify budget and depth of the context. Drafts are deterministic
 (draft_probs None), so the verifier's one-hot rule keeps sampling exact.
 
 Recency is canonical: an occurrence whose key ends at position q of member m ranks by (q, m), later first. It does
@@ -18,13 +18,13 @@ copies only the tokens appended since the last call and indexes them with one so
 long stretch of plain decoding costs a copy and a sort of the new tokens, not a Python loop over them (measured on
 CPU, 476k tokens of 512 GSM8K-like histories: 0.26-1.0 s before, 0.05-0.25 s now). A lookup is a binary search per
 level for all rows at once; match extension, selection and the chain vote run on [rows, max_scan] /
-[rows, max_matches, depth] arrays; only `topk > 1` trees build a small trie per row in Python. The shared prompt
+[rows, max_matches, depth] arrays; only trees (`ctx.topk > 1`) build a small trie per row in Python. The shared prompt
 counts once per group (under the first member seen), not once per sibling. Limits: 4096 samples per group,
 131072 tokens per history, 65536 groups per rollout; keys of n > 1 tokens (or token ids >= 2^18) are hashed and
 checked against the tokens, so a collision costs a scan slot, never a wrong match.
 
-    drafter = NGramProposer(NGramConfig(topk=2))
-    proposal = drafter.propose(ctx)          # ctx: proposer.DraftContext
+    drafter = NGramProposer(NGramConfig(min_n=1))
+    proposal = drafter.propose(ctx)          # ctx: proposer.DraftContext (ctx.topk: chain or tree)
     drafter.reset()                          # at the end of a rollout
 
 Run the tests: `python -m pytest tests/spec/test_spec_ngram.py -q`.
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .proposer import DraftContext
-from .types import DraftProposal
+from worker.tlt.decoding.draft_types import DraftProposal
+from worker.tlt.spec.proposer import DraftContext, DrafterBase
 
 _EMPTY = -1  # matrix cells past a member's history
 
@@ -49,7 +49,6 @@ class NGramConfig:
     # shortest suffix that counts as a match (the key length); 1 measured best on SmolLM2 GSM8K samples (T=1)
     min_n: int = 1
     max_n: int = 6  # longest suffix compared when ranking matches
-    topk: int = 1  # continuations kept per node: 1 drafts a chain, >1 a tree of distinct continuations
     max_matches: int = 16  # matches (of the best length) whose continuations are merged
     max_scan: int = 64  # most recent key occurrences examined per lookup (bounds the cost on frequent keys)
     use_siblings: bool = True  # False: only the sequence's own history (classic prompt lookup)
@@ -57,8 +56,6 @@ class NGramConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
             raise ValueError("need 1 <= min_n <= max_n")
-        if self.topk < 1:
-            raise ValueError("topk must be >= 1")
 
 
 # An occurrence is one int64: group slot | key | key end q | member. Sorting these sorts by (group, key) and, within
@@ -200,7 +197,7 @@ class _Corpus:
         return slot, q, ok
 
 
-class NGramProposer:
+class NGramProposer(DrafterBase):
     """Implements proposer.Proposer without a model."""
 
     def __init__(self, config: NGramConfig | None = None) -> None:
@@ -257,8 +254,8 @@ class NGramProposer:
         return conts.astype(np.int64), alive
 
     def propose(self, ctx: DraftContext) -> DraftProposal:
-        cfg = self.config
-        depth = max(0, min(ctx.max_depth, ctx.max_nodes - 1) if cfg.topk == 1 else ctx.max_depth)
+        topk = max(ctx.topk, 1)
+        depth = max(0, min(ctx.max_depth, ctx.max_nodes - 1) if topk == 1 else ctx.max_depth)
         groups = self._catch_up(ctx)
         roots = np.array([h[-1] for h in ctx.histories], dtype=np.int64)
         if depth >= 1 and ctx.max_nodes >= 2:
@@ -266,10 +263,10 @@ class NGramProposer:
         else:
             conts = np.zeros((ctx.batch_size, 0, 0), dtype=np.int64)
             alive = np.zeros((ctx.batch_size, 0), dtype=bool)
-        if cfg.topk == 1:
+        if topk == 1:
             tokens, parents, counts = _vote_chain(roots, conts, alive, depth if alive.size else 0)
         else:
-            tokens, parents, counts = _trees(roots, conts, alive, cfg.topk, ctx.max_nodes)
+            tokens, parents, counts = _trees(roots, conts, alive, topk, ctx.max_nodes)
         dev = ctx.device
         return DraftProposal(tokens=torch.from_numpy(tokens).to(dev), parents=torch.from_numpy(parents).to(dev),
                              counts=torch.from_numpy(counts).to(dev))

@@ -9,6 +9,7 @@ else with the verifier.
 
 Rules a proposal must follow (the verifier relies on them):
 - row b's root (node 0) is `ctx.histories[b][-1]`;
+- at most `ctx.topk` children per node (1: a chain);
 - at most `ctx.max_nodes` nodes per row (root included) and tree depth at most `ctx.max_depth`;
 - a tree with `draft_probs` must have drawn each node's children sequentially without replacement from that node's
   `draft_probs` row (a chain: one draw per node); deterministic drafts (`draft_probs=None`) may be any tokens chosen
@@ -21,13 +22,14 @@ Run the tests: `python -m pytest tests/spec -q`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from .sampling import SamplingParams
-from .types import DraftProposal
+from worker.tlt.decoding.draft_types import DraftProposal
+from worker.tlt.decoding.sampling import RowSampling
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,13 @@ class DraftContext:
     sample_ids: Sequence[int]  # [B] index of the sequence within its group (0..n-1); (group, sample) is its identity
     max_nodes: int  # verify budget per row, root included (the arm's verify tokens)
     max_depth: int  # longest chain / deepest tree level to draft
+    topk: int = 1  # children per node the arm allows: 1 drafts a chain, > 1 a tree (the verifier's branching bound)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where the proposal's tensors go
     # group id -> histories of ALL sequences of that group so far (active and finished), indexed by sample id, so
     # groups[group_ids[b]][sample_ids[b]] is histories[b]; the engine passes references to its own growing token
     # lists (no copy) and drafters index them incrementally. None: only the active histories are known.
     groups: Mapping[int, Sequence[Sequence[int]]] | None = None
-    sampling: SamplingParams | None = None  # the target's per-row settings, for drafters that sample
+    sampling: RowSampling | None = None  # the target's per-row settings, for drafters that sample
     # the rows' sampling settings as the host knows them: (k, any row filters by top-p, T) with k = 0 when no row
     # filters by top-k, the rows' common k, or -1 when rows differ; T the rows' common temperature when it is > 0,
     # else -1 (rows differ, or greedy rows). A drafter skips a filter no row uses and takes one k and one T as numbers
@@ -63,15 +66,59 @@ class DraftContext:
 
 
 class Proposer(Protocol):
-    """A drafter. Implementations: ngram.NGramProposer, the engine's small-model drafter, the EAGLE drafter."""
+    """A drafter, as the engine drives it. Implementations: spec/ngram.NGramProposer, spec/small_model's
+    SmallModelProposer, drafter/proposer.EagleProposer. `DrafterBase` gives the optional steps a default."""
 
     def propose(self, ctx: DraftContext) -> DraftProposal:
-        """Draft a chain or tree per active sequence within ctx.max_nodes / ctx.max_depth."""
+        """Draft a chain (ctx.topk == 1) or a tree of at most ctx.topk children per node per active sequence, within
+        ctx.max_nodes / ctx.max_depth."""
         ...
 
     def reset(self) -> None:
         """Forget per-rollout state (caches, indexes); called by the engine when a rollout ends."""
         ...
+
+    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float]) -> int:
+        """Capture the graphs a chain draft of `depth` tokens will replay at these batch sizes, for rows whose
+        sampling filters are `filters` (DraftContext.filters), ahead of a timed rollout -> how many were captured."""
+        ...
+
+    def advance(self, tokens: torch.Tensor, hidden: torch.Tensor, emitted: torch.Tensor) -> bool:
+        """After the verification of this proposer's last chain draft, before the host reads the result (device
+        work only): tokens [>=B, K] emitted per row, hidden [>=B, >=K, F] hook rows of the verified nodes, emitted
+        [>=B]. True when the proposer took the step's features itself; the engine then runs the step's hook inside
+        `advanced(emitted counts)`."""
+        ...
+
+    def advanced(self, emitted: list[int]) -> AbstractContextManager[None]:
+        """Once the emitted counts are on the host (only after `advance` returned True): inside the block, the hook
+        rows of this step are ones the proposer already holds."""
+        ...
+
+    def release(self) -> int:
+        """Free device memory the proposer keeps for the engine's cache layout (the engine's release_memory) ->
+        bytes freed; it is allocated again on the next proposal."""
+        ...
+
+
+class DrafterBase:
+    """Defaults for the optional steps of `Proposer`: no graphs to capture, no features taken from the verify step,
+    nothing held that the engine's memory release should free."""
+
+    def reset(self) -> None:
+        return None
+
+    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float]) -> int:
+        return 0
+
+    def advance(self, tokens: torch.Tensor, hidden: torch.Tensor, emitted: torch.Tensor) -> bool:
+        return False
+
+    def advanced(self, emitted: list[int]) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def release(self) -> int:
+        return 0
 
 
 def empty_proposal(ctx: DraftContext) -> DraftProposal:

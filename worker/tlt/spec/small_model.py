@@ -9,8 +9,9 @@ fed in one forward. Chains sample drafts from the drafter's processed distributi
 settings and hand those distributions to the verifier (exact speculative sampling); greedy rows and top-k trees are
 deterministic (draft_probs None, for which the verifier's rule is exact too).
 
-    proposer = SmallModelProposer(draft_model, SmallModelConfig(topk=1))
-    engine = Engine(target, eos_ids=..., spec=SpecConfig(mode="on", depth=4), proposer=proposer)
+    proposer = SmallModelProposer(draft_model)
+    engine = Engine(target, eos_ids=..., controller=AdaptiveSd.fixed(chain_arm("small", 4)),
+                    proposers={"small": proposer})
 Run the tests: `python -m pytest tests/engine/test_engine_spec_greedy.py -q`.
 """
 
@@ -20,22 +21,21 @@ from dataclasses import dataclass
 
 import torch
 
+from worker.tlt.decoding.draft_types import DraftProposal
+from worker.tlt.decoding.kv_cache import KVCache
+from worker.tlt.decoding.sampling import processed_probs, sample
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rollout.kv_cache import KVCache
-from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.sampling import processed_probs, sample
+from worker.tlt.spec.proposer import DraftContext, DrafterBase
 from worker.tlt.spec.tree import chain_proposal, topk_tree
-from worker.tlt.spec.types import DraftProposal
 
 
 @dataclass(frozen=True)
 class SmallModelConfig:
-    topk: int = 1  # 1 = chain of ctx.max_depth drafted tokens; > 1 = top-k tree pruned to ctx.max_nodes
     max_len: int = 16384  # upper bound of drafter KV columns per row (grown on demand up to this)
     seed: int = 0  # the drafter's own torch.Generator (sampled chain drafts)
 
 
-class SmallModelProposer:
+class SmallModelProposer(DrafterBase):
     def __init__(self, model: Transformer, config: SmallModelConfig | None = None) -> None:
         self.model = model.eval()
         self.config = config or SmallModelConfig()
@@ -48,6 +48,13 @@ class SmallModelProposer:
 
     def reset(self) -> None:
         self._rows, self._fed = [], []
+
+    def release(self) -> int:
+        """Free the drafter's KV cache (the engine's release_memory); the next proposal re-feeds whole histories."""
+        freed = self.cache.nbytes if self.cache is not None else 0
+        self.cache = None
+        self.reset()
+        return freed
 
     def _ensure_cache(self, batch: int, need_len: int) -> None:
         """Grow the cache (rows and columns, keeping its contents) to at least batch rows of need_len columns."""
@@ -105,7 +112,7 @@ class SmallModelProposer:
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> DraftProposal:
-        longest = max(len(h) for h in ctx.histories) + ctx.max_nodes * max(self.config.topk, 1) + 2
+        longest = max(len(h) for h in ctx.histories) + ctx.max_nodes * max(ctx.topk, 1) + 2
         self._ensure_cache(ctx.batch_size, longest)
         assert self.cache is not None
         self._tk = min(self.cache.max_len, (longest + 63) // 64 * 64)
@@ -114,7 +121,7 @@ class SmallModelProposer:
         depth = max(0, min(ctx.max_depth, ctx.max_nodes - 1))
         if depth == 0:
             return chain_proposal(ctx.roots(), torch.zeros(ctx.batch_size, 0, dtype=torch.int64, device=self.device))
-        if self.config.topk > 1:
+        if ctx.topk > 1:
             return self._tree(ctx, logits, seq, depth)
         return self._chain(ctx, logits, seq, depth)
 
@@ -145,7 +152,7 @@ class SmallModelProposer:
         """EAGLE-2-style: expand the top-k frontier per depth, rerank by cumulative log-prob (spec/tree.topk_tree).
         Tree nodes go to scratch columns after the history; they are not a prefix, so `_fed` stays the history."""
         assert self.cache is not None
-        kk, b, dev = self.config.topk, ctx.batch_size, self.device
+        kk, b, dev = ctx.topk, ctx.batch_size, self.device
         cols = torch.arange(self._tk, device=dev)
         lp, tok = torch.log_softmax(logits.float(), dim=-1).topk(kk, dim=-1)  # [B, K]
         lv_tok, lv_par, lv_lp = [tok], [torch.zeros_like(tok)], [lp]

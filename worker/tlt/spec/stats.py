@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
+
 from .tree import node_depths, valid_nodes
-from .types import DraftProposal, VerifyResult
 
 
 @dataclass

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .types import DraftProposal
+from worker.tlt.decoding.draft_types import DraftProposal
 
 
 def valid_nodes(counts: torch.Tensor, num_nodes: int) -> torch.Tensor:  # counts [B] -> [B, N] bool

@@ -44,9 +44,10 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import exponential_noise, pick_with_noise
+from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
+from worker.tlt.decoding.sampling import exponential_noise, pick_with_noise
+
 from .tree import children_table, node_depths
-from .types import DraftProposal, VerifyResult
 
 _TINY = 1e-30
 

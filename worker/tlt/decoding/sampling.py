@@ -25,7 +25,7 @@ Param = float | int | torch.Tensor
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class RowSampling:
     """Per-row sampling settings of an active batch (tensors [B] on the logits' device)."""
 
     temperature: torch.Tensor  # [B] float; 0 = greedy
@@ -35,17 +35,17 @@ class SamplingParams:
     @staticmethod
     def uniform(
         batch: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, device: torch.device | str = "cpu"
-    ) -> SamplingParams:
+    ) -> RowSampling:
         """The same setting for every row."""
-        return SamplingParams(
+        return RowSampling(
             temperature=torch.full((batch,), float(temperature), device=device),
             top_p=torch.full((batch,), float(top_p), device=device),
             top_k=torch.full((batch,), int(top_k), dtype=torch.int64, device=device),
         )
 
-    def select(self, rows: torch.Tensor) -> SamplingParams:
+    def select(self, rows: torch.Tensor) -> RowSampling:
         """The settings of a subset of rows (`rows` [B'] int64 indices), e.g. after sequences leave the batch."""
-        return SamplingParams(self.temperature[rows], self.top_p[rows], self.top_k[rows])
+        return RowSampling(self.temperature[rows], self.top_p[rows], self.top_k[rows])
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:  # [B, ..., V] -> [B, ..., V]
         return processed_probs(logits, self.temperature, self.top_p, self.top_k)

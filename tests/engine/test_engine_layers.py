@@ -1,0 +1,120 @@
+"""The library's import graph: no module of worker/tlt imports itself back through others (imports inside
+`if TYPE_CHECKING:` and inside functions count too: a circle there still ties the modules together), and the layers
+hold: decoding/ is the bottom (model/ only), kernels/ build on it and never on rollout/, the engine (rollout/) never
+imports a drafter (drafter/, spec/ngram.py, spec/small_model.py), spec/ never imports rollout/; no rollout helper
+imports the engine. Read from the sources with ast, nothing imported.
+Run: python -m pytest tests/engine/test_engine_layers.py -q"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LIB = ROOT / "worker" / "tlt"
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """Library modules `path` imports (any import statement in the file; `from pkg import name` counts as the
+    submodule pkg.name when that is a module)."""
+    tree = ast.parse(path.read_text())
+    me = _module(path)
+    pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                if sub in modules:
+                    out.add(sub)
+                elif base in modules:
+                    out.add(base)
+    out.discard(me)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    files = sorted(LIB.rglob("*.py"))
+    modules = {_module(f) for f in files}
+    return {_module(f): _imports(f, modules) for f in files}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _offenders(graph: dict[str, set[str]], src: str, banned: tuple[str, ...]) -> list[tuple[str, str]]:
+    return sorted((m, d) for m, deps in graph.items() if m == src or m.startswith(src + ".")
+                  for d in deps if any(d == b or d.startswith(b + ".") for b in banned))
+
+
+def test_the_graph_is_read() -> None:
+    graph = _graph()
+    assert "worker.tlt.rollout.engine" in graph and "worker.tlt.decoding.kv_cache" in graph
+    assert "worker.tlt.rollout.engine_state" in graph["worker.tlt.rollout.engine"]
+    # the detector finds a circle when there is one
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_layers() -> None:
+    g = _graph()
+    t = "worker.tlt"
+    drafters = (f"{t}.drafter", f"{t}.spec.ngram", f"{t}.spec.small_model")
+    above_model = (f"{t}.kernels", f"{t}.rollout", f"{t}.spec", f"{t}.drafter", f"{t}.adaptive", f"{t}.rl",
+                   f"{t}.multigpu", f"{t}.config", f"{t}.build")
+    assert _offenders(g, f"{t}.decoding", above_model) == []
+    assert _offenders(g, f"{t}.kernels", (f"{t}.rollout", f"{t}.spec", *drafters)) == []
+    assert _offenders(g, f"{t}.rollout", drafters) == []
+    assert _offenders(g, f"{t}.spec", (f"{t}.rollout", f"{t}.drafter")) == []
+    assert _offenders(g, f"{t}.adaptive", (f"{t}.rollout", f"{t}.spec", f"{t}.drafter", f"{t}.kernels")) == []
+    helpers = [m for m in g if m.startswith(f"{t}.rollout.") and m != f"{t}.rollout.engine"]
+    assert [m for m in helpers if f"{t}.rollout.engine" in g[m]] == []  # helpers take the EngineState
