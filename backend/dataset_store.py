@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_ERRORS = 20  # bad rows listed in a rejection (the count covers all of them)
+MAX_DEPTH = 64  # nesting of arrays/objects a JSONL row may have (a chat prompt needs 3)
 
 
 @dataclass
@@ -56,6 +57,19 @@ def _check_value(report: Report, row: int, col: str, value: object, prompt_col: 
         report.bad(row, f"column {col!r} must be a string or a list of messages, got {type(value).__name__}", col)
 
 
+def nesting_depth(value: object, cap: int = MAX_DEPTH + 1) -> int:
+    """Levels of nested lists/dicts ([] and {} count 1, a scalar 0), counted level by level (no recursion) and only
+    up to `cap`."""
+    depth, level = 0, [value]
+    while depth < cap:
+        containers = [v for v in level if isinstance(v, dict | list)]
+        if not containers:
+            return depth
+        depth += 1
+        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
 def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
     """Check every row for `columns` (the first is the prompt column). Rows are numbered from 1."""
     report = Report()
@@ -71,6 +85,12 @@ def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
                     report.bad(i, f"not valid JSON ({e.msg})")
+                    continue
+                except RecursionError:  # deeper than the parser's own stack: far past MAX_DEPTH
+                    report.bad(i, f"nested deeper than {MAX_DEPTH} levels")
+                    continue
+                if nesting_depth(obj) > MAX_DEPTH:
+                    report.bad(i, f"nested deeper than {MAX_DEPTH} levels")
                     continue
                 if not isinstance(obj, dict):
                     report.bad(i, "not a JSON object")

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError
@@ -23,7 +26,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from backend import crud, lifecycle
-from backend.api.routes import artifacts, datasets, jobs, stream, system, telemetry, tokens
+from backend.api.routes import artifacts, datasets, jobs, metric_catalog, stream, system, telemetry, tokens
 from backend.core import migrate
 from backend.core.config import Settings, get_settings
 from backend.core.db import make_engine, make_session_factory
@@ -36,7 +39,31 @@ log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
 
 
+def _safe_json(value: Any, depth: int = 0) -> Any:
+    """`value` as strict JSON can carry it: non-finite floats as their names, lone surrogates escaped, containers
+    past a depth cut. A 422 echoes the client's input, which may hold exactly what JSON cannot."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if depth >= 32 and isinstance(value, dict | list | tuple):
+        return "..."
+    if isinstance(value, dict):
+        return {_safe_json(str(k)): _safe_json(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_safe_json(v, depth + 1) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _safe_json(str(value))
+
+
 def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _safe_json(exc.errors())}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
     @app.exception_handler(crud.NotFound)
     async def _not_found(_req: Request, exc: crud.NotFound) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
@@ -109,7 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     api = APIRouter(prefix=API_PREFIX, responses=errors(400, 401, 413, 422))
     for r in (jobs.router, telemetry.router, stream.router, artifacts.router, datasets.router, tokens.router,
-              system.api_router):
+              system.api_router, metric_catalog.router):
         api.include_router(r)
     app.include_router(api)
     app.include_router(system.health_router)

@@ -55,6 +55,9 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(100), default="")
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex; the token itself is never stored
     prefix: Mapped[str] = mapped_column(String(12))  # first characters, to recognise a token in a list
+    # the token acts as an admin only when this is set AND its user is an admin: a token made without --admin for an
+    # admin user is an ordinary user's token (least privilege)
+    admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -200,3 +203,19 @@ class Dataset(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Worker(Base):
+    """A Celery worker that can run jobs: what it consumes and has, refreshed by its heartbeat. Admission
+    (backend/admission.py) refuses a spec that no live worker could run."""
+
+    __tablename__ = "workers"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)  # the Celery node name, e.g. gpu@host
+    queues: Mapped[list[str]] = mapped_column(JSON)  # the queues it consumes
+    gpus: Mapped[int] = mapped_column(default=0)  # GPUs it may hand to one job
+    gpu_memory_gb: Mapped[float] = mapped_column(Float, default=0.0)  # memory of its smallest GPU (0 = no GPU)
+    host_memory_gb: Mapped[float] = mapped_column(Float, default=0.0)  # RAM (what a CPU job's KV cache lives in)
+    cuda: Mapped[str | None] = mapped_column(String(50))  # driver's CUDA version; None without a GPU
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

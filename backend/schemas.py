@@ -7,9 +7,9 @@ invalid spec is a 422 whose `loc` names the field (e.g. ["body", "spec", "algori
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from worker.tlt.config import JobSpec
 
@@ -45,8 +45,38 @@ class Page(BaseModel, Generic[T]):
     next_cursor: str | None = None  # pass back as ?cursor= for the next page; None on the last page
 
 
-class JobCreate(BaseModel):
+def _lone_surrogate(value: Any, depth: int = 0) -> bool:
+    """True when a string anywhere in `value` holds a lone UTF-16 surrogate (JSON "\\ud800" parses to one): no
+    database can store it, and no response can echo it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if depth > 64:
+        return False  # deeper than any valid body; the model's own validation refuses it
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k, depth + 1) or _lone_surrogate(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_lone_surrogate(v, depth + 1) for v in value)
+    return False
+
+
+class _Input(BaseModel):
+    """A request body: unknown keys and invalid unicode are a 422."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if _lone_surrogate(data):
+            raise ValueError("text must be valid unicode (a lone surrogate such as \\ud800 is not)")
+        return data
+
+
+class JobCreate(_Input):
     spec: JobSpec
 
 
@@ -80,6 +110,15 @@ class EventPublic(_Out):
     reason: str | None
     worker: str | None
     attempt: int
+
+
+class MetricInfo(BaseModel):
+    """One entry of the metric catalogue (worker/tlt/metric_catalog.py)."""
+
+    name: str  # literal, or a template whose {field} parts stand for one path segment
+    unit: str  # "fraction": a value in [0, 1]
+    kind: Literal["per-step", "cumulative", "histogram"]
+    meaning: str
 
 
 class MetricPoint(BaseModel):
@@ -150,10 +189,10 @@ class DatasetPublic(_Out):
     created_at: datetime
 
 
-class TokenCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TokenCreate(_Input):
     user: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.@-]+$")  # created if new
-    admin: bool = False  # make the user an admin (only on creation of the user)
+    admin: bool = False  # an admin token (a new user is created as an admin); an existing non-admin needs `promote`
+    promote: bool = False  # with admin: make an existing non-admin user an admin (else 409)
     name: str = Field("", max_length=100)  # a label for the token
 
 
@@ -162,6 +201,7 @@ class TokenPublic(_Out):
     user: str = Field(validation_alias="user_name")
     name: str
     prefix: str
+    admin: bool  # acts as an admin (its user is one and it was made an admin token)
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None

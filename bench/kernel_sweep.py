@@ -249,7 +249,7 @@ def chained(calls: list[Callable[[], Any]]) -> Callable[[], None]:
 
 def whole(st: Setup, rows: list[dict[str, Any]], dry: bool) -> dict[str, float]:
     """The fused layer (5 kernels) and forward (all layers + head) at M = 1, default vs best configs, and torch."""
-    from worker.tlt.kernels import common
+    from worker.tlt.kernels import tuning
     from worker.tlt.kernels.common import Config
     from worker.tlt.kernels.forward import fused_forward_hidden
 
@@ -260,18 +260,19 @@ def whole(st: Setup, rows: list[dict[str, Any]], dry: bool) -> dict[str, float]:
     chain = ("qkv_rope", "attention", "o_proj", "norm_gate_up", "down")
     out: dict[str, float] = {}
     best = {(r["table"], r["n"], r["k"]): Config(**r["chosen"]) for r in rows}
+    served = tuning.table(torch.cuda.get_device_name(st.device)).configs if st.device.type == "cuda" else {}
     for label, table in (("default", {}), ("best", best)):
-        saved = dict(common.TUNED)
-        common.TUNED.clear()
-        common.TUNED.update(table)
+        saved = dict(served)
+        served.clear()
+        served.update(table)
         try:
-            calls = [kernel_call(st, kname, 1, None) for kname in chain]  # config_for reads TUNED at each launch
+            calls = [kernel_call(st, kname, 1, None) for kname in chain]  # config_for reads the table at each launch
             out[f"layer_{label}_us"] = time_us(chained(calls), dry)
             out[f"forward_{label}_us"] = time_us(
                 lambda: fused_forward_hidden(model, ids, pos2, st.cache, attn_mask=mask), dry)
         finally:
-            common.TUNED.clear()
-            common.TUNED.update(saved)
+            served.clear()
+            served.update(saved)
     tcalls = [torch_call(st, kname, 1) for kname in chain]
     out["layer_torch_us"] = time_us(chained(tcalls), dry)
     with torch.no_grad():
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default=",".join(KERNELS))
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, tiny shapes, no timing")
     ap.add_argument("--write-tuned", action="store_true",
-                    help="write the best configs to worker/tlt/kernels/tuned/<GPU>.json (what the engine reads)")
+                    help="add the best configs to ~/.cache/tlt/kernels/<GPU>.json (what the engine reads)")
     a = ap.parse_args(argv)
     if a.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported (decorated)
@@ -334,9 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     deadline = t0 + a.budget_s
     st = build(a.dry_run, a.ctx)
     _INPUTS.clear()
-    from worker.tlt.kernels import common
+    from worker.tlt.kernels import settings, tuning
 
-    common._loaded_for = "sweep"  # measure the default rule as it is, not a tuned file of an earlier sweep
+    # measure the default rule as it is: no first-use tuning, no seeds or cached configs served
+    previous = settings.configure(settings.KernelConfig(tune=False, cache_dir=Path(a.out).parent / "kernel_sweep_cache"))
+    if not a.dry_run:
+        tuning.table(torch.cuda.get_device_name(0)).configs.clear()
     with torch.no_grad():
         names = a.kernels.split(",")
         rows = []
@@ -353,10 +357,14 @@ def main(argv: list[str] | None = None) -> int:
            "seconds": time.perf_counter() - t0}
     Path(a.json_out or str(Path(a.out).with_suffix(".json"))).write_text(json.dumps(res, indent=1))
     if a.write_tuned and not a.dry_run:
-        from worker.tlt.kernels.common import Config, save_tuned
+        from worker.tlt.kernels.common import Config
 
-        table = {(r["table"], r["n"], r["k"]): Config(**r["chosen"]) for r in rows}
-        print(f"tuned configs -> {save_tuned(torch.cuda.get_device_name(0), table)}")
+        settings.configure(previous)  # the engine's tuning directory
+        tab = tuning.table(torch.cuda.get_device_name(0))
+        tab.configs.update({(r["table"], r["n"], r["k"]): Config(**r["chosen"]) for r in rows})
+        print(f"tuned configs -> {tab.save()}")
+    settings.configure(previous)
+    tuning.forget()
     return 0
 
 

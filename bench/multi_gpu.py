@@ -134,7 +134,8 @@ def render(res: dict[str, Any]) -> str:
         "tokens/s and lengths too",
         "2 GPUs: rollout s is the slowest rank's rollout incl. the harvest wait; GPU0 / GPU1 their own shards; "
         "harvest idle = GPU-seconds from a rank's shard done to all ranks done, used = drafter training inside it",
-        "1 GPU TLT: harvest/* are the spot trainer's cumulative counters (drafter/online.py), not per step",
+        "1 GPU TLT: harvest idle = the rollout's tail (incl. drafter steps between tail steps), used = those drafter "
+        "steps, per step (drafter/online.py)",
         "ZeRO-0: every rank holds all AdamW moments; ZeRO-1: each rank its shard, plus a parameter broadcast per step "
         "(in update s); peak MiB is the rank's allocator high-water mark over the run (— on CPU)",
         kv_release_note(res["runs"], a.get("release_kv", False)),

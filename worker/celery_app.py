@@ -1,5 +1,6 @@
-"""The Celery application: `create_celery(settings)` builds it from backend Settings; the module-level `app` is what
-`celery -A worker.celery_app worker -Q cpu,gpu` loads (creating it opens no connection).
+"""The Celery application: `create_celery(settings)` builds it from backend Settings. Nothing is built at import:
+`celery -A worker.celery_app worker -Q cpu,gpu` reads the module's `app` attribute, which builds the worker's app
+from `get_settings()` on that first access (a module `__getattr__`), once.
 
 Queues per resource class (`cpu`, `gpu`, or JobSpec.resources.queue). Long GPU jobs: acks_late +
 task_reject_on_worker_lost + prefetch 1, so a job whose worker dies is redelivered (Redis: after the visibility
@@ -10,12 +11,12 @@ Run a worker:  celery -A worker.celery_app worker -Q cpu,gpu --pool threads --co
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from celery import Celery
 from kombu import Exchange, Queue
 
 from backend.core.config import Settings, get_settings
-
-RUN_JOB_TASK = "tlt.run_job"  # the name backend/core/dispatch.py sends
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -48,4 +49,13 @@ def create_celery(settings: Settings) -> Celery:
     return app
 
 
-app = create_celery(get_settings())
+@lru_cache(maxsize=1)
+def worker_app() -> Celery:
+    """The app of a worker process (settings from the environment), built on first use."""
+    return create_celery(get_settings())
+
+
+def __getattr__(name: str) -> Celery:
+    if name == "app":  # what `celery -A worker.celery_app` looks up
+        return worker_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

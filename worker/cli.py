@@ -2,7 +2,7 @@
 
     tlt up [--demo] [--port 8000]        API + one Celery worker on embedded defaults (SQLite + SQLite broker)
     tlt db upgrade                        run Alembic migrations to head
-    tlt token create [--admin] [--user NAME]
+    tlt token create [--user NAME] [--admin [--promote]]   (an admin token only with --admin)
     tlt submit [spec.yaml] [--preset NAME] [--wait] [--idempotency-key K]   (REST client; --url/--token or
                                           TLT_URL/TLT_TOKEN)
     tlt jobs | tlt logs [-f] JOB | tlt metrics JOB | tlt cancel JOB | tlt download JOB --kind policy -o DIR
@@ -33,6 +33,8 @@ LIBRARY_COMMANDS = {  # subcommands owned by worker/tlt: module path, each expos
     "selfcheck": ("worker.tlt.selfcheck", "check the engine against transformers"),
     "bench": ("worker.tlt.bench", "run a benchmark"),
 }
+# `tlt bench decode` is the decode benchmark at real shapes (random weights, roofline, HF peer)
+BENCH_SUBCOMMANDS = {"decode": "worker.tlt.bench_decode"}
 
 
 def _out(text: str) -> None:
@@ -58,7 +60,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def create_token(user: str, admin: bool, name: str = "") -> str:
+def create_token(user: str, admin: bool, name: str = "", promote: bool = False) -> str:
+    """A new token's secret. An admin token only when `admin`; for an existing non-admin user that also needs
+    `promote` (else crud.Conflict)."""
     from backend import crud
     from backend.core.config import get_settings
     from backend.core.db import make_engine, make_session_factory
@@ -66,14 +70,23 @@ def create_token(user: str, admin: bool, name: str = "") -> str:
     engine = make_engine(get_settings().database_url)
     try:
         with make_session_factory(engine)() as s:
-            _, secret = crud.create_token(s, user, admin=admin, name=name)
+            _, secret = crud.create_token(s, user, admin=admin, name=name, promote=promote)
     finally:
         engine.dispose()
     return secret
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    _out(create_token(args.user, args.admin, args.name))
+    from backend import crud
+
+    if args.promote and not args.admin:
+        sys.stderr.write("tlt: --promote makes the user an admin and needs --admin\n")
+        return 2
+    try:
+        _out(create_token(args.user, args.admin, args.name, promote=args.promote))
+    except crud.Conflict as e:
+        sys.stderr.write(f"tlt: {e}\n")
+        return EXIT_API
     return 0
 
 
@@ -111,6 +124,27 @@ def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], timeout_s: flo
     raise RuntimeError(f"the API did not answer on {url}/healthz within {timeout_s:.0f} s")
 
 
+def _wait_worker_registered(database_url: str, ttl_s: float, procs: list[subprocess.Popen[bytes]],
+                            timeout_s: float = 120.0) -> None:
+    """Until the embedded worker has registered (admission refuses every job before that)."""
+    from backend import crud
+    from backend.core.db import make_engine, make_session_factory
+
+    engine = make_engine(database_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("the API or the worker exited during start-up (see its output above)")
+            with make_session_factory(engine)() as s:
+                if crud.live_workers(s, ttl_s):
+                    return
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+    raise RuntimeError(f"the worker did not register within {timeout_s:.0f} s")
+
+
 def _raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -140,6 +174,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     ]
     try:
         _wait_healthy(url, procs)
+        _wait_worker_registered(settings.database_url, settings.worker_ttl_s, procs)
         _out(f"TLT Studio is up: {url}  (API docs {url}/docs; database {settings.database_url})")
         rc = 0
         if args.demo:
@@ -165,7 +200,7 @@ def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]], s
     from worker.tlt.config import preset
 
     spec = yaml.safe_load(Path(spec_file).read_text()) if spec_file else preset("demo-cpu").model_dump(mode="json")
-    token = create_token("admin", admin=True, name="demo")
+    token = create_token("admin", admin=True, name="demo", promote=True)  # the operator's own demo: an admin token
     client = TltClient(url, token)
     job = client.submit(spec)
     _out(f"dashboard:  {url}/#/jobs/{job['id']}  (sign in with this token)\ntoken:      {token}\n"
@@ -367,7 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     tok = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
     p = tok.add_parser("create", help="create a token (the user is created if new) and print it")
     p.add_argument("--user", default="admin")
-    p.add_argument("--admin", action="store_true")
+    p.add_argument("--admin", action="store_true", help="an admin token (without it: an ordinary user's token, even "
+                   "for an admin user); a new user is created as an admin")
+    p.add_argument("--promote", action="store_true", help="with --admin: make an existing non-admin user an admin")
     p.add_argument("--name", default="cli", help="a label for the token")
     p.set_defaults(func=cmd_token_create)
 
@@ -416,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCH_SUBCOMMANDS:
+        return int(importlib.import_module(BENCH_SUBCOMMANDS[argv[1]]).main(argv[2:]))
     if argv and argv[0] in LIBRARY_COMMANDS:
         module = importlib.import_module(LIBRARY_COMMANDS[argv[0]][0])
         return int(module.main(argv[1:]))

@@ -10,6 +10,7 @@ never duplicates them.
 A database restart or failover pauses the job instead of failing it: every write is retried for up to `write_retry_s`
 while the error is a transient one (connection refused or cut), the pending rows kept in order, and `should_stop()`
 answers from its last reading meanwhile (backend.core.db.retry_transient).
+Metric and histogram names must be in worker/tlt/metric_catalog.py (ValueError otherwise, nothing written).
 Artifacts are registered with the size and sha256 of the bytes a download serves (backend.artifact_store.digest).
 
     rep = DbReporter(session_factory, job_id=1, attempt=1, artifact_root=settings.artifacts)
@@ -30,6 +31,7 @@ from backend import crud
 from backend.artifact_store import digest
 from backend.core.db import TRANSIENT_ERRORS, retry_transient
 from backend.lifecycle import JobStatus
+from worker.tlt.metric_catalog import check_names
 from worker.tlt.reporting import ArtifactKind
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ class DbReporter:
     # ------------------------------------------------------------ Reporter protocol
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
+        check_names(values)  # an unknown name is a bug in the writer: refuse the whole step, write nothing
         rows = [(int(step), name, float(v)) for name, v in values.items()]
         bad = [f"{n}={v}" for _, n, v in rows if not math.isfinite(v)]
         if bad:  # stored as null (SQLite cannot hold NaN); say so in the job's log where a person will see it
@@ -79,6 +82,7 @@ class DbReporter:
     def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None:
         if len(edges) != len(counts) + 1:
             raise ValueError(f"histogram {name}: {len(edges)} edges for {len(counts)} counts (need counts + 1)")
+        check_names([name])
         with self._lock:
             self._hists.append((int(step), name, [float(e) for e in edges], [int(c) for c in counts]))
         self._flush_durably()

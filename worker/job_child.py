@@ -1,10 +1,10 @@
 """The child process that runs one attempt of one job: `python -m worker.job_child JOB_ID --attempt N [--resume]`.
 
 Started by the `run_job` task (worker/tasks.py) in its own process group; reads the job row and settings (TLT_* env
-passed by the parent), resolves an uploaded dataset id to its file (reads retried over a database restart:
-backend.core.db.retry_transient), and calls `worker.runner.execute` with a DbReporter. Exit status 0 = the loop
-returned (finished, or stopped on cancel); anything else = the attempt failed (the traceback goes to stderr, which the
-parent keeps as the job's last output lines).
+passed by the parent), refuses paths outside TLT_SPEC_ROOTS, resolves uploaded dataset and artifact ids to their
+files (reads retried over a database restart: backend.core.db.retry_transient), and calls `worker.runner.execute`
+with a DbReporter. Exit status 0 = the loop returned (finished, or stopped on cancel); anything else = the attempt
+failed (the traceback goes to stderr, which the parent keeps as the job's last output lines).
 If the parent worker dies, the kernel kills this process (PR_SET_PDEATHSIG) so a lost job never runs twice.
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 from backend import crud
 from backend.core.config import get_settings
 from backend.core.db import make_engine, make_session_factory, retry_transient
+from backend.worker_spec import runnable_spec
 from worker import runner
 from worker.db_reporter import DbReporter
 from worker.tlt.config import JobSpec
@@ -40,24 +41,14 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(70)
 
 
-def resolve_spec(spec: JobSpec, sessions) -> JobSpec:  # type: ignore[no-untyped-def]
-    """An uploaded dataset id becomes the path of its stored file (the training loop reads paths and built-ins)."""
-    if not spec.dataset.dataset_id:
-        return spec
-    with sessions() as s:
-        ds = crud.get_dataset(s, None, spec.dataset.dataset_id)
-    dataset = spec.dataset.model_copy(update={"dataset_id": None, "path": ds.path, "builtin": None})
-    return spec.model_copy(update={"dataset": dataset})
-
-
 def read_spec(sessions, job_id: int, retry_s: float = STARTUP_RETRY_S) -> JobSpec:  # type: ignore[no-untyped-def]
-    """The job's spec with an uploaded dataset resolved: the start-up reads, retried together while the database
-    is away (a restart), for up to `retry_s`."""
+    """The job's spec as the library runs it (backend/worker_spec.py: paths checked against this worker's
+    TLT_SPEC_ROOTS, uploaded dataset and artifact ids resolved with the owner's rights): the start-up reads, retried
+    together while the database is away (a restart), for up to `retry_s`."""
 
     def read() -> JobSpec:
         with sessions() as s:
-            spec = JobSpec.model_validate(crud.get_job(s, None, job_id).spec)
-        return resolve_spec(spec, sessions)
+            return runnable_spec(s, crud.get_job(s, None, job_id), get_settings())
 
     return retry_transient(read, for_s=retry_s, what=f"job {job_id}: read its spec", log=log)
 

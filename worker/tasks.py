@@ -1,8 +1,8 @@
 """The `run_job` Celery task: claims a job row, runs its training in a child process, and records the outcome.
 
 Contract (Celery "Tasks" guide: take ids, re-read the row, check its state, be idempotent):
-- The message carries only the job id. A terminal job is skipped; a queued one becomes starting (attempt + 1); a job
-  still held by another worker (fresh heartbeat) is left alone; a job whose worker stopped heartbeating (SIGKILL,
+- The message carries only the job id. A terminal job is skipped; a queued one becomes starting (attempt + 1; one
+  queued again by a retry resumes from its last checkpoint); a job still held by another worker (fresh heartbeat) is left alone; a job whose worker stopped heartbeating (SIGKILL,
   power loss: the broker redelivered it thanks to acks_late) becomes recovering and resumes from its last checkpoint.
 - The training runs in `python -m worker.job_child JOB_ID` (its own process group, killed if this worker dies), so a
   crash or OOM fails the attempt with the exit status and the last output lines, never the worker.
@@ -31,14 +31,15 @@ import time
 from datetime import UTC, datetime
 
 from celery import Celery, Task, shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend import crud
 from backend.core.config import Settings
 from backend.core.db import make_engine, make_session_factory, retry_transient
+from backend.core.dispatch import RUN_JOB_TASK
 from backend.lifecycle import FINAL, IllegalTransition, JobStatus
-from worker.celery_app import RUN_JOB_TASK
+from worker import registry
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -118,7 +119,8 @@ class JobSupervisor:
                                               expect=[S.queued], new_attempt=True)
                         self.attempt = job.attempt
                         self._beat()
-                        return job.attempt, False
+                        # a job queued again by a retry (attempt > 1) resumes from its newest checkpoint
+                        return job.attempt, job.attempt > 1
                     if status == S.cancelling:  # cancelled while its worker was lost
                         crud.transition(s, self.job_id, S.cancelled, reason="cancelled (no worker was running it)",
                                         expect=[S.cancelling])
@@ -153,7 +155,8 @@ class JobSupervisor:
         env["CUDA_VISIBLE_DEVICES"] = assign_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
         env.update(TLT_DATABASE_URL=self.settings.database_url, TLT_BROKER_URL=self.settings.broker_url,
                    TLT_ARTIFACT_DIR=str(self.settings.artifacts), TLT_HOME=str(self.settings.home),
-                   PYTHONUNBUFFERED="1")
+                   TLT_SPEC_ROOTS=self.settings.spec_roots,  # the child checks the spec's paths again
+                   TLT_KEEP_LAST_CHECKPOINTS=str(self.settings.keep_last_checkpoints), PYTHONUNBUFFERED="1")
         return env
 
     def supervise(self, attempt: int, resume: bool) -> tuple[JobStatus, str] | None:
@@ -285,18 +288,45 @@ class JobSupervisor:
 
 @worker_ready.connect
 def start_sweeper(sender: object = None, **_: object) -> None:
-    """When a worker is ready, watch for jobs whose worker died without the broker redelivering them (the SQLite
-    broker never does; Redis only after its visibility timeout): they are enqueued again, and `claim` resumes them."""
+    """When a worker is ready, register what it can run (admission reads it) and watch for jobs whose worker died
+    without the broker redelivering them (the SQLite broker never does; Redis only after its visibility timeout):
+    they are enqueued again, and `claim` resumes them. The same loop refreshes the registration."""
     app: Celery = getattr(sender, "app")  # noqa: B009 - the Consumer that sent the signal
     queues = list(app.amqp.queues.consume_from or app.amqp.queues)
-    threading.Thread(target=_sweep_loop, args=(app, app.conf.tlt_settings, queues), name="tlt-sweeper",
+    name = str(getattr(sender, "hostname", None) or os.uname().nodename)
+    settings: Settings = app.conf.tlt_settings
+    capacity = registry.probe(queues)
+    with session_factory(settings.database_url)() as s:
+        crud.register_worker(s, name, capacity)
+    log.info("registered worker %s: %s", name, capacity)
+    app.conf.tlt_worker_name = name
+    threading.Thread(target=_sweep_loop, args=(app, settings, queues, name, capacity), name="tlt-sweeper",
                      daemon=True).start()
 
 
-def _sweep_loop(app: Celery, settings: Settings, queues: list[str]) -> None:
+@worker_shutdown.connect
+def unregister(sender: object = None, **_: object) -> None:
+    """A worker that stops cleanly leaves the registry at once (a killed one ages out after worker_ttl_s)."""
+    app: Celery | None = getattr(sender, "app", None)
+    name = getattr(app.conf, "tlt_worker_name", None) if app is not None else None
+    if app is None or name is None:
+        return
+    try:
+        with session_factory(app.conf.tlt_settings.database_url)() as s:
+            crud.unregister_worker(s, name)
+    except Exception:  # noqa: BLE001 - shutting down: the row ages out anyway
+        log.warning("could not unregister worker %s", name, exc_info=True)
+
+
+def _sweep_loop(app: Celery, settings: Settings, queues: list[str], name: str, capacity: crud.Capacity) -> None:
     sessions = session_factory(settings.database_url)
     resent: dict[int, float] = {}
     while True:
+        try:
+            with sessions() as s:
+                crud.beat_worker(s, name, capacity)
+        except Exception:  # noqa: BLE001 - a database hiccup: the next beat comes within the TTL
+            log.exception("worker heartbeat failed")
         try:
             with sessions() as s:
                 stale = crud.stale_jobs(s, settings.heartbeat_timeout_s, queues)
@@ -308,7 +338,7 @@ def _sweep_loop(app: Celery, settings: Settings, queues: list[str]) -> None:
                 resent[job.id] = time.monotonic()
         except Exception:  # noqa: BLE001 - the sweeper must outlive a database or broker hiccup
             log.exception("stale-job sweep failed")
-        time.sleep(settings.heartbeat_timeout_s / 2)
+        time.sleep(min(settings.heartbeat_timeout_s, settings.worker_ttl_s) / 2)
 
 
 def assign_gpus(visible: str | None, gpus: int) -> str:

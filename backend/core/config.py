@@ -8,6 +8,7 @@ broker (kombu's SQLAlchemy transport) and the artifact directory. Production set
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,6 +43,13 @@ class Settings(BaseSettings):
     submit_rate_per_min: float = Field(default=60.0, ge=0)  # job submissions per token per minute; 0 = unlimited
     submit_burst: int = Field(default=10, ge=1)  # submissions a token may make at once before the rate applies
     public_url: str = "http://127.0.0.1:8000"  # the dashboard URL `tlt up --demo` prints
+    # Trust model (README "Trust model"): directories whose files a job spec may name by path (hf_dir, gguf, dataset
+    # path, drafter warm start), os.pathsep-separated; "" = none (built-ins, uploads and artifact ids only). The
+    # home and artifact directories are never readable through a spec path, whatever is listed.
+    spec_roots: str = ""
+    worker_ttl_s: float = Field(default=120.0, gt=0)  # a worker is live (admission) while its beat is this recent
+    keep_last_checkpoints: int = Field(default=2, ge=1, le=1000)  # checkpoints kept per job (caps save_total_limit)
+    user_quota_gb: float = Field(default=200.0, ge=0)  # artifact bytes a user may hold before submits are 409; 0 = off
 
     @field_validator("home", mode="after")
     @classmethod
@@ -66,6 +74,16 @@ class Settings(BaseSettings):
     def artifacts(self) -> Path:
         assert self.artifact_dir is not None  # filled by the validator
         return self.artifact_dir
+
+    @property
+    def spec_root_paths(self) -> tuple[Path, ...]:
+        """TLT_SPEC_ROOTS resolved (realpath); empty entries ignored."""
+        return tuple(Path(os.path.realpath(p)) for p in self.spec_roots.split(os.pathsep) if p.strip())
+
+    @property
+    def private_dirs(self) -> tuple[Path, ...]:
+        """Never readable through a spec path: the database, broker, uploads and every job's artifacts."""
+        return Path(os.path.realpath(self.home)), Path(os.path.realpath(self.artifacts))
 
     @property
     def max_body_bytes(self) -> int:

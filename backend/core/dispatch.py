@@ -13,7 +13,7 @@ from celery import Celery
 from backend.core.config import Settings
 
 log = logging.getLogger(__name__)
-RUN_JOB_TASK = "tlt.run_job"
+RUN_JOB_TASK = "tlt.run_job"  # the one name of the job task: sent here, registered by worker/tasks.py
 
 
 class EnqueueError(RuntimeError):

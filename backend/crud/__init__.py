@@ -6,6 +6,7 @@ one module per concern, re-exported here so callers write `from backend import c
 - telemetry.py: metrics, histograms, events, logs, samples, history queries and the SSE cursors
 - artifacts.py: artifacts and datasets
 - tokens.py: users and API tokens
+- workers.py: the worker registry (capacity and heartbeats) admission reads
 - common.py: the errors (NotFound, Conflict) and the dialect-aware INSERT for upserts
 """
 
@@ -17,6 +18,7 @@ from backend.crud.artifacts import (
     list_datasets,
     mark_artifacts_deleted,
     register_artifact,
+    user_artifact_bytes,
 )
 from backend.crud.common import Conflict, NotFound
 from backend.crud.job_views import job_view, list_jobs
@@ -57,14 +59,15 @@ from backend.crud.telemetry import (
     upsert_metrics,
 )
 from backend.crud.tokens import create_token, get_or_create_user, list_tokens, revoke_token, user_for_token
+from backend.crud.workers import Capacity, beat_worker, live_workers, register_worker, unregister_worker
 
 __all__ = [
-    "STEP_TIME_METRIC", "Beat", "Conflict", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",
+    "STEP_TIME_METRIC", "Beat", "Capacity", "Conflict", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",
     "check_job_visible", "count_jobs_by_status", "create_dataset", "create_job", "create_token", "decode_cursor",
     "downsample", "encode_cursor", "finite_or_none", "get_artifact", "get_dataset", "get_job", "get_or_create_user",
     "heartbeat", "job_progress", "job_status", "job_view", "list_artifacts", "list_datasets", "list_events",
     "list_histograms", "list_jobs", "list_logs", "list_samples", "list_tokens", "mark_artifacts_deleted",
     "metric_history", "metric_names", "metrics_cursor", "new_metrics", "register_artifact", "request_cancel",
     "retry_job", "revoke_token", "stale_jobs", "stream_heads", "transition", "upsert_histogram", "upsert_metrics",
-    "user_for_token",
+    "user_for_token", "user_artifact_bytes", "beat_worker", "live_workers", "register_worker", "unregister_worker",
 ]

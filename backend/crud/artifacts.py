@@ -6,12 +6,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from backend.crud.common import NotFound, _insert
 from backend.crud.jobs import get_job
-from backend.models import Artifact, Dataset, User, utcnow
+from backend.models import Artifact, Dataset, Job, User, utcnow
 
 
 def register_artifact(
@@ -43,11 +43,24 @@ def list_artifacts(session: Session, job_id: int, kind: str | None = None) -> Se
 
 
 def get_artifact(session: Session, user: User, artifact_id: int) -> Artifact:
+    """The artifact, if `user` may see its job; else NotFound with the same text as a missing id (nothing tells
+    another user's artifact from no artifact)."""
     art = session.get(Artifact, artifact_id)
+    try:
+        if art is not None:
+            get_job(session, user, art.job_id)  # ownership
+    except NotFound:
+        art = None
     if art is None:
         raise NotFound(f"artifact {artifact_id} not found")
-    get_job(session, user, art.job_id)  # ownership
     return art
+
+
+def user_artifact_bytes(session: Session, user: User) -> int:
+    """Bytes of the live (not retention-deleted) artifacts of `user`'s jobs: what the quota counts."""
+    stmt = (select(func.coalesce(func.sum(Artifact.size), 0)).join(Job, Job.id == Artifact.job_id)
+            .where(Job.owner_id == user.id, Artifact.deleted_at.is_(None)))
+    return int(session.scalar(stmt) or 0)
 
 
 def create_dataset(session: Session, owner: User, **fields: Any) -> Dataset:

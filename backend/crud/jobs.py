@@ -202,6 +202,10 @@ def stale_jobs(session: Session, older_than_s: float, queues: Iterable[str]) -> 
     return [j for j in session.scalars(stmt).unique().all() if j.heartbeat_at is None or j.heartbeat_at < cutoff]
 
 
-def count_jobs_by_status(session: Session) -> dict[str, int]:
-    rows = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
+def count_jobs_by_status(session: Session, owner: User | None = None) -> dict[str, int]:
+    """Jobs per status: everyone's (owner None), or only `owner`'s."""
+    stmt = select(Job.status, func.count()).group_by(Job.status)
+    if owner is not None:
+        stmt = stmt.where(Job.owner_id == owner.id)
+    rows = session.execute(stmt).all()
     return {status: int(n) for status, n in rows}

@@ -8,9 +8,10 @@ from datetime import timedelta
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from backend.core.security import hash_token, new_token
-from backend.crud.common import NotFound
+from backend.crud.common import Conflict, NotFound
 from backend.models import ApiToken, User, utcnow
 
 
@@ -27,11 +28,20 @@ def get_or_create_user(session: Session, name: str, *, admin: bool = False) -> U
     return user
 
 
-def create_token(session: Session, user_name: str, *, admin: bool = False, name: str = "") -> tuple[ApiToken, str]:
-    """A new token for `user_name` (the user is created if new, as admin when `admin`). Returns (row, secret)."""
+def create_token(session: Session, user_name: str, *, admin: bool = False, name: str = "",
+                 promote: bool = False) -> tuple[ApiToken, str]:
+    """A new token for `user_name` (the user is created if new, as admin when `admin`). Returns (row, secret).
+    The token is an admin token only when `admin`; an admin token for an existing non-admin user needs `promote`
+    (which makes the user an admin), else Conflict: a role never changes silently."""
     user = get_or_create_user(session, user_name, admin=admin)
+    if admin and not user.is_admin:
+        if not promote:
+            session.rollback()
+            raise Conflict(f"user {user_name!r} exists and is not an admin; promote them explicitly "
+                           "(`tlt token create --admin --promote`, API: promote=true) or create a non-admin token")
+        user.is_admin = True
     secret = new_token()
-    token = ApiToken(user_id=user.id, name=name, token_hash=hash_token(secret), prefix=secret[:12])
+    token = ApiToken(user_id=user.id, name=name, token_hash=hash_token(secret), prefix=secret[:12], admin=admin)
     session.add(token)
     session.commit()
     session.refresh(token)
@@ -40,7 +50,8 @@ def create_token(session: Session, user_name: str, *, admin: bool = False, name:
 
 # Every request runs this, so it is built once: building a select costs more CPU than SQLite spends answering it.
 # Revocation takes effect at once because every request reads revoked_at (no cache).
-_LIVE_TOKEN = (select(User, ApiToken.id, ApiToken.last_used_at).join(ApiToken, ApiToken.user_id == User.id)
+_LIVE_TOKEN = (select(User, ApiToken.id, ApiToken.last_used_at, ApiToken.admin)
+               .join(ApiToken, ApiToken.user_id == User.id)
                .where(ApiToken.token_hash == bindparam("token_hash"), ApiToken.revoked_at.is_(None)))
 _TOUCH_TOKEN = (update(ApiToken).where(ApiToken.id == bindparam("token_id"))
                 .values(last_used_at=bindparam("now", type_=ApiToken.last_used_at.type))
@@ -48,11 +59,16 @@ _TOUCH_TOKEN = (update(ApiToken).where(ApiToken.id == bindparam("token_id"))
 
 
 def user_for_token(session: Session, secret: str) -> User | None:
-    """The user of a live (not revoked) token, else None: one indexed query (token_hash is unique)."""
+    """The user of a live (not revoked) token, else None: one indexed query (token_hash is unique). A non-admin
+    token of an admin user yields the user as a non-admin (detached from the session, so the role is never written
+    back)."""
     row = session.execute(_LIVE_TOKEN, {"token_hash": hash_token(secret)}).one_or_none()
     if row is None:
         return None
-    user, token_id, last_used_at = row
+    user, token_id, last_used_at, token_admin = row
+    if user.is_admin and not token_admin:
+        session.expunge(user)
+        set_committed_value(user, "is_admin", False)
     now = utcnow()
     if last_used_at is None or last_used_at < now - timedelta(minutes=1):  # throttled: not one write per request
         session.execute(_TOUCH_TOKEN, {"token_id": token_id, "now": now})

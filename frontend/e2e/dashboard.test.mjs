@@ -84,9 +84,7 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
       });
       assert.ok(colours > 3, `${id} looks blank (${colours} colours)`);
     }
-    assert.match(await page.innerText("[data-testid=harvest-ratio]"), /%$/);
-    assert.match(await page.innerText("[data-testid=tail-speedup]"), /×$/);
-    await page.waitForSelector("[data-testid=samples] td:has-text('Natalia')");
+    await page.waitForSelector(`[data-testid=samples] td:has-text(${JSON.stringify(SEED.sample_prompt)})`);
     await page.waitForSelector("[data-testid=artifacts] tr[data-artifact-kind=drafter]");
     await page.waitForSelector("[data-testid=events] td:has-text('starting → running')");
     assert.match(await page.innerText("[data-testid=log-tail]"), /step 12 reward/);
@@ -94,7 +92,79 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
     await page.screenshot({ path: join(SHOTS, "ui-job-page-top.png") });
   });
 
+  test("the headline figures are the recorded run's own, and fractions and shares sit on a 0-1 axis", async () => {
+    // the seed computed them from the recording: harvest = used / idle GPU-seconds over the job, SD ran = decode
+    // steps that drafted and verified at the latest step, tail speed-up = with / without SD at the newest step with both
+    const num = async (id) => Number((await page.innerText(`[data-testid=${id}]`)).match(/^[\d.e+-]+/)[0]);
+    const want = SEED.figures;
+    assert.ok(Math.abs(await num("harvest-ratio") - 100 * want.harvest_ratio) <= 0.01 * 100 * want.harvest_ratio + 1e-9);
+    assert.ok(100 * want.harvest_ratio <= 100, "harvested more idle time than there was");
+    assert.ok(Math.abs(await num("sd-on-fraction") - 100 * want.sd_ran) <= 0.01 * 100 * want.sd_ran + 1e-9);
+    const tail = await page.innerText("[data-testid=tail-speedup]");
+    assert.match(tail, new RegExp(`× \\(step ${want.tail_step}\\)$`));
+    assert.ok(Math.abs(await num("tail-speedup") - want.tail_speedup) <= 0.01 * want.tail_speedup);
+    for (const id of ["sd-arms", "harvest-ratio-line", "sd-on-fraction-line", "reward"]) {
+      await page.waitForSelector(`${chart(id)}[data-y-range]`);
+    }
+    for (const id of ["sd-arms", "harvest-ratio-line", "sd-on-fraction-line"]) {
+      assert.equal(await page.getAttribute(chart(id), "data-y-range"), "0-1", id);
+    }
+    assert.equal(await page.getAttribute(chart("reward"), "data-y-range"), "auto");
+    // arm shares of one step add up to 1 (the legend shows the values at the cursor: hover the last point)
+    const legend = await page.$$eval(`${chart("sd-arms")} .u-legend .u-series`, (rows) => rows.length);
+    assert.ok(legend >= 3, `arm legend has ${legend} rows`);
+    // "update" has one colour: the stacked step-time chart's marker and the GPU timeline's legend agree
+    const colours = await page.evaluate(() => {
+      const marker = [...document.querySelectorAll('[data-chart="step-time"] .u-legend .u-series')]
+        .find((r) => r.textContent.trim().startsWith("update"))?.querySelector(".u-marker");
+      const chip = [...document.querySelectorAll('[data-chart="gpu-timeline"] .legend span')]
+        .find((s) => s.textContent.trim() === "update")?.querySelector("i");
+      return [marker && getComputedStyle(marker).borderColor, chip && getComputedStyle(chip).backgroundColor];
+    });
+    assert.ok(colours[0] && colours[0] === colours[1], `update colours differ: ${colours}`);
+  });
+
+  test("a one-step job draws its point, and a job page stops fetching once left", async () => {
+    const seen = [];
+    const onRequest = (r) => seen.push({ url: r.url(), t: Date.now() });
+    const bad = [];
+    const onResponse = (r) => { if (r.status() === 422) bad.push(r.url()); };
+    page.on("request", onRequest);
+    page.on("response", onResponse);
+    try {
+      await page.goto(`${BASE}/#/jobs/${SEED.one_step_job_id}`);
+      await page.waitForSelector(`${chart("reward")}[data-last-x="1"] canvas`);
+      const blue = await page.$eval(`${chart("reward")} canvas`, (c) => {
+        const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+        let n = 0; // pixels of the series colour (#4e79a7): the lone point's ring
+        for (let i = 0; i < d.length; i += 4) {
+          if (Math.abs(d[i] - 78) + Math.abs(d[i + 1] - 121) + Math.abs(d[i + 2] - 167) < 60 && d[i + 3] > 200) n++;
+        }
+        return n;
+      });
+      assert.ok(blue > 3, `the one-point series drew ${blue} pixels`);
+      // a job without steps asks for no samples before its first step (after_step=-2 was a 422)
+      await page.goto(`${BASE}/#/jobs/${SEED.failed_job_id}`);
+      await page.waitForSelector("[data-testid=reason]");
+      await page.waitForTimeout(2500);
+      await page.goto(`${BASE}/#/jobs`);
+      await page.waitForSelector("[data-testid=jobs-table]");
+      const left = Date.now();
+      await page.waitForTimeout(4000);
+      const late = seen.filter((r) => r.t > left && /\/jobs\/\d+\//.test(new URL(r.url).pathname));
+      assert.deepEqual(late.map((r) => r.url), [], "requests of a job page after leaving it");
+      assert.deepEqual(bad, [], "422 responses");
+      assert.ok(!seen.some((r) => r.url.includes("after_step=-2")));
+    } finally {
+      page.off("request", onRequest);
+      page.off("response", onResponse);
+    }
+  });
+
   test("a metric written while the page is open arrives over SSE and is drawn", async () => {
+    await page.goto(`${BASE}/#/jobs/${SEED.job_id}`);
+    await page.waitForSelector("[data-testid=stream-state]:has-text('open')");
+    await page.waitForSelector(`${chart("reward")}[data-last-x="${SEED.steps}"]`);
     const step = SEED.steps + 1;
     writeStep(SEED.job_id, step);
     await page.waitForSelector(`${chart("reward")}[data-last-x="${step}"]`);

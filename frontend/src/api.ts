@@ -1,35 +1,25 @@
 // REST client of the control plane (/api/v1): bearer token from localStorage, typed responses, ApiError on non-2xx.
-// Types mirror backend/schemas.py.
+// Response types come from the API's OpenAPI schema (src/api_schema.d.ts, written by `npm run gen:api`; never edit it
+// by hand: tests/ui/test_api_types.py fails when it differs from a fresh generation).
+import type { components } from "./api_schema";
+
+type Schemas = components["schemas"];
 
 const TOKEN_KEY = "tlt.token";
 export const API = "/api/v1";
 
-export interface Job {
-  id: number; name: string; owner: string; status: string; reason: string | null; attempt: number;
-  worker: string | null; queue: string; spec: Record<string, unknown>; idempotency_key: string | null;
-  created_at: string; updated_at: string; started_at: string | null; finished_at: string | null;
-  heartbeat_at: string | null;
-  last_step: number | null; last_step_time_s: number | null; // newest step with metrics, its timing_s/step
-}
-export interface Page<T> { items: T[]; next_cursor: string | null }
-export interface JobEvent {
-  id: number; job_id: number; created_at: string; kind: string; from_status: string | null; to_status: string;
-  reason: string | null; worker: string | null; attempt: number;
-}
-export interface MetricPoint { step: number; value: number }
-export interface MetricSeries { name: string; points: MetricPoint[]; total: number }
-export interface MetricHistory {
-  series: MetricSeries[]; last_step: number | null;
-  stream_cursor?: string | null; // the SSE cursor at the time of this query (resume the stream from here)
-}
-export interface Histogram { step: number; name: string; edges: number[]; counts: number[] }
-export interface LogLine { id: number; created_at: string; attempt: number; stream: string; line: string }
-export interface Sample { id: number; step: number; rows: Record<string, unknown>[] }
-export interface Artifact {
-  id: number; job_id: number; kind: string; name: string; is_dir: boolean; size: number; sha256: string;
-  step: number | null; created_at: string; deleted_at: string | null; download_url: string;
-}
-export interface User { id: number; name: string; is_admin: boolean }
+export type Job = Schemas["JobPublic"];
+export type JobPage = Schemas["Page_JobPublic_"];
+export type JobEvent = Schemas["EventPublic"];
+export type MetricPoint = Schemas["MetricPoint"]; // value is null for a NaN / infinite value
+export type MetricSeries = Schemas["MetricSeries"];
+export type MetricHistory = Schemas["MetricHistory"];
+export type MetricInfo = Schemas["MetricInfo"]; // GET /metrics/catalog
+export type Histogram = Schemas["HistogramPublic"];
+export type LogLine = Schemas["LogLinePublic"];
+export type Sample = Schemas["SamplePublic"];
+export type Artifact = Schemas["ArtifactPublic"];
+export type User = Schemas["UserPublic"];
 /** One entry of FastAPI's 422 `detail` list. */
 export interface ValidationIssue { loc: (string | number)[]; msg: string; type: string }
 

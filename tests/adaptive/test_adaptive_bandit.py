@@ -186,3 +186,14 @@ def test_borrowing_ends_so_a_misleading_neighbour_cannot_lock_an_arm_out() -> No
         bandit.observe(0, arm, 3 if arm.is_sd else 1, 1.0, active=1)  # ngram emits 3x the tokens at batch 1
     assert "ngram-c3" not in picks[:30]  # trusted the neighbour while the bucket was new
     assert picks[-10:].count("ngram-c3") >= 8  # then measured it locally and switched
+
+
+def test_an_sd_step_after_plain_steps_that_emitted_nothing_is_observed() -> None:
+    # plain decoding measured at 0 tokens/s (every row finished): there is no plain-time estimate for the SD step,
+    # its reward is still recorded and no loss is charged
+    sd = chain_arm("ngram", 3)
+    bandit = make_bandit({0: [NO_SD, sd]}, BanditConfig(kind="ucb", min_pulls=1), seed=0)
+    bandit.observe(0, NO_SD, 0, 0.5, active=1)
+    bandit.observe(0, sd, 4, 0.5, active=1)
+    assert [s["n"] for s in bandit.stats(0)] == [1, 1]
+    assert bandit.step_loss is None

@@ -33,6 +33,7 @@ def test_summary_of_a_small_rollout() -> None:
                    accepted_per_pos=[1, 1, 1])
     s = m.summary()
     assert s["sd/on_fraction"] == pytest.approx(3 / 4)
+    assert s["sd/spec_step_fraction"] == pytest.approx(2 / 4)  # the "none" step had the switch on but did not draft
     # drafting sequence-steps: 2 + 1 = 3; accepted 2 + 0 + 3 = 5 -> 1 + 5/3
     assert s["sd/accept_len"] == pytest.approx(1 + 5 / 3)
     assert s["sd/verify_tokens"] == pytest.approx(4.0)
@@ -43,6 +44,9 @@ def test_summary_of_a_small_rollout() -> None:
     assert s["sd/arm/ngram-c3"] == 2 and s["sd/arm/none"] == 1
     assert s["perf/tokens_per_s_full"] == pytest.approx(80.0)
     assert s["perf/tokens_per_s_tail"] == pytest.approx(10 / 0.04)
+    # the tail per mode, per sequence: drafting steps 8 tokens over 2 x 0.02 + 1 x 0.01, the plain one 2 over 2 x 0.01
+    assert s["perf/seq_tokens_per_s_tail_sd"] == pytest.approx(8 / 0.05)
+    assert s["perf/seq_tokens_per_s_tail_plain"] == pytest.approx(2 / 0.02)
     assert "perf/tokens_per_s_bucket/ge21" not in s
     assert s["perf/tokens_per_s_bucket/5-20"] == pytest.approx(80.0)
     assert s["perf/tokens_per_s_bucket/2-4"] == pytest.approx(6 / 0.03)
@@ -98,6 +102,7 @@ def test_empty_and_off_only_rollouts_leave_undefined_metrics_out() -> None:
     m.observe_step(active=64, sd_on=False, arm=None, verify_tokens=1, emitted=64, seconds=0.5)
     s = m.summary()
     assert s["sd/on_fraction"] == 0.0 and "sd/accept_len" not in s and "perf/tokens_per_s_tail" not in s
+    assert s["sd/spec_step_fraction"] == 0.0 and "perf/seq_tokens_per_s_tail_sd" not in s
 
 
 def test_rejects_inconsistent_steps() -> None:

@@ -1,4 +1,4 @@
-"""Adaptive SD is never slower than SD off by more than its loss budget (issue 4), on the simulated cost model.
+"""Adaptive SD is never slower than SD off by more than its loss budget, on the simulated cost model.
 
 The H200 run that motivated it: n-gram drafts that are nearly useless at T=1, an SD step that costs 30 ms extra
 (eager verify, index catch-up) next to a 4 ms plain step, SD on below 160 active. Without the conservative budget

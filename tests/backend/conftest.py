@@ -29,6 +29,8 @@ from backend.models import Base
 
 PG_ADMIN = os.environ.get("TLT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TLT_TEST_REDIS", "redis://127.0.0.1:6379/14")
+# The worker every API test has registered (tests of admission register their own instead).
+TEST_WORKER = crud.Capacity(queues=["cpu", "gpu"], gpus=8, gpu_memory_gb=80.0, host_memory_gb=64.0, cuda="12.8")
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +107,10 @@ def cp_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backe
                         sse_poll_s=0.05)
     engine = make_engine(url)
     _empty(engine)
-    yield Backend(request.param, settings, engine)
+    backend = Backend(request.param, settings, engine)
+    with backend.session() as s:  # admission needs a live worker: one that could run any test's spec
+        crud.register_worker(s, "test@host", TEST_WORKER)
+    yield backend
     engine.dispose()
 
 

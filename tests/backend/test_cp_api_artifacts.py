@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from backend import artifact_store, crud
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 
 
 def auth(token: str) -> dict[str, str]:

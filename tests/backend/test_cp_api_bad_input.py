@@ -48,7 +48,7 @@ def test_bad_inputs_are_4xx(cp_client: TestClient, cp_backend) -> None:
 
 def test_nan_metric_is_served_as_null(cp_client: TestClient, cp_backend) -> None:
     h = auth(cp_backend.token())
-    jid = cp_client.post("/api/v1/jobs", json={"spec": {"model": {"builtin": "tiny-llama"}}}, headers=h).json()["id"]
+    jid = cp_client.post("/api/v1/jobs", json={"spec": {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}}}, headers=h).json()["id"]
     with cp_backend.session() as s:
         crud.upsert_metrics(s, jid, [(1, "actor/pg_loss", math.nan), (2, "actor/pg_loss", 1.5)])
         s.commit()

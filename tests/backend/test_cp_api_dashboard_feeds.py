@@ -18,7 +18,7 @@ from backend import crud
 from backend.lifecycle import JobStatus
 from backend.models import Metric
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}, "max_steps": 2}
+SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "max_steps": 2}
 
 
 def auth(token: str) -> dict[str, str]:

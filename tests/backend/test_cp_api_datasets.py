@@ -28,7 +28,7 @@ def test_upload_jsonl_and_use_in_job(cp_client: TestClient, cp_backend) -> None:
     ds = r.json()
     assert ds["num_rows"] == 2 and ds["format"] == "jsonl" and ds["columns"] == ["question", "answer"]
     assert cp_client.get("/api/v1/datasets", headers=h).json()[0]["id"] == ds["id"]
-    spec = {"model": {"builtin": "tiny-llama"}, "dataset": {"dataset_id": ds["id"]}}
+    spec = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"dataset_id": ds["id"]}}
     assert cp_client.post("/api/v1/jobs", json={"spec": spec}, headers=h).status_code == 201
     # another user can neither see nor use it
     other = auth(cp_backend.token("bob"))

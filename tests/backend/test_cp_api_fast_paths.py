@@ -16,7 +16,7 @@ from backend.api.deps import get_current_user
 from backend.core.db import json_loads, make_engine
 from backend.models import ApiToken
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}, "name": "fast"}
+SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "name": "fast"}
 
 
 def auth(token: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}, "name": "hop"}
+SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "name": "hop"}
 
 
 def auth(token: str) -> dict[str, str]:

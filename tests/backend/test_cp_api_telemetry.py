@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from backend import crud
 from backend.lifecycle import JobStatus
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}, "max_steps": 2}
+SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "max_steps": 2}
 
 
 def auth(token: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from backend import crud
 from backend.lifecycle import JobStatus
 from backend.main import create_app
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 
 
 def _free_port() -> int:

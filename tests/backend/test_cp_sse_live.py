@@ -33,7 +33,7 @@ def test_live_stream_latency(cp_backend) -> None:
         token = cp_backend.token()
         h = {"Authorization": f"Bearer {token}"}
         base = f"http://127.0.0.1:{port}"
-        spec = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+        spec = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
         jid = httpx.post(f"{base}/api/v1/jobs", json={"spec": spec}, headers=h).json()["id"]
         with cp_backend.session() as s:
             crud.transition(s, jid, JobStatus.starting, worker="w", new_attempt=True)

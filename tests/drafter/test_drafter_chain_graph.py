@@ -172,7 +172,7 @@ def test_graph_plumbing_pads_to_the_bucket_and_matches_eager(tiny_target: Transf
 def test_graphed_chain_equals_eager_and_never_syncs(tiny_target: Transformer, temperature: float) -> None:
     """The captured chain computes what eager drafting computes, on the same inputs, without a host sync. 4 rows fill
     batch bucket 4 exactly, so graph and eager run the same matmul shapes; fp32, so every q row whose prefix both
-    drafted alike must agree to fp32 rounding (atol 1e-5), the root's q(. | context) always. (Issue #5: the root
+    drafted alike must agree to fp32 rounding (atol 1e-5), the root's q(. | context) always. (The root
     rows once differed by 0.008 because the two proposers' feature rings had kept different stale features -- a
     CUDA index_copy_ race on a sequence's duplicate ring cells, fixed in observe; test_drafter_observe.py.)
     T=0: identical drafts (a flip would need a logit near-tie within fp32 rounding). T=1: the graph samples with

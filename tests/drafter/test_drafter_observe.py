@@ -1,6 +1,6 @@
 """FeatureRing.observe (through EagleProposer.observe) keeps exactly the last `context` features of each sequence, whatever one call brings: a
 call with more rows than the window (a long prefill) writes each ring cell once, so the ring's content does not hang
-on which of several CUDA writers to one cell wins (issue #5: the graphed chain's root q differed from eager's by 0.008
+on which of several CUDA writers to one cell wins (once the graphed chain's root q differed from eager's by 0.008
 on an H200 because the two proposers' rings had kept different stale features).
 
 GPU: python -m pytest tests/drafter/test_drafter_observe.py -q -m gpu

@@ -39,7 +39,9 @@ def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
         assert len(od.buffer) > 0 and od.buffer.steps_held()[-1] == step
         m = od.after_update(step, [])
         assert m["drafter/steps"] == 6 * (step + 1) and "drafter/loss" in m
-        assert m["harvest/used_gpu_s"] > 0 and m["harvest/idle_gpu_s"] >= m["harvest/used_gpu_s"]
+        # per step: the tail was offered, but no engine tail hook trained in it (the budget ran after the update)
+        assert m["harvest/idle_gpu_s"] > 0 and m["harvest/used_gpu_s"] == 0 and m["harvest/ratio"] == 0
+        assert m["harvest/idle_gpu_s_total"] >= m["harvest/idle_gpu_s"] and m["harvest/used_gpu_s_total"] == 0
         # training after the rollout did not edit the engine's copy
         assert all(torch.equal(serving[k], v) for k, v in od.proposer.drafter.state_dict().items())
     assert versions == [0, 1, 2]
@@ -59,6 +61,31 @@ def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
     assert other.proposer.version == od.proposer.version == 3
     for k, v in od.train_drafter.state_dict().items():
         assert torch.equal(other.proposer.drafter.state_dict()[k], v)
+
+
+def test_harvest_is_per_step_and_never_above_the_idle_time(tiny_target: Transformer) -> None:
+    """Drafter steps between tail decode steps are harvested idle time; the rest of the budget, run after the update,
+    is not. Per step used <= idle (ratio <= 1); the *_total counters add the steps up."""
+    od = OnlineDrafter(_spec(), tiny_target)
+    eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
+                 spec=SpecConfig(mode="on", method="chain", depth=3), proposer=od.proposer,
+                 hidden_hook=od.hidden_hook)
+    reqs = [Request([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=16, n=2))]
+    idle_sum = used_sum = 0.0
+    for step in range(3):
+        od.begin_rollout(step)
+        tail = od.observe_rollout(eng.generate(reqs))
+        if step:  # a rollout's tail trains (the buffer holds the first rollout's rows from step 1 on)
+            assert od.train_in_tail(lambda: False, max_steps=2) == 2
+        m = od.after_update(step, [])
+        assert m["drafter/steps"] == 6 * (step + 1)  # the whole budget ran either way
+        assert m["harvest/idle_gpu_s"] >= tail > 0 and 0 <= m["harvest/ratio"] <= 1
+        assert (m["harvest/used_gpu_s"] > 0) == (step > 0)
+        assert m["harvest/ratio"] == pytest.approx(m["harvest/used_gpu_s"] / m["harvest/idle_gpu_s"])
+        idle_sum += m["harvest/idle_gpu_s"]
+        used_sum += m["harvest/used_gpu_s"]
+        assert m["harvest/idle_gpu_s_total"] == pytest.approx(idle_sum)
+        assert m["harvest/used_gpu_s_total"] == pytest.approx(used_sum)
 
 
 def test_online_drafter_needs_a_learned_kind(tiny_target: Transformer) -> None:

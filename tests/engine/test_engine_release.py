@@ -1,4 +1,4 @@
-"""Releasing the engine's KV cache for the policy update (issue #9, rollout/memory.py): after release + restore the
+"""Releasing the engine's KV cache for the policy update (rollout/memory.py): after release + restore the
 engine generates exactly what a fresh engine with the same seed generates (greedy, sampled, and greedy SD with a
 small-model drafter whose own cache goes too); a released engine refuses to generate; the cache tensors are empty
 while released; both calls are idempotent. GPU (marked `gpu`): the allocated memory drops by at least the cache's

@@ -39,6 +39,17 @@ class Env:
             return crud.create_token(s, user, admin=admin)[1]
 
 
+# The worker every hardening app has registered, so admission accepts the tests' specs.
+TEST_WORKER = crud.Capacity(queues=["cpu", "gpu"], gpus=8, gpu_memory_gb=80.0, host_memory_gb=64.0)
+
+
+def register_test_worker(database_url: str) -> None:
+    engine = make_engine(database_url)
+    with Session(engine) as s:
+        crud.register_worker(s, "test@host", TEST_WORKER)
+    engine.dispose()
+
+
 def make_settings(home: Path, **overrides: object) -> Settings:
     url = f"sqlite:///{home / 'tlt.db'}"
     home.mkdir(parents=True, exist_ok=True)
@@ -46,7 +57,9 @@ def make_settings(home: Path, **overrides: object) -> Settings:
     fields: dict[str, object] = dict(home=home, database_url=url, broker_url=f"sqla+sqlite:///{home / 'broker.db'}",
                                      max_upload_mb=1.0, sse_poll_s=0.02, sse_max_s=0.2)
     fields.update(overrides)
-    return Settings(**fields)  # type: ignore[arg-type]
+    settings = Settings(**fields)  # type: ignore[arg-type]
+    register_test_worker(settings.database_url)  # the database is migrated by now (an override by its caller)
+    return settings
 
 
 @pytest.fixture(scope="session")

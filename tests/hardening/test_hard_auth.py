@@ -16,7 +16,7 @@ from sqlalchemy import select, text
 from backend import crud
 from backend.models import ApiToken, Base
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}

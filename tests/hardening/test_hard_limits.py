@@ -22,7 +22,7 @@ from fastapi import HTTPException
 from backend import crud
 from backend.core.limits import SubmitLimiter
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}

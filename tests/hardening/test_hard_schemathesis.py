@@ -1,6 +1,7 @@
 """Schemathesis over the API's own OpenAPI document, every operation: with an admin token no response is a server
 error and every response conforms to the document (status code, content type, headers, body schema); without a
-token every route but /healthz answers 401. Bounded (a few examples per operation) so it runs in well under a minute.
+token every route but /healthz answers 401; NaN, Infinity and lone surrogates in bodies and queries are a 4xx.
+Bounded (a few examples per operation) so it runs in well under a minute.
 
 Run: python -m pytest tests/hardening/test_hard_schemathesis.py -q
 """
@@ -8,6 +9,7 @@ Run: python -m pytest tests/hardening/test_hard_schemathesis.py -q
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -126,6 +128,70 @@ def test_fuzz_admin_conforms(fuzz_app: tuple[FastAPI, str], mode: GenerationMode
     assert not failures, "\n\n".join(failures)
 
 
+NAN_AND_SURROGATES = (float("nan"), float("inf"), "\ud800", "x\udfff")
+
+
+def _poison(value: object, bad: object) -> object:
+    """`value` with every number (bad is a float) or every string (bad is a str) replaced by `bad`."""
+    if isinstance(value, dict):
+        return {k: _poison(v, bad) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_poison(v, bad) for v in value]
+    if isinstance(bad, float) and isinstance(value, int | float) and not isinstance(value, bool):
+        return bad
+    if isinstance(bad, str) and isinstance(value, str):
+        return bad
+    return value
+
+
+def _send_poisoned(operation: APIOperation, client: TestClient, token: str, seen: dict[int, int]) -> None:
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    @settings(max_examples=3, deadline=None, derandomize=True, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    def run(case: schemathesis.Case) -> None:
+        assume(case.path_parameters != {"token_id": 1})
+        headers = {"Authorization": f"Bearer {token}"}
+        for bad in NAN_AND_SURROGATES:
+            # in a query: the literal NaN / Infinity, or a surrogate's (invalid) UTF-8 bytes, percent-encoded
+            word = {"nan": "NaN", "inf": "Infinity"}.get(str(bad), "%ED%A0%80")
+            query = "&".join(f"{k}={word}" for k, v in (case.query or {}).items() if isinstance(v, int | float | str))
+            kwargs: dict[str, object] = {}
+            if case.media_type == "application/json" and isinstance(case.body, dict | list):
+                # json.dumps writes NaN / Infinity literals and \ud800 escapes: what a hostile client can send
+                kwargs["content"] = json.dumps(_poison(case.body, bad)).encode()
+                headers["Content-Type"] = "application/json"
+            elif not query:
+                continue
+            url = case.formatted_path + (f"?{query}" if query else "")
+            r = client.request(case.method, url, headers=headers, **kwargs)  # type: ignore[arg-type]
+            assert r.status_code < 500, (case.method, case.formatted_path, bad, r.status_code, r.text)
+            if r.headers.get("content-type", "").startswith("application/json"):
+                r.json()  # whatever was echoed is valid JSON
+            seen[r.status_code] = seen.get(r.status_code, 0) + 1
+
+    run()
+
+
+def test_fuzz_nan_infinity_and_lone_surrogates(fuzz_app: tuple[FastAPI, str]) -> None:
+    """Valid generated inputs with every number made NaN or Infinity and every string a lone surrogate, in JSON
+    bodies and query strings, for every operation: never a server error, and JSON bodies are refused (422)."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app[0])
+    client = TestClient(fuzz_app[0], raise_server_exceptions=False)
+    seen: dict[int, int] = {}
+    failures = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        try:
+            _send_poisoned(operation, client, fuzz_app[1], seen)
+        except (AssertionError, BaseExceptionGroup) as e:
+            failures.append(f"{operation.label}: {e}")
+        except Unsatisfiable:
+            pass
+    assert not failures, "\n\n".join(failures)
+    assert seen.get(422, 0) >= 20, sorted(seen.items())
+    assert 401 not in seen, seen
+
+
 def test_every_route_but_healthz_needs_a_token(fuzz_app: tuple[FastAPI, str]) -> None:
     app = fuzz_app[0]
     client = TestClient(app)
@@ -148,7 +214,7 @@ def test_nul_bytes_are_client_errors(fuzz_app: tuple[FastAPI, str]) -> None:
     """Postgres text cannot hold NUL: inputs with one are a 4xx on both databases, never a 500."""
     client = TestClient(fuzz_app[0], raise_server_exceptions=False)
     h = {"Authorization": f"Bearer {fuzz_app[1]}"}
-    spec = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+    spec = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
     for url in ("/api/v1/datasets/%00", "/api/v1/jobs?owner=%00", "/api/v1/jobs?cursor=%00",
                 "/api/v1/jobs/1/histograms?name=%00", "/api/v1/jobs/1/metrics?names=a%00",
                 "/api/v1/jobs/1/stream?last_event_id=%00"):

@@ -1,4 +1,4 @@
-"""SSE fan-out (backend/sse_fanout.py, issue 10's 1,000 clients): many streams of one job cost ONE poll per interval
+"""SSE fan-out (backend/sse_fanout.py, 1,000 clients): many streams of one job cost ONE poll per interval
 (counted on the engine), every stream receives every row above its own cursor exactly once and in order (streams
 joining at different times, from different Last-Event-IDs, while rows are written), a client that reads too slowly
 is dropped with its mailbox emptied, and the poller stops when the last stream leaves. The streams are the route's
@@ -30,7 +30,7 @@ from backend.models import JobEvent, LogLine, Metric
 from backend.sse_fanout import JobStreams, Mailbox, Subscriber
 from worker.tlt.config import JobSpec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"}}
+SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 POLL_S = 0.05
 
 

@@ -123,6 +123,7 @@ def _start_stack(kind: str, home: Path, database_url: str, broker_url: str) -> S
         os.environ, TLT_HOME=str(home), TLT_DATABASE_URL=database_url, TLT_BROKER_URL=broker_url,
         TLT_HEARTBEAT_S="0.5", TLT_HEARTBEAT_TIMEOUT_S="3", TLT_CANCEL_GRACE_S="20", TLT_BROKER_VISIBILITY_TIMEOUT_S="8",
         TLT_SSE_POLL_S="0.1", OMP_NUM_THREADS="1",
+        TLT_SPEC_ROOTS=str(home.parent / f"{home.name}-models"),  # where specs may name files (outside TLT_HOME)
     )
     engine = make_engine(database_url)
     with make_session_factory(engine)() as s:
@@ -131,7 +132,22 @@ def _start_stack(kind: str, home: Path, database_url: str, broker_url: str) -> S
     stack = Stack(kind, home, env, f"http://127.0.0.1:{_free_port()}", token)
     stack.start_api()
     stack.start_worker()
+    _wait_registered(database_url)  # admission refuses jobs until a worker has registered what it can run
     return stack
+
+
+def _wait_registered(database_url: str, timeout_s: float = 60) -> None:
+    engine = make_engine(database_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with make_session_factory(engine)() as s:
+                if crud.live_workers(s, ttl_s=120):
+                    return
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
+    raise RuntimeError(f"no worker registered within {timeout_s} s")
 
 
 def _stop_stack(stack: Stack) -> None:

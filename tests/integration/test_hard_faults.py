@@ -1,4 +1,4 @@
-"""Fault injection with real services (issue 10): while a short job runs on a real API + Celery worker, restart Redis,
+"""Fault injection with real services: while a short job runs on a real API + Celery worker, restart Redis,
 restart Postgres, SIGKILL the worker, or SIGKILL and restart the API under an SSE client. Each test asserts the exact
 list of the job's metric points (step x name) against an uninterrupted run of the same spec: nothing lost, nothing
 twice. Postgres and Redis are private servers of this module (tests/integration/services.py), so restarting them

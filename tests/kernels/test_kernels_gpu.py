@@ -12,12 +12,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.kernels.cases import Batch, clone_cache, decode_batch, random_cache, tree_batch
-from worker.tlt.kernels import common
+from worker.tlt.kernels import tuning
+from worker.tlt.kernels.settings import KernelConfig, configure
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
 from worker.tlt.model.transformer import Transformer
@@ -43,12 +46,17 @@ def smol() -> Transformer:
 
 
 @pytest.fixture(params=["tuned", "defaults"])
-def configs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The GPU's tuned file (what the engine runs), or the default rule alone (split attention, qkv tiles)."""
+def configs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
+    """The GPU's tuned configs (what the engine runs), or the default rule alone (split attention, qkv tiles)."""
     if request.param == "defaults":
-        monkeypatch.setattr(common, "TUNED", {})
-        monkeypatch.setattr(common, "_loaded_for", "defaults (test)")  # no tuned file read
-    return str(request.param)
+        previous = configure(KernelConfig(tune=False, cache_dir=tmp_path))
+        monkeypatch.setattr(tuning, "SEEDS", {})
+        tuning.forget()
+        yield "defaults"
+        configure(previous)
+        tuning.forget()
+    else:
+        yield "tuned"
 
 
 def _fused():  # imported lazily: the module decorates the kernels (see conftest.py)

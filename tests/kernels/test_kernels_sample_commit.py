@@ -22,6 +22,7 @@ import triton.language as tl
 
 from worker.tlt.kernels import sample_commit as sc
 from worker.tlt.kernels.sample_commit import sample_commit, supported
+from worker.tlt.kernels.settings import KernelConfig, configure
 from worker.tlt.rollout.decode_step import (
     GREEDY,
     MIXED,
@@ -331,9 +332,12 @@ def test_samples_fused_says_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> 
     assert not on.samples_fused(("uniform", 0.8, 1.0, 300))  # k > MAX_TOP_K: torch
     assert not on.samples_fused(MIXED)
     assert on.samples_fused(("uniform", 0.8, 1.0, 20), 512)
-    monkeypatch.setattr(sc, "MAX_BATCH", 8)  # TLT_SAMPLER_MAX_BATCH: larger batches take the torch path
-    assert on.samples_fused(GREEDY, 8) and not on.samples_fused(GREEDY, 9)
-    assert on.samples_fused(("uniform", 0.8, 1.0, 20), 8) and not on.samples_fused(("uniform", 0.8, 1.0, 20), 9)
+    previous = configure(KernelConfig(sampler_max_batch=8))  # larger batches take the torch path
+    try:
+        assert on.samples_fused(GREEDY, 8) and not on.samples_fused(GREEDY, 9)
+        assert on.samples_fused(("uniform", 0.8, 1.0, 20), 8) and not on.samples_fused(("uniform", 0.8, 1.0, 20), 9)
+    finally:
+        configure(previous)
     assert not DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True,
                           fused_sampler=False).samples_fused(GREEDY)
     assert not DecodeStep(model, engine.cache, engine.rows, engine.gen).samples_fused(GREEDY)  # torch forward

@@ -37,14 +37,14 @@ def test_two_gpu_job_with_drafter(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "step-3").is_dir() and (tmp_path / "policy" / "config.json").exists()
 
 
-def test_two_gpu_job_with_zero1_resumes(tmp_path: Path) -> None:
-    """ZeRO-1 on NCCL: bf16 policy with fp32 masters, fused AdamW sharded over the 2 GPUs (its step counters must come
-    back on the GPU when a checkpoint is loaded), the consolidated state written by rank 0 and resumed by both."""
+def test_two_gpu_job_with_deepspeed_zero2_resumes(tmp_path: Path) -> None:
+    """DeepSpeed ZeRO-2 on NCCL: bf16 policy with DeepSpeed's fp32 masters, fused AdamW over each GPU's partition,
+    every rank's shard written as DeepSpeed's checkpoint beside step-N and resumed by both."""
     from tests.multigpu.ranks import Quiet
     from tests.multigpu.test_multigpu_gloo import toy_spec
 
     def spec(steps: int) -> JobSpec:
-        return toy_spec(model={"dtype": "bfloat16"}, resources={"gpus": 2, "zero_stage": 1}, max_steps=steps,
+        return toy_spec(model={"dtype": "bfloat16"}, resources={"gpus": 2, "zero_stage": 2}, max_steps=steps,
                         save_steps=1, rollout={"speculative": "off", "cuda_graphs": True}, drafter={"kind": "none"},
                         algorithm={"max_completion_length": 32, "prompts_per_step": 4})
 
@@ -56,4 +56,5 @@ def test_two_gpu_job_with_zero1_resumes(tmp_path: Path) -> None:
     per_gpu = [m[f"perf/gpu{r}/optimizer_state_mib"] for r in range(2)]
     assert all(0.3 < s / sum(per_gpu) < 0.7 for s in per_gpu)  # each rank holds about half the AdamW moments
     assert m["perf/peak_mem_mib"] > 0 and m["actor/grad_norm"] > 0
-    assert (tmp_path / "checkpoints" / "step-2" / "optimizer.pt").exists()
+    assert (tmp_path / "checkpoints" / "deepspeed" / "step-2").is_dir()
+    assert not (tmp_path / "checkpoints" / "step-2" / "optimizer.pt").exists()

@@ -8,7 +8,7 @@
 final answer after '####'." as the HF/TRL peer script uses), `--samples` per prompt, temperature 1.0, continuous
 batching; prints time, tokens, tokens/s and response-length percentiles. Decode CUDA graphs are captured before the
 timed run (capture time reported separately). `--sd on` uses the model-free n-gram drafter (chain of
-`--sd-depth`); `--sd adaptive` runs the adaptive engine (issue 4) with the n-gram cold-start drafter: SD on below
+`--sd-depth`); `--sd adaptive` runs the adaptive engine with the n-gram cold-start drafter: SD on below
 `--sd-on-below` active sequences, the job spec's default bandit over the n-gram arms and plain decoding. Rollouts
 with `--sd off|adaptive` also report the controller's metrics (`sd_metrics`: sd/*, perf/tokens_per_s_full / _tail /
 _bucket/<b>) and per-bucket rows (`buckets`); SD off runs a controller pinned off, so both modes are measured alike.
@@ -24,6 +24,7 @@ Also the helpers the bench/ scripts share: table cells (`fmt`, `ratio`) and, for
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import logging
@@ -37,7 +38,7 @@ import torch
 from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.switch import SwitchConfig
-from worker.tlt.config import JobSpec, ModelSource, RolloutConfig
+from worker.tlt.config import BUILTIN_MODELS, JobSpec, ModelSource, RolloutConfig
 from worker.tlt.model.load import load_model
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
@@ -51,7 +52,7 @@ SYSTEM_PROMPT = "Solve the math problem. Reason step by step, then give the fina
 
 
 def model_source(name: str) -> ModelSource:
-    if name in ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3"):
+    if name in BUILTIN_MODELS:
         return ModelSource(builtin=name)
     return ModelSource(gguf=name) if name.endswith(".gguf") else ModelSource(hf_dir=name)
 
@@ -200,8 +201,8 @@ def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int
     engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed,
                          ctl, fused)
     params = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)
-    engine.warmup(len(prompts) * samples, max_len, params=params)
     reqs = [Request(p, params) for p in prompts]
+    warm_up(engine, reqs, max_len)
     _sync(dev)
     t0 = time.perf_counter()
     out = engine.generate(reqs)
@@ -211,6 +212,25 @@ def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int
     if ctl is not None:
         res.update(sd_metrics=out.sd_metrics, buckets=out.sd_buckets)
     return res
+
+
+def warm_up(engine: Engine, reqs: list[Request], max_len: int) -> float:
+    """The same untimed warm-up for every mode before a timed `engine.generate(reqs)`: the decode / verify / draft
+    graph captures, then one generate of the same requests cut at their first token, which pays the prefill
+    kernels' compilation and the prefill graph captures of exactly the chunks the timed run will replay (else the
+    first mode measured pays them: 1.26 s of prefill against 0.06 s on an H200). Returns the seconds spent."""
+    t0 = time.perf_counter()
+    params = reqs[0].params
+    engine.warmup(sum(r.params.n for r in reqs), max_len, params=params)
+    # without the adaptive controller: prefill does not depend on it, and the first-token run's decode steps (over
+    # rows already finished) must not reach its bandit or step costs as zero-token observations
+    ctl, engine.adaptive = engine.adaptive, None
+    try:
+        engine.generate([dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=1)) for r in reqs])
+    finally:
+        engine.adaptive = ctl
+    _sync(engine.device)
+    return time.perf_counter() - t0
 
 
 def graph_stats(engine: Engine) -> dict:
@@ -252,9 +272,9 @@ def kernel_configs(engine: Engine) -> str:
     """How the engine's cached forward ran: torch, or the fused kernels with tuned or default launch configs."""
     if not engine.step.fused:
         return "torch forward"
-    from worker.tlt.kernels.common import describe_configs
+    from worker.tlt.kernels.tuning import describe
 
-    return "fused kernels, " + describe_configs(engine.device)
+    return "fused kernels, " + describe(engine.device)
 
 
 def replay_ms(engine: Engine, n: int = 50) -> float | None:

@@ -65,7 +65,7 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
     )
     trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device, drafter=rollout.drafter,
                           reward_names=reward_names)
-    if model.head_weight.dtype != torch.float32 and not trainer.master.enabled:
+    if model.head_weight.dtype != torch.float32 and not trainer.master.enabled and trainer.ds is None:
         # one module serves rollout and training (free weight sync): without fp32 copies AdamW updates far below
         # a bf16 ulp are rounded away
         reporter.log(f"warning: training {model.head_weight.dtype} weights without fp32 master weights "

@@ -12,13 +12,24 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3")
+# "@NAME": SmolLM2 widened exactly into architecture NAME (worker/tlt/model/widen.py WIDENED_BUILTINS)
+WIDENED_MODELS = ("smollm2-135m-instruct@qwen2.5-7b", "smollm2-135m-instruct@llama3-8b",
+                  "smollm2-135m-instruct@llama3.2-3b", "smollm2-135m-instruct@test")
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3", *WIDENED_MODELS)
 BUILTIN_DATASETS = ("gsm8k", "toy-count")
+# Facts of the built-in models that the control plane checks at submit without importing torch (the same numbers as
+# worker/tlt/model/args.py PRESETS; a test keeps them equal): (context length in tokens, decoder layers).
+BUILTIN_MODEL_SHAPES = {"smollm2-135m-instruct": (8192, 30), "tiny-llama": (1024, 2), "tiny-qwen2": (1024, 2),
+                        "tiny-qwen3": (1024, 2)}
+MAX_SEED = 2**63 - 1  # seeds are stored as bigint and fed to torch.Generator.manual_seed
+MAX_TOKENS = 1 << 20  # no length field may exceed this (the model's own context is checked at admission)
+MAX_PATH = 4096  # characters of a path in a spec (Linux PATH_MAX)
 
 
 class _Strict(BaseModel):
-    # Unknown keys are an error, not silently dropped: a typo in a spec must not train with a default.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown keys are an error, not silently dropped: a typo in a spec must not train with a default. NaN and
+    # infinities are refused in every float field: no bound can be checked against them.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def _require_one_of(self, *keys: str) -> None:
         given = [k for k in keys if getattr(self, k)]
@@ -26,17 +37,26 @@ class _Strict(BaseModel):
             raise ValueError(f"give exactly one of {', '.join(keys)} (got {given or 'none'})")
 
 
+class ArtifactRef(_Strict):
+    """One of the submitting user's own artifacts by id (GET /api/v1/jobs/N/artifacts lists them); the control plane
+    checks ownership at submit and the worker resolves it to the artifact's path before loading."""
+
+    artifact_id: int = Field(ge=1, le=MAX_SEED)
+
+
 class ModelSource(_Strict):
-    """Where the policy comes from: exactly one of `builtin`, `hf_dir`, `gguf`."""
+    """Where the policy comes from: exactly one of `builtin`, `hf_dir`, `gguf`, `artifact_id` (a policy this user
+    trained before). Paths are read on the worker, only inside the roots its operator allows (TLT_SPEC_ROOTS)."""
 
     builtin: Literal[BUILTIN_MODELS] | None = None  # type: ignore[valid-type]  # named model shipped with a package
-    hf_dir: str | None = None  # directory with config.json + *.safetensors + tokenizer files
-    gguf: str | None = None  # a GGUF file (dequantised on load)
+    hf_dir: str | None = Field(None, max_length=MAX_PATH)  # directory with config.json + *.safetensors + tokenizer
+    gguf: str | None = Field(None, max_length=MAX_PATH)  # a GGUF file (dequantised on load)
+    artifact_id: int | None = Field(None, ge=1, le=MAX_SEED)  # an exported policy of one's own job
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
-        self._require_one_of("builtin", "hf_dir", "gguf")
+        self._require_one_of("builtin", "hf_dir", "gguf", "artifact_id")
         return self
 
 
@@ -44,13 +64,14 @@ class DatasetSource(_Strict):
     """Prompts with ground truth: exactly one of `builtin`, `dataset_id` (uploaded), `path` (on the worker)."""
 
     builtin: Literal[BUILTIN_DATASETS] | None = "gsm8k"  # type: ignore[valid-type]
-    dataset_id: str | None = None
-    path: str | None = None
-    prompt_column: str = "question"  # string prompt, or a list of chat messages
-    answer_column: str = "answer"  # ground truth the reward functions check against
-    system_prompt: str | None = "Solve the math problem. Reason step by step, then give the final answer after '####'."
-    validation_size: int = Field(64, ge=0)  # held-out rows for pass@1 validation, taken from the end
-    max_prompt_length: int = Field(512, ge=8)  # prompts longer than this (in tokens) are skipped
+    dataset_id: str | None = Field(None, max_length=40)
+    path: str | None = Field(None, max_length=MAX_PATH)  # read on the worker, only inside TLT_SPEC_ROOTS
+    prompt_column: str = Field("question", max_length=100)  # string prompt, or a list of chat messages
+    answer_column: str = Field("answer", max_length=100)  # ground truth the reward functions check against
+    system_prompt: str | None = Field(
+        "Solve the math problem. Reason step by step, then give the final answer after '####'.", max_length=100_000)
+    validation_size: int = Field(64, ge=0, le=1_000_000)  # held-out rows for pass@1 validation, taken from the end
+    max_prompt_length: int = Field(512, ge=8, le=MAX_TOKENS)  # prompts longer than this (in tokens) are skipped
 
     @model_validator(mode="before")
     @classmethod
@@ -69,31 +90,32 @@ class DatasetSource(_Strict):
 class AlgorithmConfig(_Strict):
     """GRPO family. Names as in TRL's GRPOConfig."""
 
-    num_generations: int = Field(8, ge=2)  # responses per prompt (the GRPO group)
-    prompts_per_step: int = Field(8, ge=1)  # prompts per RL step
-    max_completion_length: int = Field(1024, ge=1)  # new tokens per response
+    num_generations: int = Field(8, ge=2, le=1024)  # responses per prompt (the GRPO group)
+    prompts_per_step: int = Field(8, ge=1, le=65_536)  # prompts per RL step
+    max_completion_length: int = Field(1024, ge=1, le=MAX_TOKENS)  # new tokens per response
     temperature: float = Field(1.0, gt=0.0, le=5.0)  # rollout sampling temperature
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)  # 0 = off
+    top_k: int = Field(0, ge=0, le=1 << 24)  # 0 = off
     learning_rate: float = Field(1e-6, gt=0.0, le=1.0)
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
+    warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    weight_decay: float = Field(0.0, ge=0.0, le=10.0)
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6)
     epsilon: float = Field(0.2, gt=0.0, lt=1.0)  # lower clip of the ratio
     epsilon_high: float | None = Field(None, gt=0.0, lt=10.0)  # DAPO clip-higher; None = epsilon
-    beta: float = Field(0.0, ge=0.0)  # KL to the frozen reference; 0 = no reference model kept
+    beta: float = Field(0.0, ge=0.0, le=100.0)  # KL to the frozen reference; 0 = no reference model kept
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"  # as TRL: aggregation of token losses
     scale_rewards: bool = True  # divide advantages by the group std (Dr.GRPO sets False)
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards have zero variance
-    overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty window in tokens; 0 = off
-    micro_batch_tokens: int = Field(16384, ge=64)  # token budget of one update micro-batch
+    overlong_buffer: int = Field(0, ge=0, le=MAX_TOKENS)  # DAPO soft overlong penalty window in tokens; 0 = off
+    micro_batch_tokens: int = Field(16384, ge=64, le=1 << 26)  # token budget of one update micro-batch
     gradient_checkpointing: bool = False
     # AdamW steps fp32 copies of bf16/fp16 weights and writes them back (rl/optim.py); None = on for bf16/fp16
     # models. Off, updates below half a bf16 ulp (lr 1e-6 on most weights) are rounded away every step.
     fp32_master_weights: bool | None = None
-    reward_funcs: list[str] = Field(default_factory=lambda: ["math_accuracy"])  # names in the reward registry
-    reward_weights: list[float] | None = None  # one per reward function; None = all 1.0
+    reward_funcs: list[Annotated[str, Field(max_length=100)]] = Field(  # names in the reward registry
+        default_factory=lambda: ["math_accuracy"], max_length=32)
+    reward_weights: list[Annotated[float, Field(ge=-1e6, le=1e6)]] | None = Field(None, max_length=32)  # None = 1.0
 
     @model_validator(mode="after")
     def _weights_match(self) -> AlgorithmConfig:
@@ -106,32 +128,33 @@ class RolloutConfig(_Strict):
     """TLT's adaptive rollout engine."""
 
     speculative: Literal["off", "on", "adaptive"] = "adaptive"  # adaptive: switched by the active batch size
-    sd_on_below: int = Field(32, ge=1)  # switch SD on when fewer sequences than this are active ...
-    sd_patience: int = Field(3, ge=1)  # ... for this many consecutive decode steps (hysteresis)
+    sd_on_below: int = Field(32, ge=1, le=1 << 20)  # switch SD on when fewer sequences than this are active ...
+    sd_patience: int = Field(3, ge=1, le=1_000_000)  # ... for this many consecutive decode steps (hysteresis)
     draft_depth: int = Field(6, ge=1, le=16)  # chain length / tree depth of the default arm
     draft_topk: int = Field(1, ge=1, le=8)  # 1 = chain; >1 = tree
     verify_tokens: int = Field(16, ge=1, le=128)  # tree verify budget
     # Per-bucket arm choice. Thompson sampling won on bench/bandit_sim.py (2.3% mean regret vs 4.7% for TLT's
     # epsilon-greedy BEG-MAB, which also pays ~5% for exploration when drafts are useless); see bench/results.
     bandit: Literal["thompson", "ucb", "epsilon_greedy"] = "thompson"
-    kv_cache_gb: float = Field(8.0, gt=0.0)  # KV cache memory budget on the device
+    kv_cache_gb: float = Field(8.0, gt=0.0, le=4096.0)  # KV cache budget; admission: within the worker's memory
     cuda_graphs: bool = True  # captured per (batch bucket, verify length) on CUDA only
     # decode / verify forwards in fused Triton kernels (worker/tlt/kernels); None = wherever they run (CUDA + triton)
     fused_kernels: bool | None = None
     # free the KV cache (and the CUDA graphs that read it) for each policy update, at the cost of re-capturing the
     # graphs every RL step: worth it when the update needs the memory (rollout/memory.py)
     release_kv_for_update: bool = False
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
 
 class DrafterConfig(_Strict):
     """TLT's adaptive drafter (EAGLE-style) and its spot trainer."""
 
     kind: Literal["eagle1", "eagle3", "ngram", "none"] = "eagle1"
-    warm_start: str | None = None  # directory of a previously exported drafter
+    # directory of a previously exported drafter (inside TLT_SPEC_ROOTS), or {artifact_id: N}: one's own drafter
+    warm_start: Annotated[str, Field(max_length=MAX_PATH)] | ArtifactRef | None = None
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0)
-    buffer_gb: float = Field(1.0, gt=0.0)  # hidden-state buffer budget (last two RL steps)
-    max_train_steps_per_rl_step: int = Field(200, ge=0)  # spot-training cap per RL step
+    buffer_gb: float = Field(1.0, gt=0.0, le=4096.0)  # hidden-state buffer budget (last two RL steps)
+    max_train_steps_per_rl_step: int = Field(200, ge=0, le=1_000_000)  # spot-training cap per RL step
     # The exported drafter's form (run_dir/drafter). None = the form of `kind`. A learned drafter exports only in its
     # own form (EAGLE-1's fc reads [embed, final hidden], EAGLE-3's three feature layers), so a value naming the
     # other form, or any value with an n-gram / no drafter, is rejected rather than ignored.
@@ -139,8 +162,16 @@ class DrafterConfig(_Strict):
     # EAGLE-1: chain drafts sample over the N most frequent tokens of the responses seen so far (re-picked at each
     # rollout start; the first rollout drafts over all; a smaller head and race per drafted token); 0 = all tokens.
     # Off by default: at T=1 SmolLM2's 16,384 most frequent tokens hold only 82% of what it samples, and batch-8
-    # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/results/h200_session11.md)
-    draft_vocab_size: int = Field(0, ge=0)
+    # accept length fell 2.28 -> 2.16 for a 0.08 ms cheaper draft (H200, bench/CHANGELOG.md)
+    draft_vocab_size: int = Field(0, ge=0, le=1 << 24)
+
+    @property
+    def warm_start_dir(self) -> str | None:
+        """The warm-start directory; an artifact id must have been resolved to one (the service's worker does)."""
+        if isinstance(self.warm_start, ArtifactRef):
+            raise ValueError(f"drafter.warm_start names artifact {self.warm_start.artifact_id}: only the service "
+                             "resolves artifact ids; give a directory to run the library alone")
+        return self.warm_start
 
     @model_validator(mode="after")
     def _export_matches_kind(self) -> DrafterConfig:
@@ -162,10 +193,26 @@ class DrafterConfig(_Strict):
 
 class Resources(_Strict):
     gpus: int = Field(0, ge=0, le=64)  # 0 = CPU
-    queue: str | None = None  # Celery queue; default chosen from gpus
-    # gpus > 1: 0 = replicated AdamW state (plain data parallel), 1 = ZeRO stage 1, AdamW state sharded across ranks
-    # (multigpu/zero.py; stages 2/3 would shard the weights the colocated rollout engine reads whole)
-    zero_stage: Literal[0, 1] = 0
+    # Celery queue; default chosen from gpus. Admission: a live registered worker must consume it.
+    queue: str | None = Field(None, min_length=1, max_length=50, pattern=r"^[A-Za-z0-9_.:-]+$")
+    # the policy update (rl/update_plan.py): "torch" = AdamW in each process (fp32 master weights, replicated across
+    # ranks); "deepspeed" = DeepSpeed's engine (rl/deepspeed_update.py); "auto" = DeepSpeed when it is installed and
+    # the job asks for a ZeRO stage or offload, runs on several GPUs, or the torch update does not fit the GPU
+    update_engine: Literal["auto", "torch", "deepspeed"] = "auto"
+    # DeepSpeed ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + weights sharded across ranks (stage 3
+    # keeps a whole copy for the rollout engine); None = the lowest stage whose memory fits (rl/update_plan.py)
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    # fp32 master weights, gradients and Adam moments in host memory, stepped by DeepSpeed's CPU Adam; None = only
+    # when nothing fits on the GPU
+    offload_optimizer: bool | None = None
+
+    @model_validator(mode="after")
+    def _deepspeed_only(self) -> Resources:
+        if self.update_engine == "torch" and ((self.zero_stage or 0) > 0 or self.offload_optimizer):
+            raise ValueError("resources.zero_stage > 0 and offload_optimizer need update_engine deepspeed or auto")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("resources.offload_optimizer needs zero_stage >= 1 (DeepSpeed offloads ZeRO's partitions)")
+        return self
 
 
 class JobSpec(_Strict):
@@ -180,10 +227,10 @@ class JobSpec(_Strict):
     drafter: DrafterConfig = Field(default_factory=DrafterConfig)
     resources: Resources = Field(default_factory=Resources)
     max_steps: int = Field(100, ge=1, le=1_000_000)  # RL steps
-    save_steps: Annotated[int, Field(ge=1)] = 50  # checkpoint every N steps
-    save_total_limit: int = Field(3, ge=1)  # checkpoints kept
-    eval_steps: int = Field(0, ge=0)  # validation every N steps; 0 = off
-    seed: int = 0
+    save_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 50  # checkpoint every N steps
+    save_total_limit: int = Field(3, ge=1, le=1000)  # checkpoints kept (the worker may cap it lower)
+    eval_steps: int = Field(0, ge=0, le=1_000_000)  # validation every N steps; 0 = off
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
     @property
     def queue(self) -> str:
@@ -215,7 +262,7 @@ PRESETS: dict[str, dict] = {
         "save_steps": 1,
         "save_total_limit": 1,
     },
-    # The H200 benchmark setting of the issues (TRL measured 27 s/step there).
+    # The H200 benchmark setting (TRL measured 27 s/step there).
     "h200-gsm8k": {
         "name": "smollm2-gsm8k-h200",
         "model": {"builtin": "smollm2-135m-instruct", "dtype": "bfloat16"},

@@ -6,6 +6,8 @@
     run_dir/artifacts.jsonl   {"kind": policy|drafter|checkpoint, "path": ..., "step": N|null}
     run_dir/train.log         human-readable lines (also sent to the `tlt` logger)
 
+Metric and histogram names must be in worker/tlt/metric_catalog.py: an unknown name raises ValueError and nothing of
+that call is written.
 Cancelling: `should_stop()` is True once a file named STOP exists in the run directory (`touch run_dir/STOP`).
 Lines are appended and flushed at once, so a reader (or a resumed run) sees every finished step.
 """
@@ -18,6 +20,7 @@ import math
 import time
 from pathlib import Path
 
+from worker.tlt.metric_catalog import check_names
 from worker.tlt.reporting import ArtifactKind
 
 log = logging.getLogger("tlt")
@@ -38,10 +41,12 @@ class FileReporter:
             f.write(json.dumps(record) + "\n")
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
+        check_names(values)
         clean = {k: _finite(float(v)) for k, v in values.items()}
         self._append("metrics.jsonl", {"step": step, "time": time.time(), "metrics": clean})
 
     def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None:
+        check_names([name])
         self._append("histograms.jsonl", {"step": step, "name": name, "edges": edges, "counts": counts})
 
     def log(self, line: str) -> None:

@@ -11,10 +11,10 @@ ArtifactKind = Literal["policy", "drafter", "checkpoint", "tensorboard"]
 
 class Reporter(Protocol):
     def metrics(self, step: int, values: dict[str, float]) -> None:
-        """Scalar metrics of one step; names as DESIGN.md lists (verl/TRL names, plus sd/, drafter/, harvest/)."""
+        """Scalar metrics of one step; every name is in worker/tlt/metric_catalog.py (ValueError otherwise)."""
 
     def histogram(self, step: int, name: str, edges: list[float], counts: list[int]) -> None:
-        """A whole histogram (e.g. response_length) of one step."""
+        """A whole histogram (e.g. response_length, a catalogue name of kind "histogram") of one step."""
 
     def log(self, line: str) -> None:
         """One human-readable log line."""

@@ -30,7 +30,9 @@ def save_checkpoint(trainer: GRPOTrainer, root: Path, keep: int) -> Path:
     if trainer.master.pairs:  # the bf16 weights are these rounded: an exact resume needs the fp32 copies
         extra["master_weights"] = trainer.master.state_dict()
     return write_checkpoint(
-        root, trainer.step_count, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler,
+        root, trainer.step_count, model=trainer.model,
+        optimizer=trainer.optimizer if trainer.ds is None else None,  # DeepSpeed's: root/deepspeed (every rank)
+        scheduler=trainer.scheduler,
         rng=capture_rng(trainer.generator), trainer_state=trainer.state_dict(), extra=extra, keep=keep,
     )
 
@@ -43,11 +45,14 @@ def resume_from(trainer: GRPOTrainer, root: Path) -> int:
         return 0
     ck = load_checkpoint(path)
     trainer.model.load_state_dict(ck.model, strict=False)  # tied heads have no separate lm_head tensor
-    if "master_weights" in ck.extra:
-        trainer.master.load_state_dict(ck.extra["master_weights"])
-    else:  # a checkpoint written without master weights: start them from the loaded weights
-        trainer.master.sync_from_model()
-    trainer.optimizer.load_state_dict(ck.optimizer)
+    if trainer.ds is not None:  # every rank reads its shard: fp32 master weights, moments, the weights they round to
+        trainer.ds.load(root, ck.step)
+    else:
+        if "master_weights" in ck.extra:
+            trainer.master.load_state_dict(ck.extra["master_weights"])
+        else:  # a checkpoint written without master weights: start them from the loaded weights
+            trainer.master.sync_from_model()
+        trainer.optimizer.load_state_dict(ck.optimizer)
     trainer.scheduler.load_state_dict(ck.scheduler)
     trainer.load_state_dict(ck.trainer_state)
     restore_rng(ck.rng, trainer.generator)

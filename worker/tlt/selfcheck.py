@@ -33,7 +33,7 @@ from collections import Counter
 
 import torch
 
-from worker.tlt.config import ModelSource
+from worker.tlt.config import BUILTIN_MODELS, ModelSource
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import load_model, random_model
 from worker.tlt.model.transformer import Transformer
@@ -208,7 +208,7 @@ def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str
         s_prompt, settings = [1, 5, 7], [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.5, 1.0, 5)]
         slot_counts: tuple[int, ...] = (3, prompts_n)
     else:
-        source = ModelSource(builtin=model_name) if model_name == "smollm2-135m-instruct" else (
+        source = ModelSource(builtin=model_name) if model_name in BUILTIN_MODELS else (
             ModelSource(gguf=model_name) if model_name.endswith(".gguf") else ModelSource(hf_dir=model_name))
         target, tok = load_model(source, device)
         drafter = perturbed_copy(target, noise=0.05)
@@ -237,7 +237,7 @@ def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tlt selfcheck", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="tiny", help="tiny | smollm2-135m-instruct | PATH (HF dir or .gguf)")
+    ap.add_argument("--model", default="tiny", help="tiny | a builtin model (e.g. smollm2-135m-instruct@qwen2.5-7b) | PATH (HF dir or .gguf)")
     ap.add_argument("--prompts", type=int, default=12, help="random prompts for the greedy check")
     ap.add_argument("--max-new-tokens", type=int, default=20)
     ap.add_argument("--samples", type=int, default=4000, help="samples per sampling setting and variant")

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 
-from backend import crud
+from backend import admission, crud
 from backend.api.deps import CurrentUser, DispatcherDep, JobId, ReleasingRoute, SessionDep, SettingsDep, SubmitAllowed
 from backend.core.dispatch import EnqueueError
 from backend.lifecycle import JobStatus
@@ -31,21 +31,20 @@ def _enqueue(session: SessionDep, dispatcher: DispatcherDep, job: Job) -> None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"job {job.id} could not be enqueued: {e}") from e
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, dependencies=[SubmitAllowed])
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic, dependencies=[SubmitAllowed],
+             responses={200: {"model": JobPublic, "description": "the job this Idempotency-Key already created"}})
 def create_job(
-    body: JobCreate, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep, response: Response,
+    body: JobCreate, session: SessionDep, user: CurrentUser, dispatcher: DispatcherDep, settings: SettingsDep,
+    response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> JobPublic:
-    """Submit a job. The same Idempotency-Key from the same user returns the first job (200) instead of a new one."""
-    if body.spec.dataset.dataset_id is not None:
-        try:
-            crud.get_dataset(session, user, body.spec.dataset.dataset_id)
-        except crud.NotFound:
-            raise RequestValidationError([{
-                "loc": ("body", "spec", "dataset", "dataset_id"), "type": "value_error",
-                "msg": f"dataset {body.spec.dataset.dataset_id!r} not found (upload it with POST /api/v1/datasets)",
-                "input": body.spec.dataset.dataset_id,
-            }]) from None
+    """Submit a job. The same Idempotency-Key from the same user returns the first job (200) instead of a new one.
+    Refused before anything is stored (backend/admission.py): a path outside TLT_SPEC_ROOTS, a model or length no
+    worker could run (422); someone else's artifact (404, as a missing one); the user's artifact quota used (409)."""
+    try:
+        admission.admit(session, user, body.spec, settings)
+    except admission.Refused as e:
+        raise RequestValidationError([e.as_error()]) from None
     job, created = crud.create_job(session, user, body.spec, idempotency_key)
     if created:
         _enqueue(session, dispatcher, job)

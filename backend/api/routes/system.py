@@ -1,4 +1,4 @@
-"""Health (open), Prometheus metrics (token required: job counts per owner-visible status are not public), and the
+"""Health (open), Prometheus metrics (token required; scoped to the caller's own jobs unless admin), and the
 job-spec schema and presets the dashboard's new-job form is built from."""
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ def healthz(request: Request) -> dict[str, str]:
 
 @health_router.get("/metrics", response_class=PlainTextResponse, responses={401: {"description": "missing, invalid or revoked token",
                                                   "content": {"application/json": {}}}})
-def prometheus(session: SessionDep, _user: CurrentUser) -> str:
-    """Prometheus text format. Needs a bearer token (configure `authorization` in the scrape config)."""
-    counts = crud.count_jobs_by_status(session)
+def prometheus(session: SessionDep, user: CurrentUser) -> str:
+    """Prometheus text format. Needs a bearer token (configure `authorization` in the scrape config); an admin token
+    counts every user's jobs, any other token only its own user's."""
+    counts = crud.count_jobs_by_status(session, None if user.is_admin else user)
     lines = ["# HELP tlt_jobs Jobs by status.", "# TYPE tlt_jobs gauge"]
     lines += [f'tlt_jobs{{status="{s.value}"}} {counts.get(s.value, 0)}' for s in JobStatus]
     return "\n".join(lines) + "\n"

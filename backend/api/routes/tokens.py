@@ -1,5 +1,7 @@
 """API tokens and the caller's own identity. An admin creates tokens for anyone (and admins), lists and revokes all;
-any user may create, list and revoke their own non-admin tokens (others' tokens are a 403 to create, 404 to revoke)."""
+any user may create, list and revoke their own non-admin tokens (others' tokens are a 403 to create, 404 to revoke).
+A token is an admin token only when created with admin=true; for an existing non-admin user that also needs
+promote=true (else 409)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from backend.api.deps import CurrentUser, ReleasingRoute, SessionDep, TokenId
 from backend.models import ApiToken, User
 from backend.schemas import TokenCreate, TokenCreated, TokenPublic, UserPublic, errors
 
-router = APIRouter(tags=["tokens"], responses=errors(403, 404), route_class=ReleasingRoute)
+router = APIRouter(tags=["tokens"], responses=errors(403, 404, 409), route_class=ReleasingRoute)
 
 
 @router.post("/tokens", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
@@ -18,7 +20,7 @@ def create_token(body: TokenCreate, session: SessionDep, user: CurrentUser) -> T
     """The secret is in this response only; it is stored hashed. Non-admins: only for themselves, never admin."""
     if not user.is_admin and (body.user != user.name or body.admin):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "only an admin creates tokens for others or admin tokens")
-    token, secret = crud.create_token(session, body.user, admin=body.admin, name=body.name)
+    token, secret = crud.create_token(session, body.user, admin=body.admin, name=body.name, promote=body.promote)
     return TokenCreated.model_validate({**TokenPublic.model_validate(token).model_dump(), "token": secret})
 
 

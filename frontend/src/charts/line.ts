@@ -1,6 +1,7 @@
 // uPlot wrappers: LineChart (metrics over steps; optional stacking) and BarChart (values per category, e.g.
 // acceptance per draft position). Each redraws from the MetricStore only when its data changed, and resizes with
-// its container.
+// its container. A series with a single point is drawn as a point (a line needs two); `fraction` charts (values in
+// [0, 1], from the metric catalogue) keep a 0-1 axis.
 import uPlot from "uplot";
 import { fmt, h } from "../dom";
 import type { MetricStore } from "../job/store";
@@ -37,7 +38,7 @@ export class LineChart {
 
   constructor(
     parent: HTMLElement, title: string, private specs: LineSpec[],
-    private opts: { height?: number; stacked?: boolean; yLabel?: string; testid?: string; minY?: number } = {},
+    private opts: { height?: number; stacked?: boolean; yLabel?: string; testid?: string; minY?: number; fraction?: boolean } = {},
   ) {
     ({ box: this.box, plot: this.plot } = chartBox(parent, title, opts.testid));
     this.empty = h("div", { class: "muted small empty" }, "no data yet");
@@ -49,6 +50,19 @@ export class LineChart {
   setSpecs(specs: LineSpec[]): void {
     if (specs.map((s) => s.name).join() === this.specs.map((s) => s.name).join()) return;
     this.specs = specs;
+    this.rebuild();
+  }
+
+  /** Axis label and 0-1 range from the metric catalogue, once it has loaded; forces a rebuild when they change. */
+  setAxis(yLabel: string | undefined, fraction: boolean): void {
+    if (yLabel === this.opts.yLabel && fraction === !!this.opts.fraction) return;
+    this.opts = { ...this.opts, yLabel, fraction };
+    this.rebuild();
+  }
+
+  names(): string[] { return this.specs.map((s) => s.name); }
+
+  private rebuild(): void {
     this.u?.destroy();
     this.u = null;
     this.seen = -1;
@@ -85,20 +99,41 @@ export class LineChart {
       series.push({
         label: s.label ?? s.name, stroke: color, width: 1.5, spanGaps: true, dash: s.dash ? [4, 4] : undefined,
         fill: this.opts.stacked ? color : undefined,
-        points: { show: s.points ?? false, size: 4 },
+        // a lone point (a one-step job, a metric written once) is invisible as a line: draw it as a point
+        points: { show: (u, si) => (s.points ?? false) || onePoint(u.data[si] as ArrayLike<number | null | undefined>), size: 5 },
         value: (_u, _v, _si, idx) => (idx == null ? "–" : fmt(this.raw[rawIdx]?.[idx] ?? null)),
       });
     });
+    const minY = this.opts.minY;
+    const y: uPlot.Scale = this.opts.fraction ? { range: [0, 1] }
+      : minY !== undefined ? { range: (_u, _lo, hi) => [minY, hi > minY ? hi : minY + 1] } : { range: (_u, lo, hi) => autoRange(lo, hi) };
     const o: uPlot.Options = {
       width: Math.max(200, this.plot.clientWidth), height: this.opts.height ?? 180, series,
-      scales: { x: { time: false }, y: this.opts.minY !== undefined ? { range: (_u, _lo, hi) => [this.opts.minY!, hi > this.opts.minY! ? hi : this.opts.minY! + 1] } : {} },
+      // one step: widen the x range around it (uPlot's auto range of a single value is empty)
+      scales: { x: { time: false, range: (_u, lo, hi) => (lo === hi ? [lo - 1, hi + 1] : [lo, hi]) }, y },
       axes: [{ incrs: STEP_INCRS }, { label: this.opts.yLabel, size: 55, values: (_u, ticks) => ticks.map((t) => fmt(t)) }],
       legend: { live: true }, cursor: { drag: { x: true, y: false } },
     };
     this.u = new uPlot(o, data as uPlot.AlignedData, this.plot);
+    this.box.dataset.yRange = this.opts.fraction ? "0-1" : "auto"; // for tests: which y axis was drawn
   }
 
   destroy(): void { this.ro.disconnect(); this.u?.destroy(); }
+}
+
+/** uPlot's padded range; a series that varies by less than a millionth of its values (a ratio of two nearly equal
+numbers, 1 +- 1e-16) is ranged as a constant, which would otherwise ask the axis for billions of ticks. */
+function autoRange(lo: number | null, hi: number | null): uPlot.Range.MinMax {
+  if (lo === null || hi === null) return [0, 1];
+  const mid = (lo + hi) / 2;
+  if (hi - lo < 1e-6 * Math.max(Math.abs(lo), Math.abs(hi))) return uPlot.rangeNum(mid, mid, 0.1, true);
+  return uPlot.rangeNum(lo, hi, 0.1, true);
+}
+
+function onePoint(ys: ArrayLike<number | null | undefined>): boolean {
+  let n = 0;
+  for (let i = 0; i < ys.length && n < 2; i++) if (ys[i] != null) n++;
+  return n === 1;
 }
 
 /** [x = union of steps, one column per spec (null where that series has no point at the step)]. */

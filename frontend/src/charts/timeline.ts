@@ -1,7 +1,9 @@
 // GPU timeline of the last few RL steps: one lane per GPU with intervals of rollout / idle (the long tail) / drafter
 // training (harvested idle time) / reward / update / sync. Multi-GPU jobs report each GPU's phases
 // (`timeline/gpu{g}/{rollout,drafter,idle,reward,update,sync}_s`, in that order); other jobs only the step's
-// timing_s/* and harvest/* totals, whose idle and harvested GPU-seconds are then split evenly over the lanes.
+// timing_s/* and per-step harvest/{idle,used}_gpu_s (the rollout's tail and the drafter training inside it, never the
+// cumulative *_total counters), split evenly over the lanes. Drafter training after the update (timing_s/drafter)
+// is drawn after sync: it is step time, not harvested idle time.
 import { fmt, h } from "../dom";
 import { setupCanvas } from "./heatmap";
 import type { MetricStore } from "../job/store";
@@ -35,7 +37,6 @@ export function stepSegments(store: MetricStore, step: number, ngpu: number): Se
   const v = (n: string) => store.at(n, step) ?? 0;
   const gen = v("timing_s/gen"), reward = v("timing_s/reward"), update = v("timing_s/update"), sync = v("timing_s/sync");
   const drafter = v("timing_s/drafter");
-  const harvested = store.at("harvest/idle_gpu_s", step) !== null;
   const idle = Math.min(gen, v("harvest/idle_gpu_s") / ngpu);
   const used = Math.min(idle, v("harvest/used_gpu_s") / ngpu);
   const segs: Segment[] = [];
@@ -47,7 +48,7 @@ export function stepSegments(store: MetricStore, step: number, ngpu: number): Se
   push("reward", reward);
   push("update", update);
   push("sync", sync);
-  if (!harvested) push("drafter training", drafter); // no harvest metrics: drafter time ran on its own
+  push("drafter training", drafter);
   const total = store.at("timing_s/step", step);
   if (total !== null) push("other", total - t);
   return segs;

@@ -1,14 +1,28 @@
 // The chart panels of the job page, built once and updated from the MetricStore: long tail, GPU time and harvest,
-// speculative decoding, reward/validation, step time (stacked) and throughput, and every other metric.
+// speculative decoding, reward/validation, step time (stacked) and throughput, and every other metric. Every panel
+// reads names the worker writes (worker/tlt/metric_catalog.py); units, 0-1 axes and "cumulative" come from the
+// catalogue (GET /metrics/catalog). What the headline figures are: frontend/README.md.
 import type { Histogram } from "../api";
 import { BarChart, LineChart, type LineSpec } from "../charts/line";
 import { LengthHeatmap, StepHistogram } from "../charts/heatmap";
-import { GpuTimeline } from "../charts/timeline";
+import { GpuTimeline, PHASES } from "../charts/timeline";
 import { fmt, h } from "../dom";
-import type { MetricStore } from "./store";
+import type { MetricCatalog } from "./catalog";
+import { MetricStore } from "./store";
 
-const POS_RE = /^sd\/accept_rate_pos_?(\d+)$/;
-const TIMING = ["timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/sync", "timing_s/drafter", "timing_s/val"];
+const POS_RE = /^sd\/accept_rate_pos_(\d+)$/;
+const ARM_PREFIX = "sd/arm/";
+const TAIL_SD = "perf/seq_tokens_per_s_tail_sd";
+const TAIL_PLAIN = "perf/seq_tokens_per_s_tail_plain";
+// step-time parts, coloured as the GPU timeline colours the same phase
+const TIMING: LineSpec[] = [
+  { name: "timing_s/gen", label: "gen", color: PHASES.rollout },
+  { name: "timing_s/reward", label: "reward", color: PHASES.reward },
+  { name: "timing_s/update", label: "update", color: PHASES.update },
+  { name: "timing_s/sync", label: "sync", color: PHASES.sync },
+  { name: "timing_s/drafter", label: "drafter", color: PHASES["drafter training"] },
+  { name: "timing_s/val", label: "val", color: "#9c755f" },
+];
 
 function section(parent: HTMLElement, title: string, testid: string, ...extra: HTMLElement[]): HTMLElement {
   const grid = h("div", { class: "grid" });
@@ -16,27 +30,56 @@ function section(parent: HTMLElement, title: string, testid: string, ...extra: H
   return grid;
 }
 
-function stat(label: string, testid: string): { el: HTMLElement; set(v: string): void } {
+function stat(label: string, testid: string, title: string): { el: HTMLElement; set(v: string): void } {
   const val = h("b", { "data-testid": testid }, "–");
-  return { el: h("span", { class: "stat" }, `${label} `, val), set: (v) => { val.textContent = v; } };
+  return { el: h("span", { class: "stat", title }, `${label} `, val), set: (v) => { val.textContent = v; } };
+}
+
+/** Per step, each arm's share of the switch-on decode steps (sd/arm/<name> counts / their sum at that step), loaded
+into `out`. */
+export function armShares(store: MetricStore, arms: string[], out: MetricStore): void {
+  const steps = new Set<number>();
+  arms.forEach((n) => store.series.get(n)?.steps.forEach((s) => steps.add(s)));
+  const rows = [...steps].sort((a, b) => a - b).map((step) => {
+    const counts = arms.map((n) => store.at(n, step) ?? 0);
+    const total = counts.reduce((a, b) => a + b, 0);
+    return { step, shares: counts.map((c) => (total > 0 ? c / total : 0)) };
+  });
+  out.loadHistory(arms.map((n, i) => ({ name: n, points: rows.map((r) => ({ step: r.step, value: r.shares[i] })) })));
+}
+
+/** The newest step at which every name has a value, and those values. */
+function latestCommon(store: MetricStore, names: string[]): { step: number; values: number[] } | null {
+  const first = store.series.get(names[0]);
+  if (!first) return null;
+  for (let i = first.steps.length - 1; i >= 0; i--) {
+    const step = first.steps[i];
+    const values = names.map((n) => store.at(n, step));
+    if (values.every((v) => v !== null)) return { step, values: values as number[] };
+  }
+  return null;
 }
 
 export class Panels {
   private lines: LineChart[] = [];
   private claimed = new Set<string>();
+  private catalog: MetricCatalog | null = null;
   private stepHist: StepHistogram;
   private heat: LengthHeatmap;
   private timeline: GpuTimeline;
   private posBars: BarChart;
   private posLines: LineChart;
   private arms: LineChart;
-  private tail: LineChart;
+  private shares = new MetricStore(); // the arm shares drawn by `arms`, derived from the counts
+  private sharesOf = -1; // the store version they were derived from
   private val: LineChart;
   private otherGrid: HTMLElement;
   private others = new Map<string, LineChart>();
-  private harvest = stat("harvest ratio", "harvest-ratio");
-  private sdOn = stat("SD on", "sd-on-fraction");
-  private tailGain = stat("tail speed-up", "tail-speedup");
+  private harvest = stat("harvest ratio (job)", "harvest-ratio",
+    "idle GPU time used by drafter training / idle time offered, since the job started");
+  private sdRan = stat("SD ran", "sd-on-fraction", "decode steps that drafted and verified / all decode steps (latest step)");
+  private tailGain = stat("tail speed-up", "tail-speedup",
+    "one sequence's tail tokens/s with SD / without SD, at the latest step whose tail ran both");
 
   constructor(root: HTMLElement, ngpu: number) {
     const tail = section(root, "Response length — the long tail", "long-tail");
@@ -48,18 +91,24 @@ export class Panels {
 
     const gpu = section(root, "GPU time and idle-time harvesting", "gpu", this.harvest.el);
     this.timeline = new GpuTimeline(gpu, ngpu);
-    this.line(gpu, "Idle GPU-seconds available vs used by drafter training", [
-      { name: "harvest/idle_gpu_s", label: "idle available" }, { name: "harvest/used_gpu_s", label: "used" }], { testid: "harvest-lines" });
-    this.line(gpu, "Harvest ratio", [{ name: "harvest/ratio" }], { testid: "harvest-ratio-line", minY: 0 });
+    this.line(gpu, "Idle time per step: offered vs used by drafter training", [
+      { name: "harvest/idle_gpu_s", label: "idle offered" }, { name: "harvest/used_gpu_s", label: "used" }],
+    { testid: "harvest-lines", minY: 0 });
+    this.line(gpu, "Harvest ratio per step", [{ name: "harvest/ratio" }], { testid: "harvest-ratio-line", minY: 0 });
 
-    const sd = section(root, "Speculative decoding", "sd", this.sdOn.el, this.tailGain.el);
+    const sd = section(root, "Speculative decoding", "sd", this.sdRan.el, this.tailGain.el);
     this.line(sd, "Accept length (tokens per verify)", [{ name: "sd/accept_len" }], { testid: "sd-accept-len" });
     this.posBars = new BarChart(sd, "Acceptance per draft position (latest step)", { xLabel: "position", testid: "sd-pos-bars", maxY: 1 });
     this.posLines = this.line(sd, "Acceptance per position over steps", [], { testid: "sd-pos-lines" });
-    this.line(sd, "SD-on fraction of decode steps", [{ name: "sd/on_fraction" }], { testid: "sd-on-fraction-line", minY: 0 });
-    this.arms = this.line(sd, "Arm choices", [], { testid: "sd-arms" });
-    this.tail = this.line(sd, "Tail tokens/s with vs without SD", [], { testid: "sd-tail", yLabel: "tok/s" });
-    this.line(sd, "Drafter loss / accuracy", [{ name: "drafter/loss" }, { name: "drafter/acc" }], { testid: "drafter" });
+    this.line(sd, "Decode steps: SD switch on vs SD ran", [
+      { name: "sd/on_fraction", label: "switch on" }, { name: "sd/spec_step_fraction", label: "drafted + verified" }],
+    { testid: "sd-on-fraction-line", minY: 0 });
+    this.arms = new LineChart(sd, "Arm shares of switch-on decode steps", [], { testid: "sd-arms", fraction: true });
+    this.line(sd, "Tail speed of one sequence, with vs without SD", [
+      { name: TAIL_SD, label: "with SD", points: true }, { name: TAIL_PLAIN, label: "without SD", points: true }],
+    { testid: "sd-tail", minY: 0 });
+    this.line(sd, "Drafter loss", [{ name: "drafter/loss" }], { testid: "drafter" });
+    this.line(sd, "Drafter top-1 accuracy", [{ name: "drafter/acc" }], { testid: "drafter-acc" });
 
     const rl = section(root, "Reward and validation", "reward");
     this.line(rl, "Reward mean / std", [{ name: "reward/mean" }, { name: "reward/std", dash: true }], { testid: "reward" });
@@ -67,14 +116,29 @@ export class Panels {
     this.line(rl, "Fraction of groups with zero reward std", [{ name: "frac_reward_zero_std" }], { testid: "zero-std" });
 
     const time = section(root, "Step time and throughput", "time");
-    this.line(time, "Step time breakdown (stacked, s)", TIMING.map((name) => ({ name, label: name.slice(9) })),
-      { stacked: true, testid: "step-time", yLabel: "s" });
+    this.line(time, "Step time breakdown (stacked, s)", TIMING, { stacked: true, testid: "step-time", yLabel: "s" });
     this.line(time, "Step time (s)", [{ name: "timing_s/step" }], { testid: "step-time-total", minY: 0 });
-    this.line(time, "Tokens per second", [{ name: "perf/tokens_per_s" }], { testid: "tokens-per-s", minY: 0 });
+    this.line(time, "Tokens per second: whole rollout, full batch, tail", [{ name: "perf/tokens_per_s", label: "rollout" },
+      { name: "perf/tokens_per_s_full", label: "full batch" }, { name: "perf/tokens_per_s_tail", label: "tail" }],
+    { testid: "tokens-per-s", minY: 0 });
 
     this.otherGrid = h("div", { class: "grid" });
     root.append(h("section", { class: "panel", "data-panel": "other" },
       h("details", {}, h("summary", {}, h("h2", {}, "All other metrics")), this.otherGrid)));
+  }
+
+  /** Units and 0-1 axes from the metric catalogue; charts already drawn are rebuilt with them. */
+  setCatalog(catalog: MetricCatalog): void {
+    this.catalog = catalog;
+    [...this.lines, ...this.others.values()].forEach((c) => this.axis(c));
+  }
+
+  private axis(c: LineChart): void {
+    const names = c.names();
+    if (!this.catalog || !names.length) return;
+    const units = new Set(names.map((n) => this.catalog!.unit(n)));
+    const unit = units.size === 1 ? [...units][0] : null;
+    c.setAxis(unit && unit !== "fraction" ? unit : undefined, this.catalog.fractions(names));
   }
 
   private line(parent: HTMLElement, title: string, specs: LineSpec[], opts: ConstructorParameters<typeof LineChart>[3]): LineChart {
@@ -84,38 +148,51 @@ export class Panels {
     return c;
   }
 
-  private dynamic(chart: LineChart, names: string[], points = false): void {
+  private dynamic(chart: LineChart, names: string[], points = false, catalogAxis = true): void {
     names.forEach((n) => this.claimed.add(n));
-    chart.setSpecs(names.map((name) => ({ name, label: name.replace(/^(sd|val)\//, ""), points })));
+    chart.setSpecs(names.map((name) => ({ name, label: name.replace(/^(sd\/arm|sd|val)\//, ""), points })));
+    if (catalogAxis) this.axis(chart);
+  }
+
+  private other(name: string): LineChart {
+    const info = this.catalog?.info(name);
+    const title = info?.kind === "cumulative" ? `${name} (cumulative)` : name;
+    const c = new LineChart(this.otherGrid, title, [{ name }], { height: 120, testid: `other:${name}` });
+    c.box.title = info?.meaning ?? "";
+    this.axis(c);
+    return c;
   }
 
   update(store: MetricStore): void {
     const names = store.names();
     const pos = names.filter((n) => POS_RE.test(n)).sort((a, b) => Number(a.match(POS_RE)![1]) - Number(b.match(POS_RE)![1]));
     this.dynamic(this.posLines, pos);
-    this.dynamic(this.arms, names.filter((n) => n === "sd/arm" || n.startsWith("sd/arm/") || n.startsWith("sd/arm_")), true);
-    this.dynamic(this.tail, names.filter((n) => n.includes("tail_tokens_per_s")));
+    const arms = names.filter((n) => n.startsWith(ARM_PREFIX));
+    this.dynamic(this.arms, arms, true, false); // drawn as shares (0-1), not as the catalogue's counts
     this.dynamic(this.val, names.filter((n) => n.startsWith("val/") && !n.startsWith("val/response_length")));
     if (pos.length) {
       const step = Math.max(...pos.map((n) => store.latestStep(n) ?? -1));
       const ys = pos.map((n) => store.at(n, step) ?? 0);
       this.posBars.set(pos.map((n) => Number(n.match(POS_RE)![1])), ys, `step ${step}`);
     }
-    const ratio = store.latest("harvest/ratio");
+    const used = store.latest("harvest/used_gpu_s_total"), idle = store.latest("harvest/idle_gpu_s_total");
+    const ratio = used !== null && idle ? used / idle : store.latest("harvest/ratio");
     this.harvest.set(ratio === null ? "–" : `${fmt(ratio * 100, 3)} %`);
-    const on = store.latest("sd/on_fraction");
-    this.sdOn.set(on === null ? "–" : `${fmt(on * 100, 3)} %`);
-    const tailNames = names.filter((n) => n.includes("tail_tokens_per_s"));
-    const withSd = tailNames.find((n) => !/no_?sd|without|base/.test(n));
-    const noSd = tailNames.find((n) => /no_?sd|without|base/.test(n));
-    const a = withSd ? store.latest(withSd) : null, b = noSd ? store.latest(noSd) : null;
-    this.tailGain.set(a !== null && b ? `${fmt(a / b, 3)}×` : "–");
+    const ran = store.latest("sd/spec_step_fraction");
+    this.sdRan.set(ran === null ? "–" : `${fmt(ran * 100, 3)} %`);
+    const tail = latestCommon(store, [TAIL_SD, TAIL_PLAIN]);
+    this.tailGain.set(tail && tail.values[1] > 0 ? `${fmt(tail.values[0] / tail.values[1], 3)}× (step ${tail.step})` : "–");
 
     for (const n of names) {
       if (this.claimed.has(n) || n.startsWith("response_length/") || this.others.has(n)) continue;
-      this.others.set(n, new LineChart(this.otherGrid, n, [{ name: n }], { height: 120, testid: `other:${n}` }));
+      this.others.set(n, this.other(n));
     }
     this.lines.forEach((c) => c.update(store));
+    if (this.sharesOf !== store.version) {
+      armShares(store, arms, this.shares);
+      this.sharesOf = store.version;
+    }
+    this.arms.update(this.shares);
     this.others.forEach((c) => c.update(store));
     this.timeline.update(store);
   }
@@ -136,6 +213,7 @@ export class Panels {
 
   destroy(): void {
     this.lines.forEach((c) => c.destroy());
+    this.arms.destroy();
     this.others.forEach((c) => c.destroy());
     [this.stepHist, this.heat, this.timeline, this.posBars].forEach((c) => c.destroy());
   }

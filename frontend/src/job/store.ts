@@ -1,6 +1,7 @@
 // Metric series of one job: the downsampled history (GET /metrics?points=N) plus every live point from the SSE
 // stream after it. A point at or before the history's last step of its series is already in the history (or was
 // thinned out of it on purpose), so the stream's backlog of old rows is dropped; a replayed step (resume) replaces.
+// A null value (the job wrote NaN or infinity) is left out: the line has a gap there.
 
 export interface Series { steps: number[]; values: number[] }
 
@@ -10,10 +11,11 @@ export class MetricStore {
   lastStep = -1;
   version = 0; // bumped on every change; charts redraw when it moved
 
-  loadHistory(series: { name: string; points: { step: number; value: number }[] }[]): void {
+  loadHistory(series: { name: string; points: { step: number; value: number | null }[] }[]): void {
     for (const s of series) {
-      const steps = s.points.map((p) => p.step);
-      const values = s.points.map((p) => p.value);
+      const finite = s.points.filter((p): p is { step: number; value: number } => p.value !== null);
+      const steps = finite.map((p) => p.step);
+      const values = finite.map((p) => p.value);
       this.series.set(s.name, { steps, values });
       if (steps.length) {
         this.historyLast.set(s.name, steps[steps.length - 1]);
@@ -24,15 +26,15 @@ export class MetricStore {
   }
 
   /** Full-resolution points of a recent window (e.g. for the heat-map's lines): inserted beside the history. */
-  merge(series: { name: string; points: { step: number; value: number }[] }[]): void {
-    for (const s of series) for (const p of s.points) this.insert(s.name, p.step, p.value);
+  merge(series: { name: string; points: { step: number; value: number | null }[] }[]): void {
+    for (const s of series) for (const p of s.points) if (p.value !== null) this.insert(s.name, p.step, p.value);
     this.version++;
   }
 
   /** A live point; returns false when it was dropped as part of the history. */
-  add(step: number, name: string, value: number): boolean {
+  add(step: number, name: string, value: number | null): boolean {
     const hl = this.historyLast.get(name);
-    if (hl !== undefined && step <= hl) return false;
+    if (value === null || (hl !== undefined && step <= hl)) return false;
     this.insert(name, step, value);
     this.lastStep = Math.max(this.lastStep, step);
     this.version++;

@@ -3,12 +3,14 @@
 // follows the job's SSE stream; histograms, samples and artifacts (not on the stream) are refetched when a new step
 // arrives. Charts redraw at most every REDRAW_MS, so a 10,000-step job stays responsive. For a long job (more than
 // STREAM_BACKLOG_MAX metric rows) the stream carries events and logs only and metrics are polled by step, until the
-// API returns the stream cursor with the history (see stream_cursor in api.ts).
+// API returns the stream cursor with the history (see stream_cursor in api.ts). Leaving the page aborts every request
+// in flight and every refresh still scheduled: nothing is fetched for a page no longer shown.
 import {
   ApiError, FINAL_STATUSES, get, post, qs, type Artifact, type Histogram, type Job, type JobEvent, type LogLine,
   type MetricHistory, type Sample,
 } from "../api";
 import { append, clear, fmt, fmtTime, h, throttle } from "../dom";
+import { metricCatalog } from "../job/catalog";
 import { Panels } from "../job/panels";
 import { MetricStore } from "../job/store";
 import { artifactsTable, EventsLog, samplesTable } from "../job/tables";
@@ -35,6 +37,8 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   let pollMetrics = false;
   let pollTimer = 0;
   let alive = true;
+  const abort = new AbortController();
+  const fetchJson = <T>(path: string): Promise<T> => get<T>(path, abort.signal);
 
   const head = h("div", { class: "jobhead" });
   const err = h("p", { class: "error", "data-testid": "job-error" });
@@ -96,8 +100,9 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   }, REDRAW_MS);
 
   const refreshHists = throttle(async () => {
+    if (!alive) return;
     const after = hists.length ? hists[hists.length - 1].step : Math.max(-1, store.lastStep - WINDOW_STEPS);
-    const fresh = await get<Histogram[]>(`jobs/${jobId}/histograms${qs({ name: "response_length", after_step: after })}`).catch(() => []);
+    const fresh = await fetchJson<Histogram[]>(`jobs/${jobId}/histograms${qs({ name: "response_length", after_step: after })}`).catch(() => []);
     if (!alive) return;
     if (fresh.length) {
       const byStep = new Map(hists.map((x) => [x.step, x]));
@@ -109,20 +114,23 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
 
   let lastSampleStep = -1;
   const refreshSamples = throttle(async () => {
-    const after = Math.max(lastSampleStep, store.lastStep - 2) - 1;
-    const s = await get<Sample[]>(`jobs/${jobId}/samples${qs({ after_step: after, limit: 100 })}`).catch(() => [] as Sample[]);
+    if (!alive || store.lastStep < 0) return; // no step yet: nothing to ask for
+    const after = Math.max(-1, Math.max(lastSampleStep, store.lastStep - 2) - 1); // the API's after_step is >= -1
+    const s = await fetchJson<Sample[]>(`jobs/${jobId}/samples${qs({ after_step: after, limit: 100 })}`).catch(() => [] as Sample[]);
     if (!alive || !s.length) return;
     lastSampleStep = Math.max(...s.map((x) => x.step));
     samplesTable(samplesEl, s);
   }, 1500);
 
   const refreshArtifacts = throttle(async () => {
-    const arts = await get<Artifact[]>(`jobs/${jobId}/artifacts`).catch(() => null);
+    if (!alive) return;
+    const arts = await fetchJson<Artifact[]>(`jobs/${jobId}/artifacts`).catch(() => null);
     if (alive && arts) artifactsTable(artsEl, arts);
   }, 3000);
 
   const refreshJob = throttle(async () => {
-    const j = await get<Job>(`jobs/${jobId}`).catch(() => null);
+    if (!alive) return;
+    const j = await fetchJson<Job>(`jobs/${jobId}`).catch(() => null);
     if (alive && j) { job = j; drawHead(); }
   }, 1000);
 
@@ -148,7 +156,7 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   async function poll(): Promise<void> {
     const after = store.lastStep;
     try {
-      const m = await get<MetricHistory>(`jobs/${jobId}/metrics${qs({ after_step: after })}`);
+      const m = await fetchJson<MetricHistory>(`jobs/${jobId}/metrics${qs({ after_step: after })}`);
       let newStep = false;
       for (const s of m.series) for (const p of s.points) if (store.add(p.step, s.name, p.value) && p.step > after) newStep = true;
       if (newStep) { refreshHists(); refreshSamples(); refreshArtifacts(); redraw(); }
@@ -169,17 +177,19 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
 
   void (async () => {
     try {
-      job = await get<Job>(`jobs/${jobId}`);
+      job = await fetchJson<Job>(`jobs/${jobId}`);
       drawHead();
       const gpus = Number((job.spec.resources as Record<string, unknown> | undefined)?.gpus ?? 0);
-      panels = new Panels(chartsRoot, gpus);
-      const hist = await get<MetricHistory>(`jobs/${jobId}/metrics${qs({ points: HISTORY_POINTS })}`);
+      const ps = new Panels(chartsRoot, gpus);
+      panels = ps;
+      void metricCatalog(abort.signal).then((c) => { if (alive) { ps.setCatalog(c); redraw(); } });
+      const hist = await fetchJson<MetricHistory>(`jobs/${jobId}/metrics${qs({ points: HISTORY_POINTS })}`);
       store.loadHistory(hist.series);
       const rows = hist.series.reduce((a, x) => a + x.total, 0);
       if (hist.stream_cursor) startCursor = hist.stream_cursor;
       else if (rows > STREAM_BACKLOG_MAX) { startCursor = `${SKIP_METRICS}.0.0`; pollMetrics = true; }
       if (hist.last_step !== null) {
-        const win = await get<MetricHistory>(`jobs/${jobId}/metrics${qs({
+        const win = await fetchJson<MetricHistory>(`jobs/${jobId}/metrics${qs({
           names: ["response_length/p50", "response_length/p90", "response_length/max"].join(","),
           after_step: Math.max(-1, hist.last_step - WINDOW_STEPS),
         })}`);
@@ -191,9 +201,10 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
       startStream();
       if (pollMetrics) void poll();
     } catch (e) {
+      if (!alive) return; // navigated away: the aborted request is no error
       err.textContent = e instanceof ApiError && e.status === 404 ? `Job ${jobId} not found.` : `Could not load job: ${e}`;
     }
   })();
 
-  return () => { alive = false; clearTimeout(pollTimer); stream?.stop(); panels?.destroy(); };
+  return () => { alive = false; abort.abort(); clearTimeout(pollTimer); stream?.stop(); panels?.destroy(); };
 }

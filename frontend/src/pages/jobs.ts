@@ -1,6 +1,6 @@
 // Job list: status filter, cursor pagination ("more"), and per job its latest step and step time (the list's own
 // last_step / last_step_time_s fields), refreshed every few seconds.
-import { get, qs, type Job, type Page } from "../api";
+import { get, qs, type Job, type JobPage } from "../api";
 import { clear, fmt, fmtTime, h } from "../dom";
 import type { Cleanup } from "../router";
 
@@ -50,7 +50,7 @@ export function jobsPage(root: HTMLElement): Cleanup {
 
   async function load(append = false): Promise<void> {
     try {
-      const page = await get<Page<Job>>(`jobs${qs({ status: filter.value || null, cursor: append ? cursor : null,
+      const page = await get<JobPage>(`jobs${qs({ status: filter.value || null, cursor: append ? cursor : null,
         limit: 50 })}`);
       if (!alive) return;
       if (append) jobs = jobs.concat(page.items);
@@ -59,9 +59,9 @@ export function jobsPage(root: HTMLElement): Cleanup {
         const first = new Set(page.items.map((j) => j.id));
         const rest = jobs.slice(50).filter((j) => !first.has(j.id));
         jobs = page.items.concat(rest);
-        if (!rest.length) cursor = page.next_cursor;
+        if (!rest.length) cursor = page.next_cursor ?? null;
       }
-      if (append) cursor = page.next_cursor;
+      if (append) cursor = page.next_cursor ?? null;
       draw();
       err.textContent = "";
     } catch (e) {

@@ -173,7 +173,7 @@ class WindowBandit:
         per = active if self.config.per_sequence and active is not None else 1
         if arm.is_sd:
             rate = self._plain_rate(bucket)  # tokens/s of NO_SD per sequence (or per step)
-            if rate is not None:
+            if rate:  # unmeasured, or plain steps that emitted nothing: no plain-time estimate for this step
                 plain_s = tokens / (rate * per)
                 st.base_s += plain_s
                 st.loss_s += seconds - plain_s

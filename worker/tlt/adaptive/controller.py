@@ -9,7 +9,8 @@
 
 Speculative modes (the job spec's `rollout.speculative`): "off" never drafts; "on" drafts every step with the fixed
 arm of the spec (draft_depth, draft_topk, verify_tokens) -- a baseline, no bandit; "adaptive" switches SD by the
-active batch (SdSwitch) and lets the bandit pick the arm per bucket, "none" included.
+active batch (SdSwitch), or by measured step costs (CostSwitch, adaptive/step_costs.py), and lets the bandit pick the
+arm per bucket, "none" included.
 
 Run the tests: `python -m pytest tests/adaptive/test_adaptive_controller.py -q`.
 """
@@ -33,6 +34,7 @@ from worker.tlt.adaptive.arms import (
 )
 from worker.tlt.adaptive.bandit import BanditConfig, WindowBandit, bandit_from_dict, make_bandit
 from worker.tlt.adaptive.metrics import RolloutSdMetrics
+from worker.tlt.adaptive.step_costs import CostSwitch, StepCostConfig, StepCosts
 from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
 
 if TYPE_CHECKING:
@@ -41,10 +43,12 @@ if TYPE_CHECKING:
 
 class AdaptiveSd:
     def __init__(self, switch: SwitchConfig, bandit: WindowBandit | None, fixed_arm: Arm = NO_SD,
-                 scheme: BucketScheme = TLT_BUCKETS) -> None:
+                 scheme: BucketScheme = TLT_BUCKETS, costs: StepCosts | None = None) -> None:
         if switch.mode == "adaptive" and bandit is None:
             raise ValueError("adaptive mode needs a bandit")
-        self.switch = SdSwitch(switch)
+        # costs: SD on where measured step costs say it pays (adaptive/step_costs.py), below switch.off_threshold
+        self.costs = costs
+        self.switch = SdSwitch(switch) if costs is None else CostSwitch(switch, costs)
         self.bandit = bandit  # None unless adaptive
         self.fixed_arm = fixed_arm  # the arm of mode "on"
         self.scheme = scheme
@@ -52,10 +56,15 @@ class AdaptiveSd:
 
     @classmethod
     def from_spec(cls, rollout: RolloutConfig, drafters: Sequence[DrafterKind],
-                  scheme: BucketScheme = ONE_GPU_BUCKETS) -> AdaptiveSd:
+                  scheme: BucketScheme = ONE_GPU_BUCKETS, step_costs: StepCostConfig | None = None,
+                  sd_below: int | None = None) -> AdaptiveSd:
         """From the job spec's rollout section; `drafters` are the drafter kinds the engine has now; buckets: one
-        GPU's (arms.ONE_GPU_BUCKETS), finer than TLT's."""
+        GPU's (arms.ONE_GPU_BUCKETS), finer than TLT's. `step_costs`: switch by measured step costs (SD considered
+        below `sd_below` active sequences, default the threshold switch's off point) instead of the threshold."""
         switch = SwitchConfig.from_rollout(rollout)
+        if step_costs is not None and sd_below is not None:
+            switch = SwitchConfig(mode=switch.mode, on_below=switch.on_below, patience=switch.patience,
+                                  off_at=max(sd_below, switch.on_below + 1))
         kind = next((d for d in drafters if d != "none"), None)
         fixed = NO_SD
         if switch.mode == "on" and kind is not None:
@@ -65,7 +74,8 @@ class AdaptiveSd:
         bandit = None
         if switch.mode == "adaptive":
             bandit = make_bandit(arms_table(drafters, scheme), BanditConfig(kind=rollout.bandit), seed=rollout.seed)
-        return cls(switch, bandit, fixed, scheme)
+        costs = StepCosts(step_costs, scheme) if step_costs is not None else None
+        return cls(switch, bandit, fixed, scheme, costs)
 
     def start_rollout(self) -> None:
         """A new rollout starts with a full batch: switch off, metrics empty; the bandit keeps what it learned."""
@@ -88,6 +98,8 @@ class AdaptiveSd:
         sd_on: the switch's state when that step was planned (default: its state now). An engine that plans several
         plain decode steps before it learns their emitted counts passes it, since the switch may have moved since."""
         on = self.switch.on if sd_on is None else sd_on
+        if self.costs is not None:
+            self.costs.observe(active, arm.is_sd, emitted, seconds)
         if on and self.bandit is not None:
             self.bandit.observe(self.scheme.bucket(active), arm, emitted, seconds, active=active)
         self.metrics.observe_step(active=active, sd_on=on, arm=arm.name if on else None,

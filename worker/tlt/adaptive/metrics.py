@@ -4,6 +4,8 @@ The engine calls `RolloutSdMetrics.observe_step(...)` once per decode step (host
 hands `summary()` to the Reporter at the end of the rollout. Names (DESIGN.md):
 
 - `sd/on_fraction`: decode steps with the SD switch on / all decode steps;
+- `sd/spec_step_fraction`: decode steps that drafted and verified (verify width > 1) / all decode steps: where SD
+  really ran (with the switch on, the bandit may still pick plain decoding);
 - `sd/accept_len`: mean tokens emitted per sequence per drafting step, accepted drafts + the bonus/recovered token
   (EAGLE's tau; 1.0 means no draft was ever accepted), before EOS / length truncation;
 - `sd/accept_rate_pos_<k>` (k = 1, 2, ...): sequences whose k-th draft token was accepted / sequences that had a
@@ -12,6 +14,9 @@ hands `summary()` to the Reporter at the end of the rollout. Names (DESIGN.md):
 - `sd/arm/<name>`: switch-on steps that ran arm <name> ("none" = the bandit chose plain decoding);
 - `perf/tokens_per_s_full` / `perf/tokens_per_s_tail`: emitted tokens / wall seconds over steps with
   active >= on_below (full batch) and active < on_below (the tail);
+- `perf/seq_tokens_per_s_tail_sd` / `perf/seq_tokens_per_s_tail_plain`: over the tail's steps that drafted and
+  verified / that decoded plainly, tokens / sum of (active x seconds): one sequence's speed with and without SD in
+  the same rollout (their ratio is the tail speed-up the dashboard shows);
 - `perf/tokens_per_s_bucket/<label>`: the same per batch-size bucket ("1", "2-4", "5-20", "ge21");
 - `perf/seq_tokens_per_s_bucket/<label>`: per bucket, tokens / sum over steps of (active x seconds): the rate of one
   sequence. Two runs (SD off, adaptive) that spend their steps in a bucket at different batch sizes compare fairly
@@ -29,6 +34,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from worker.tlt import metric_catalog as mc
 from worker.tlt.adaptive.arms import TLT_BUCKETS, BucketScheme
 
 
@@ -71,6 +77,7 @@ class RolloutSdMetrics:
     scheme: BucketScheme = TLT_BUCKETS  # buckets of the per-bucket tokens/s
     steps: int = 0
     sd_on_steps: int = 0
+    spec_steps: int = 0  # steps that drafted and verified
     draft_seq_steps: int = 0  # sum of active over drafting steps
     verify_tokens_total: int = 0  # sum of verify_tokens * active over drafting steps
     accepted_total: int = 0
@@ -79,6 +86,8 @@ class RolloutSdMetrics:
     arms: Counter[str] = field(default_factory=Counter)
     full: _Totals = field(default_factory=_Totals)
     tail: _Totals = field(default_factory=_Totals)
+    tail_sd: _Totals = field(default_factory=_Totals)  # tail steps that drafted and verified
+    tail_plain: _Totals = field(default_factory=_Totals)  # tail steps that decoded plainly
     buckets: dict[int, _Totals] = field(default_factory=dict)
     bucket_sd_steps: Counter[int] = field(default_factory=Counter)
     bucket_arms: dict[int, Counter[str]] = field(default_factory=dict)  # per bucket: switch-on steps per arm
@@ -106,7 +115,10 @@ class RolloutSdMetrics:
         if accepted is not None and (accepted < 0 or (accepted_per_pos and accepted != total)):
             raise ValueError(f"accepted={accepted} disagrees with sum(accepted_per_pos)={total}")
         self.steps += 1
+        drafting = sd_on and verify_tokens > 1
         (self.tail if active < self.on_below else self.full).add(emitted, seconds, active)
+        if active < self.on_below:
+            (self.tail_sd if drafting else self.tail_plain).add(emitted, seconds, active)
         bucket = self.scheme.bucket(active)
         self.buckets.setdefault(bucket, _Totals()).add(emitted, seconds, active)
         if sd_on:
@@ -114,7 +126,8 @@ class RolloutSdMetrics:
             self.bucket_sd_steps[bucket] += 1
             self.arms[arm or "none"] += 1
             self.bucket_arms.setdefault(bucket, Counter())[arm or "none"] += 1
-        if sd_on and verify_tokens > 1:
+        if drafting:
+            self.spec_steps += 1
             self.draft_seq_steps += active
             self.verify_tokens_total += verify_tokens * active
             self.accepted_total += total if accepted is None else accepted
@@ -129,18 +142,22 @@ class RolloutSdMetrics:
         """The metrics of everything observed so far (names above)."""
         out: dict[str, float] = {}
         if self.steps:
-            out["sd/on_fraction"] = self.sd_on_steps / self.steps
+            out[mc.SD_ON_FRACTION] = self.sd_on_steps / self.steps
+            out[mc.SD_SPEC_STEP_FRACTION] = self.spec_steps / self.steps
         if self.draft_seq_steps:
-            out["sd/accept_len"] = 1.0 + self.accepted_total / self.draft_seq_steps
+            out[mc.SD_ACCEPT_LEN] = 1.0 + self.accepted_total / self.draft_seq_steps
             out["sd/verify_tokens"] = self.verify_tokens_total / self.draft_seq_steps
         for k, (a, d) in enumerate(zip(self.accepted_pos, self.drafted_pos, strict=True), start=1):
             if d:
                 out[f"sd/accept_rate_pos_{k}"] = a / d
         for name, n in sorted(self.arms.items()):
             out[f"sd/arm/{name}"] = float(n)
-        for key, totals in (("perf/tokens_per_s_full", self.full), ("perf/tokens_per_s_tail", self.tail)):
+        for key, totals in ((mc.TOKENS_PER_S_FULL, self.full), (mc.TOKENS_PER_S_TAIL, self.tail)):
             if totals.tokens_per_s is not None:
                 out[key] = totals.tokens_per_s
+        for key, totals in ((mc.SEQ_TOKENS_PER_S_TAIL_SD, self.tail_sd), (mc.SEQ_TOKENS_PER_S_TAIL_PLAIN, self.tail_plain)):
+            if totals.seq_tokens_per_s is not None:
+                out[key] = totals.seq_tokens_per_s
         for b, totals in sorted(self.buckets.items()):
             if totals.tokens_per_s is not None:
                 out[f"perf/tokens_per_s_bucket/{self.scheme.label(b)}"] = totals.tokens_per_s

@@ -13,9 +13,11 @@ Hook rows: EAGLE-1 reads the final-norm hidden [N, H]; EAGLE-3 needs the engine 
 `capture_layers=od.capture_layers` (its three feature layers), whose hook rows are cat(g_2, g_{L//2}, g_{L-3},
 final) [N, 4H]: the buffer stores them whole (the first 3H columns are the drafter's input features, the last H the
 target hidden whose head gives the soft-CE target), the proposer keeps the first 3H.
-`harvest/idle_gpu_s` counts the wall time of the last rollout's steps whose active batch was below
-`rollout.sd_on_below` (the memory-bound tail, where a whole GPU's compute is mostly idle); `harvest/used_gpu_s` the
-time spent in drafter steps.
+Per RL step, `harvest/idle_gpu_s` is the wall time of the rollout's tail: its decode steps whose active batch was
+below `rollout.sd_on_below` (memory-bound, the GPU's compute mostly idle) plus the drafter steps the engine ran
+between them (`train_in_tail`); `harvest/used_gpu_s` is those drafter steps, so `harvest/ratio` <= 1. Training that
+`after_update` runs to finish the step's budget is not harvested: the step waits for it (timing_s/drafter). The
+cumulative counters are `harvest/{idle,used}_gpu_s_total`.
 
 Exact resume: `state_dict()` holds the spot trainer's state (trainable weights, AdamW, its generators, counters), the
 buffer's live rows (the last two steps' hidden states: a resumed run trains on the same windows), the weights and
@@ -28,12 +30,12 @@ Run the tests: `python -m pytest tests/drafter/test_drafter_online.py -q`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from worker.tlt import metric_catalog as mc
 from worker.tlt.config import JobSpec
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.drafter.export import load_exported
@@ -47,8 +49,8 @@ from worker.tlt.rollout.types import GenerationOutput
 def build_drafter(spec: JobSpec, target: Transformer) -> EagleDrafter:
     """A fresh drafter of the spec's kind (or the warm-start directory's weights), on the target's device."""
     ttt = 3 if spec.drafter.kind == "eagle3" else 1
-    if spec.drafter.warm_start:
-        return load_exported(spec.drafter.warm_start, target, ttt_steps=ttt)
+    if warm := spec.drafter.warm_start_dir:
+        return load_exported(warm, target, ttt_steps=ttt)
     cfg = EagleConfig(kind="eagle3" if spec.drafter.kind == "eagle3" else "eagle1", ttt_steps=ttt)
     return EagleDrafter(target, cfg).to(target.head_weight.device)
 
@@ -75,6 +77,7 @@ class OnlineDrafter:
         self._published_at = 0  # trainer step count of the last snapshot
         self._steps_this_rl_step = 0
         self._tail_s = 0.0  # idle time offered by the last rollout, not yet accounted
+        self._tail_used_s = 0.0  # drafter training between the last rollout's tail steps, not yet accounted
         self._rollouts = 0  # training rollouts begun: the buffer's step numbers (checkpointed with the buffer)
         self.token_counts = torch.zeros(target.args.vocab_size, dtype=torch.int64)  # response tokens seen, per id
 
@@ -133,21 +136,23 @@ class OnlineDrafter:
     def train_in_tail(self, until: Callable[[], bool], max_steps: int) -> int:
         """Spot steps between tail decode steps (idle time is accounted from `observe_rollout`)."""
         cap = self.spec.drafter.max_train_steps_per_rl_step - self._steps_this_rl_step
+        before = self.trainer.used_gpu_s
         n = self.trainer.train(until, min(max_steps, max(cap, 0)), idle_s=0.0)
+        self._tail_used_s += self.trainer.used_gpu_s - before
         self._steps_this_rl_step += n
         return n
 
     # ------------------------------------------------------------------------------------------------ trainer side
     def after_update(self, step: int, trajectories: Sequence[Any]) -> dict[str, float]:
-        """rl/trainer.py's DrafterHook: the rest of this RL step's spot-training budget, then the metrics."""
-        t0 = time.perf_counter()
+        """rl/trainer.py's DrafterHook: the rest of this RL step's spot-training budget (in the step's own time, not
+        harvested), then drafter/* and this step's harvest/* (module docstring)."""
         budget = self.spec.drafter.max_train_steps_per_rl_step - self._steps_this_rl_step
-        self._steps_this_rl_step += self.trainer.train(lambda: False, max(budget, 0), idle_s=0.0)
-        used = time.perf_counter() - t0
-        # idle offered: the rollout's tail; training beyond it ran in the step's own time (counted as idle spent)
-        self.trainer.add_idle(max(self._tail_s, used))
-        self._tail_s = 0.0
-        return self.trainer.metrics()
+        self._steps_this_rl_step += self.trainer.train(lambda: False, max(budget, 0), idle_s=0.0, harvested=False)
+        idle, used = self._tail_s + self._tail_used_s, self._tail_used_s
+        self.trainer.add_idle(idle)
+        self._tail_s = self._tail_used_s = 0.0
+        return {**self.trainer.metrics(), mc.HARVEST_IDLE: idle, mc.HARVEST_USED: used,
+                mc.HARVEST_RATIO: used / idle if idle > 0 else 0.0}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -160,6 +165,7 @@ class OnlineDrafter:
             "published_at": self._published_at,
             "steps_this_rl_step": self._steps_this_rl_step,
             "tail_s": self._tail_s,
+            "tail_used_s": self._tail_used_s,
             "rollouts": self._rollouts,
             "draft_vocab": self.proposer.draft_vocab,
             "token_counts": self.token_counts.clone(),
@@ -180,6 +186,7 @@ class OnlineDrafter:
         self._published_at = int(state["published_at"])
         self._steps_this_rl_step = int(state["steps_this_rl_step"])
         self._tail_s = float(state["tail_s"])
+        self._tail_used_s = float(state.get("tail_used_s", 0.0))  # 0 between RL steps
         self._rollouts = int(state["rollouts"])
         self.token_counts = state.get("token_counts", torch.zeros_like(self.token_counts)).clone()
         vocab = state.get("draft_vocab")

@@ -20,8 +20,10 @@ the proposer loads it at the next rollout start. `save`/`load` move the trainabl
 `state_dict`/`load_state_dict` hold everything an exact resume needs (weights, AdamW state, the window-sampling and
 feature-noise generators, counters), so a resumed run's next steps are bit-identical to the uninterrupted run's.
 
-Metrics (`metrics()`): drafter/loss, drafter/acc, drafter/steps (cumulative), harvest/idle_gpu_s (idle GPU time
-offered to the trainer), harvest/used_gpu_s (time its steps took), harvest/ratio.
+Metrics (`metrics()`): drafter/loss, drafter/acc, drafter/steps (cumulative), harvest/idle_gpu_s_total (idle GPU
+time offered to the trainer, cumulative), harvest/used_gpu_s_total (time its harvested steps took, cumulative). The
+per-step harvest/* figures are the caller's (drafter/online.py, multigpu/harvest.py): only it knows the step's idle
+time.
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_train.py tests/drafter/test_drafter_spot_step.py -q`.
 Time one step: `python -m worker.tlt.drafter.train --bench --device cuda` (SmolLM2 shape, random weights).
@@ -41,6 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from worker.tlt import metric_catalog as mc
 from worker.tlt.drafter.buffer import Batch, HiddenStateBuffer
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.soft_ce import CHUNK_ELEMS, soft_cross_entropy
@@ -188,6 +191,7 @@ class SpotTrainer:
         until: Callable[[], bool],  # True = stop at the next step boundary (the next phase needs the GPU)
         max_steps: int,  # cap on optimizer steps in this call
         idle_s: float | None = None,  # idle GPU seconds offered (None: this call's wall time)
+        harvested: bool = True,  # False: training outside idle time (the step waits for it): not in used_gpu_s
     ) -> int:  # steps done; their device work has finished when this returns
         t0 = time.perf_counter()
         cuda = self.device.type == "cuda"
@@ -207,7 +211,7 @@ class SpotTrainer:
                     queued.popleft().synchronize()
         if cuda:
             torch.cuda.synchronize(self.device)
-        if done:
+        if done and harvested:
             self.used_gpu_s += time.perf_counter() - t_first
         self.idle_gpu_s += idle_s if idle_s is not None else time.perf_counter() - t0
         self.drafter.eval()
@@ -218,16 +222,15 @@ class SpotTrainer:
         self.idle_gpu_s += seconds
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
-        """drafter/* averages since the last reset, harvest/* and drafter/steps cumulative."""
+        """drafter/loss and drafter/acc averaged since the last reset; drafter/steps and harvest/*_total cumulative."""
         m: dict[str, float] = {
-            "drafter/steps": float(self.steps),
-            "harvest/idle_gpu_s": self.idle_gpu_s,
-            "harvest/used_gpu_s": self.used_gpu_s,
-            "harvest/ratio": self.used_gpu_s / self.idle_gpu_s if self.idle_gpu_s > 0 else 0.0,
+            mc.DRAFTER_STEPS: float(self.steps),
+            mc.HARVEST_IDLE_TOTAL: self.idle_gpu_s,
+            mc.HARVEST_USED_TOTAL: self.used_gpu_s,
         }
         if self._n_since:  # the one host read of the step metrics
-            m["drafter/loss"] = float(self._loss_sum) / self._n_since
-            m["drafter/acc"] = float(self._acc_sum) / self._n_since
+            m[mc.DRAFTER_LOSS] = float(self._loss_sum) / self._n_since
+            m[mc.DRAFTER_ACC] = float(self._acc_sum) / self._n_since
         if reset:
             self._loss_sum.zero_()
             self._acc_sum.zero_()
@@ -315,7 +318,7 @@ def bench_step(
     t0 = time.perf_counter()
     tr.train(lambda: False, steps)
     ms = 1e3 * (time.perf_counter() - t0) / steps
-    return {"ms_per_step": ms, "tokens_per_step": float(batch * (window - 1)), "loss": tr.metrics()["drafter/loss"]}
+    return {"ms_per_step": ms, "tokens_per_step": float(batch * (window - 1)), "loss": tr.metrics()[mc.DRAFTER_LOSS]}
 
 
 def main(argv: list[str] | None = None) -> int:

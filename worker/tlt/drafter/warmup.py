@@ -69,7 +69,7 @@ def warmup(
     width = drafter.feature_dim + (drafter.args.dim if drafter.cfg.kind == "eagle3" else 0)
     # the target is frozen here, so every round's responses stay valid training rows (an RL step keeps two: its
     # policy moves); the ring's budget bounds them. More responses and steps raised the H200 chain accept length
-    # 2.28 -> 2.48 (2,048 -> 7,168 responses, 6,000 -> 24,000 steps: bench/results/h200_session12.md)
+    # 2.28 -> 2.48 (2,048 -> 7,168 responses, 6,000 -> 24,000 steps: bench/results/drafter_recipes_h200.md)
     buffer = HiddenStateBuffer(width, int(spec.drafter.buffer_gb * 2**30), device=dev,
                                dtype=resolve_dtype(None, dev), keep_steps=spec.max_steps)
     trainer = SpotTrainer(drafter, buffer, SpotTrainerConfig(learning_rate=spec.drafter.learning_rate,

@@ -32,13 +32,13 @@ import triton.language as tl
 
 from worker.tlt.kernels.common import (
     Config,
-    config_for,
     dot_precision,
     pdl_args,
     prefetch,
     prefetch_lines,
     wait_for_previous,
 )
+from worker.tlt.kernels.tuning import config_for
 
 EMPTY_MAX = -1.0e30  # running max before any allowed column (finite: exp(EMPTY_MAX - m) is exactly 0, no NaN)
 
@@ -198,7 +198,9 @@ def cache_attention(
     _, n_kv, _, d = ck.shape
     g = q.shape[1] // (n_kv * d)
     tk = mask.shape[2]
-    cfg = config or config_for("attention", g, d, q.device)
+    cfg = config or config_for("attention", g, d, q.device,
+                               launch=lambda c: cache_attention(q[:1], ck, cv, mask[:1, :1], widx[:1], row0=row0,
+                                                                config=c))  # tuned on the call's first token
     split = max(cfg.split, 0)
     n_splits = triton.cdiv(tk, split) if split else 1  # enough for any row (n_cols <= Tk); the extra ones return
     out = torch.empty_like(q)

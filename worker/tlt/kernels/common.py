@@ -4,8 +4,9 @@ rounding, and the launch configs (tile sizes, warps, pipeline stages).
 
 A kernel's config depends on the weight shape (N, K) only, never on the number of tokens M, so that every row's
 result is bit-identical whatever the batch (plain decode and speculative verify then agree exactly; the K tile
-fixes the order of the fp32 accumulation). `config_for` returns the entry of `TUNED` (this GPU's file
-written by `python bench/kernel_sweep.py --write-tuned`) or the default rule. Tests: `python -m pytest tests/kernels -q`.
+fixes the order of the fp32 accumulation). kernels/tuning.py picks a config per (GPU, weight shape); `default_config`
+is its rule for shapes not tuned. The switches (PDL, prefetch) come from kernels/settings.py's KernelConfig.
+Tests: `python -m pytest tests/kernels -q`.
 
 Programmatic dependent launch (PDL, Hopper and later; `pdl_args`): at one decode token every kernel here is
 latency-bound, and inside a CUDA graph each dependent launch still waits for the previous kernel to drain before its
@@ -17,15 +18,13 @@ attribute (torch's) keep plain stream order, so mixing both stays correct.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-from dataclasses import astuple, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from worker.tlt.kernels.settings import current
 
 BLOCK_M = 16  # tl.dot needs M tiles >= 16; decode batches are padded up to it by masks
 
@@ -38,41 +37,14 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2  # software-pipelined loads in flight (1: none)
     split: int = 0  # attention only: cache columns per split program (flash-decoding); 0: one program per row
+    prefetch: bool = True  # GEMMs: prefetch the program's weight rows into L2 before the PDL wait (see below)
 
 
-# (kernel, N, K) -> Config: the sweep's winners for this GPU (bench/kernel_sweep.py --write-tuned writes
-# kernels/tuned/<GPU name>.json, read once per process on CUDA), else the default rule. Kernels: "qkv_rope"
-# (N = (Hq + 2 Hkv) * D, K = H), "attention" (N = G query heads per KV head, K = D), "linear_residual" (o_proj,
-# down_proj, head), "norm_gate_up" (N = I, K = H).
-TUNED: dict[tuple[str, int, int], Config] = {}
-TUNED_DIR = Path(__file__).with_name("tuned")
-_loaded_for: str | None = None
-
-
-def tuned_path(device_name: str) -> Path:
-    return TUNED_DIR / (re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json")
-
-
-def load_tuned(device_name: str) -> int:
-    """Fill TUNED from this GPU's file (entries "kernel,N,K": [block_n, block_k, num_warps, num_stages, split], the
-    fields in Config's order; files written before a field existed leave it at its default) -> entries read (0: no
-    file for this GPU)."""
-    path = tuned_path(device_name)
-    if not path.exists():
-        return 0
-    entries = json.loads(path.read_text())
-    for key, v in entries.items():
-        kernel, n, k = key.split(",")
-        TUNED.setdefault((kernel, int(n), int(k)), Config(*v))
-    return len(entries)
-
-
-def save_tuned(device_name: str, table: dict[tuple[str, int, int], Config]) -> Path:
-    path = tuned_path(device_name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    entries = {f"{kn},{n},{k}": list(astuple(c)) for (kn, n, k), c in table.items()}
-    path.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
-    return path
+# Weight matrices above this many bytes are not prefetched by the default rule: every program prefetches its whole
+# rows up front, which pays while the matrix fits the L2 (60 MB on an H200) and thrashes it beyond: on an H200 the
+# 272 MB gate|up of Qwen2.5-7B took 107.6 us with prefetch and 84.9 us without (one decode token), its 136 MB down
+# 49.6 vs 37.1 us, while its 26 MB o_proj ran at 2.9 TB/s with prefetch.
+PREFETCH_MAX_BYTES = 32 << 20
 
 
 def default_config(kernel: str, n: int, k: int) -> Config:
@@ -87,44 +59,21 @@ def default_config(kernel: str, n: int, k: int) -> Config:
     if kernel == "attention":
         return Config(block_n=64, block_k=k, num_warps=4, num_stages=2, split=64)
     bk = max(16, min(256, triton.next_power_of_2(k)))
+    fits = (2 if kernel == "norm_gate_up" else 1) * n * k * 2 <= PREFETCH_MAX_BYTES  # bf16 weight bytes
     if kernel == "qkv_rope":
-        return Config(block_n=16, block_k=bk, num_warps=4, num_stages=2)
+        return Config(block_n=16, block_k=bk, num_warps=4, num_stages=2, prefetch=fits)
     bn = 16 if n <= 1024 else 32
-    return Config(block_n=bn, block_k=bk, num_warps=4, num_stages=2)
-
-
-def describe_configs(device: torch.device) -> str:
-    """Which configs the kernels launch with on `device` (for benchmark notes: a run says whether it was tuned)."""
-    _load_for(device)
-    path = tuned_path(_loaded_for) if _loaded_for else None
-    if path is not None and path.exists():
-        return f"tuned ({path.name}, {len(TUNED)} shapes)"
-    return "the default rule (no tuned file for this GPU)"
-
-
-def _load_for(device: torch.device | None) -> None:
-    """Read this GPU's tuned file, once per process (the first CUDA launch)."""
-    global _loaded_for
-    if device is not None and device.type == "cuda" and _loaded_for is None:
-        _loaded_for = torch.cuda.get_device_name(device)
-        load_tuned(_loaded_for)
-
-
-def config_for(kernel: str, n: int, k: int, device: torch.device | None = None) -> Config:
-    _load_for(device)
-    return TUNED.get((kernel, n, k)) or default_config(kernel, n, k)
+    return Config(block_n=bn, block_k=bk, num_warps=4, num_stages=2, prefetch=fits)
 
 
 _PDL: dict[torch.device, bool] = {}
-# PDL pays at decode sizes and cost ~5% at 64 tokens (H200, SmolLM2: larger grids, whose early-scheduled programs
-# only wait): used for calls of at most this many tokens (TLT_PDL_MAX_TOKENS overrides, for measuring).
-PDL_MAX_TOKENS = int(os.environ.get("TLT_PDL_MAX_TOKENS", "32"))
 
 
 def pdl_args(device: torch.device, m: int) -> dict[str, bool]:
     """Launch kwargs of a fused kernel for m tokens on `device`: USE_GDC, and launch_pdl where PDL is on (sm_90+,
-    a Triton that has it, TLT_PDL not "0", m <= PDL_MAX_TOKENS)."""
-    on = m <= PDL_MAX_TOKENS and _pdl_supported(device)
+    a Triton that has it, KernelConfig.pdl, m <= KernelConfig.pdl_max_tokens)."""
+    cfg = current()
+    on = cfg.pdl and m <= cfg.pdl_max_tokens and _pdl_supported(device)
     return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
 
 
@@ -132,7 +81,7 @@ def _pdl_supported(device: torch.device) -> bool:
     on = _PDL.get(device)
     if on is None:
         on = False
-        if device.type == "cuda" and os.environ.get("TLT_PDL", "1") != "0":
+        if device.type == "cuda":
             try:
                 from triton.backends.nvidia.compiler import CUDAOptions
 
@@ -157,17 +106,18 @@ def prefetch(ptrs):
 def prefetch_rows(w_ptr, rows, stride_wn, K, LINES: tl.constexpr, EPL: tl.constexpr):
     """`prefetch` weight rows `rows` [R] of K elements, line by line (EPL elements per line, LINES >= K / EPL a
     power of 2; extra lines repeat the last). Weights are never written by the kernels before: only their reads
-    move ahead. LINES 0: nothing (TLT_PREFETCH=0)."""
+    move ahead. LINES 0: nothing (KernelConfig.prefetch off)."""
     if LINES > 0:
         cols = tl.minimum(tl.arange(0, LINES) * EPL, K - 1)
         prefetch(w_ptr + rows[:, None] * stride_wn + cols[None, :])
 
 
-def prefetch_lines(k: int, w: torch.Tensor) -> tuple[int, int]:
+def prefetch_lines(k: int, w: torch.Tensor, on: bool = True) -> tuple[int, int]:
     """(LINES, EPL) for prefetching rows of k elements of w's dtype (weight rows, cache columns): EPL elements per
-    128-byte line, LINES a power of 2 >= k / EPL (0 with TLT_PREFETCH=0)."""
+    128-byte line, LINES a power of 2 >= k / EPL (0 when `on` is False (the launch config's choice) or with
+    KernelConfig.prefetch off)."""
     epl = max(1, 128 // w.element_size())
-    if os.environ.get("TLT_PREFETCH", "1") == "0":
+    if not (on and current().prefetch):
         return 0, epl
     return triton.next_power_of_2(triton.cdiv(k, epl)), epl
 

@@ -2,7 +2,7 @@
 the distribution q it was drawn from (the verifier's draft_probs row), for rows sharing one temperature T > 0 with no
 top-k / top-p (DraftContext.filters). The torch path (processed_probs + sample) launches ~7 kernels per drafted
 token whose softmax and argmax run one thread block per row: ~50 us per token at batch 8 over V = 49,152 on an H200
-(session 6's profile), six times per chain of six.
+(bench/decode_profile.py), six times per chain of six.
 
 1. kernels/sample_commit.py's chunk pass (grid (B, C)): the chunk's max m_c, sum of exp(s - m_c) and exponential-race
    winner, s = logits.float() / T rounded as torch rounds it;

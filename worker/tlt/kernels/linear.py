@@ -9,13 +9,13 @@ add / the silu / the product), accumulation is fp32. Tests: `python -m pytest te
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from worker.tlt.kernels.common import (
     BLOCK_M,
     Config,
-    config_for,
     dot_precision,
     normed_tile,
     pdl_args,
@@ -25,6 +25,7 @@ from worker.tlt.kernels.common import (
     row_rstd,
     wait_for_previous,
 )
+from worker.tlt.kernels.tuning import config_for, prefers_torch
 
 
 @triton.jit
@@ -143,7 +144,8 @@ def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, *,
     x [M, K], w [N, K], r [M, N] -> [M, N] (a new tensor: r may be a captured input).
     early_residual: r was written before the kernel launched right before this one (a layer's o_proj / down: their
     residual comes from two or more kernels back), so it is read before the PDL wait, off the critical path; never
-    set it when the previous kernel may write r. config: the sweep's candidate (default: config_for)."""
+    set it when the previous kernel may write r. config: the sweep's candidate (default: kernels/tuning.py's, and
+    torch's F.linear for the shapes where tuning found cuBLAS faster)."""
     m, ka = a.shape
     table, ids = gather if gather is not None else (a, a)  # unused pointers get any tensor
     kt = table.shape[1] if gather is not None else 0
@@ -151,8 +153,18 @@ def linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, *,
     n = w.shape[0]
     assert a.stride(1) == 1 and w.stride(1) == 1 and (r is None or r.stride(1) == 1) and w.shape[1] == k
     assert gather is None or (table.stride(1) == 1 and table.dtype == a.dtype and ids.shape == (m,))
-    cfg = config or config_for("linear_residual", n, k, a.device)
-    lines, epl = prefetch_lines(k, w)
+    if config is None:
+        one = slice(0, 1)  # a first use tunes on one row: the decode case (the config never depends on M)
+        r1 = r[one] if r is not None else None
+        config = config_for(
+            "linear_residual", n, k, a.device,
+            launch=lambda c: linear_residual(a[one], w, r1, gather=(table, ids[one]) if gather else None, config=c),
+            torch_launch=None if gather else lambda: torch_linear_residual(a[one], w, r1),
+        )
+        if gather is None and prefers_torch("linear_residual", n, k, a.device):
+            return torch_linear_residual(a, w, r)
+    cfg = config
+    lines, epl = prefetch_lines(k, w, cfg.prefetch)
     out = torch.empty((m, n), device=a.device, dtype=a.dtype)
     _linear_residual_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n))](
         a, w, r if r is not None else out, out, table, ids, m, n, k, kt, a.stride(0), w.stride(0),
@@ -171,8 +183,9 @@ def norm_gate_up(x: torch.Tensor, ln_w: torch.Tensor, w: torch.Tensor, eps: floa
     m, k = x.shape
     i = w.shape[0] // 2
     assert x.stride(1) == 1 and w.stride(1) == 1
-    cfg = config or config_for("norm_gate_up", i, k, x.device)
-    lines, epl = prefetch_lines(k, w)
+    cfg = config or config_for("norm_gate_up", i, k, x.device,
+                               launch=lambda c: norm_gate_up(x[:1], ln_w, w, eps, config=c))
+    lines, epl = prefetch_lines(k, w, cfg.prefetch)
     out = torch.empty((m, i), device=x.device, dtype=x.dtype)
     _norm_gate_up_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(i, cfg.block_n))](
         x, ln_w, w, out, m, i, k, eps, x.stride(0), w.stride(0), out.stride(0),
@@ -180,3 +193,10 @@ def norm_gate_up(x: torch.Tensor, ln_w: torch.Tensor, w: torch.Tensor, eps: floa
         LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device, m),
     )
     return out
+
+
+def torch_linear_residual(a: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
+    """`linear_residual` in torch (cuBLAS), rounded the same way: the projection's output, then the add. For the shapes
+    where tuning found cuBLAS faster (kernels/tuning.prefers_torch)."""
+    y = F.linear(a, w)
+    return y if r is None else y + r

@@ -23,7 +23,6 @@ import triton.language as tl
 from worker.tlt.kernels.common import (
     BLOCK_M,
     Config,
-    config_for,
     dot_precision,
     normed_tile,
     pdl_args,
@@ -33,6 +32,7 @@ from worker.tlt.kernels.common import (
     row_rstd,
     wait_for_previous,
 )
+from worker.tlt.kernels.tuning import config_for
 
 
 @triton.jit
@@ -168,14 +168,17 @@ def qkv_rope_cache(
     n_kv, d = ck.shape[1], ck.shape[3]
     assert ck.stride(3) == 1 and cv.stride() == ck.stride() and w.stride(1) == 1 and cos.stride(1) == 1
     assert pos.is_contiguous() and widx.is_contiguous()  # read as flat [M] arrays
-    cfg = config or config_for("qkv_rope", w.shape[0], k, x.device)
+    cfg = config or config_for(  # a first use tunes on the call's first token (rewriting its K/V as they are)
+        "qkv_rope", w.shape[0], k, x.device,
+        launch=lambda c: qkv_rope_cache(x[:1], ln_w, w, bias, q_norm, k_norm, cos, sin, pos[:1], widx[:1], ck, cv, s=s,
+                                        row0=row0, n_heads=n_heads, eps=eps, config=c))
     block_n = head_tile(cfg.block_n, d, qk_norm=q_norm is not None)
     # a whole head where the config meant a narrower tile: two [BLOCK_K, D] weight tiles per step, half as deep
     block_k = cfg.block_k if block_n == cfg.block_n else min(cfg.block_k, 128)
     q = torch.empty((m, n_heads * d), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(m, BLOCK_M), (n_heads + 2 * n_kv) * d // block_n)
     ln = ln_w if ln_w is not None else w  # unused pointers get any tensor
-    lines, epl = prefetch_lines(k, w)
+    lines, epl = prefetch_lines(k, w, cfg.prefetch)
     _qkv_rope_kernel[grid](
         x, ln, w, bias if bias is not None else w, q_norm if q_norm is not None else ln,
         k_norm if k_norm is not None else ln, cos, sin, pos, widx, q, ck, cv,

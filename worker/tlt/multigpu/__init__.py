@@ -1,11 +1,11 @@
 """Multi-GPU jobs: data-parallel rollout, idle ranks train the drafter, data-parallel policy update.
 
-    launch.py         start N ranks from the job process; relay rank 0's reports to the job's Reporter
+    launch.py         start N ranks from the job process, or join a torchrun / deepspeed launch from the environment
     context.py        process group (NCCL / gloo), rendezvous store, the collectives used here
     rollout_shard.py  prompts sharded by rank, per-rank sampling streams, trajectory summaries gathered
     harvest.py        a rank whose shard is done trains the drafter until all are done; drafter broadcast
-    update.py         gradient all-reduce (DDP-style) with the global loss normaliser and global clip
-    zero.py           ZeRO stage 1 (`resources.zero_stage: 1`): AdamW state sharded across ranks, weights replicated
+    update.py         gradient all-reduce (DDP-style) with the global loss normaliser and global clip (torch update);
+                      ZeRO stages and offload are DeepSpeed's (`resources.zero_stage`, rl/deepspeed_update.py)
     metrics.py        merge the ranks' step metrics; per-GPU timeline intervals
     data_parallel.py  apply all of it to a single-GPU GRPOTrainer; the step strategy of rl/loop.py's train_loop
 

@@ -1,11 +1,11 @@
 """One rank's view of a multi-GPU job: process group, device, the rendezvous store, and the few collectives the
 multigpu package uses (object gathers for small records, a float all-reduce, a module broadcast).
 
-    ctx = DistContext.init(rank, world, init_method="tcp://127.0.0.1:29500", device_type="cuda")
+    ctx = DistContext.init(rank, world, init_method="env://", device_type="cuda", local_rank=rank % gpus_per_host)
     ...
     ctx.close()
 
-Backend: NCCL on CUDA (rank r drives cuda:r), gloo on CPU (the CI tests). The store (TCPStore of the rendezvous)
+Backend: NCCL on CUDA (rank r drives cuda:local_rank, its index on its host), gloo on CPU (the CI tests). The store (TCPStore of the rendezvous)
 carries the harvest phase's "my shard is done" counters: store ops are host round trips that never enter the NCCL
 stream, so an idle rank can poll them between drafter steps without a collective.
 """
@@ -30,12 +30,14 @@ class DistContext:
     store: dist.Store
 
     @classmethod
-    def init(cls, rank: int, world: int, init_method: str, device_type: str, timeout_s: float = 1800.0
-             ) -> DistContext:
-        """Join the process group. CUDA: pins cuda:rank first, so `torch.cuda.current_device()` is this rank's GPU."""
+    def init(cls, rank: int, world: int, init_method: str, device_type: str, timeout_s: float = 1800.0,
+             local_rank: int | None = None) -> DistContext:
+        """Join the process group. CUDA: pins cuda:local_rank (default: rank) first, so `torch.cuda.current_device()`
+        is this rank's GPU."""
         if device_type == "cuda":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
+            index = rank if local_rank is None else local_rank
+            torch.cuda.set_device(index)
+            device = torch.device("cuda", index)
             backend = "nccl"
         else:
             device = torch.device("cpu")

@@ -2,13 +2,20 @@
 (rl/loop.py `train_loop`) as one rank of a multi-GPU job.
 
     trainer, val = build_trainer(spec, reporter)
-    dp = apply_data_parallel(trainer, ctx)           # sharded rollout + harvest + DP update (+ ZeRO-1) + drafter
+    dp = apply_data_parallel(trainer, ctx)           # sharded rollout + harvest + DP or DeepSpeed update + drafter
     train_loop(spec, trainer, dp, val, run_dir, reporter, resume=True)
 
 Every rank runs every collective in the same order: the stop decision (an all-reduce, so a cancel seen by one rank
 stops all at the same step), the step (rollout gather, gradient all-reduce, drafter broadcast, the metric gather),
-validation (sharded, gathered), the checkpoint (`check_replicas` proves the policies identical, then ZeRO-1 shards
-are consolidated on rank 0). Rank 0 reports, writes checkpoints and exports; all ranks read the same checkpoint.
+validation (sharded, gathered), the checkpoint (`check_replicas` proves the policies identical; a DeepSpeed update
+has every rank write its optimizer shard, rl/loop.py). Rank 0 reports, writes checkpoints and exports; all ranks read
+the same checkpoint.
+
+The update: the torch data-parallel update (update.py: replicated AdamW, gradients all-reduced in a step pre-hook)
+or, when the trainer runs DeepSpeed (`trainer.ds`, rl/deepspeed_update.py: ZeRO stages 1-3, offload), DeepSpeed's
+engine, which reduces, clips and partitions itself; each rank's loss is then scaled by its share of the global
+normaliser x world (DeepSpeed averages the ranks' gradients), so the step is the single-process step over the whole
+batch.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from worker.tlt.multigpu.harvest import DistDrafterHook, Harvester
 from worker.tlt.multigpu.metrics import merge_step_metrics
 from worker.tlt.multigpu.rollout_shard import ShardedRollout
 from worker.tlt.multigpu.update import DataParallelUpdate, check_replicas, loss_share
-from worker.tlt.multigpu.zero import consolidate, optimizer_state_bytes, shard_optimizer
 from worker.tlt.rl.loop import StepResult
+from worker.tlt.rl.optim import optimizer_state_bytes
 from worker.tlt.rl.trainer import GRPOTrainer
 
 if TYPE_CHECKING:
@@ -33,7 +40,7 @@ if TYPE_CHECKING:
 class DataParallel:
     """The pieces `apply_data_parallel` installed on a trainer, and the loop's step strategy for this rank."""
 
-    def __init__(self, ctx: DistContext, rollout: ShardedRollout, update: DataParallelUpdate,
+    def __init__(self, ctx: DistContext, rollout: ShardedRollout, update: DataParallelUpdate | None,
                  drafter: OnlineDrafter | None) -> None:
         self.ctx, self.rollout, self.update, self.drafter = ctx, rollout, update, drafter
 
@@ -60,7 +67,6 @@ class DataParallel:
 
     def before_checkpoint(self, trainer: GRPOTrainer) -> None:
         check_replicas(self.ctx, trainer.model)
-        consolidate(trainer.optimizer)  # ZeRO-1: every rank sends its shard of the AdamW state to rank 0
 
     def barrier(self) -> None:
         self.ctx.barrier()
@@ -82,20 +88,27 @@ def apply_data_parallel(trainer: GRPOTrainer, ctx: DistContext) -> DataParallel:
     trainer.rollout = rollout
     if drafter is not None:
         trainer.drafter = DistDrafterHook(ctx, drafter, lambda: [s.harvest for s in rollout.last_gather])
-    if spec.resources.zero_stage == 1:
-        shard_optimizer(trainer)  # before the update's hook goes on the optimizer
-    update = DataParallelUpdate(ctx, trainer, rollout)
+    update = None
+    if trainer.ds is not None:
+        if trainer.algo.dynamic_sampling:
+            raise ValueError("algorithm.dynamic_sampling is not supported with resources.gpus > 1 yet")
+        loss_type, rank, world = trainer.algo.loss_type, ctx.rank, ctx.world
+        trainer.ds.loss_scale = lambda: loss_share(loss_type, rollout.last_gather, rank) * world
+    else:
+        update = DataParallelUpdate(ctx, trainer, rollout)
     return DataParallel(ctx, rollout, update, drafter)
 
 
 def dist_step(trainer: GRPOTrainer, dp: DataParallel) -> tuple[dict[str, float], list[dict], list[dict[str, float]]]:
     """One RL step on every rank. Returns (this rank's metrics, its sample rows, every rank's metrics) with the
-    gradient norm and loss of the data-parallel update in place of the trainer's local ones, and this rank's
-    optimizer state size (halved per rank by ZeRO-1 on 2 ranks) and, on CUDA, its peak memory."""
+    gradient norm and loss of the data-parallel update in place of the trainer's local ones (DeepSpeed's norm is
+    already global), and this rank's optimizer state size (divided across ranks by ZeRO) and, on CUDA, its peak
+    memory."""
     metrics, samples, _ = trainer.step()
     metrics["perf/optimizer_state_mib"] = optimizer_state_bytes(trainer.optimizer) / 2**20
     if dp.ctx.device.type == "cuda":  # the allocator's high-water mark so far (KV cache, rollout and update)
         metrics["perf/peak_mem_mib"] = torch.cuda.max_memory_allocated(dp.ctx.device) / 2**20
-    metrics["actor/grad_norm"] = dp.update.last_grad_norm
+    if dp.update is not None:
+        metrics["actor/grad_norm"] = dp.update.last_grad_norm
     metrics["actor/pg_loss"] *= loss_share(trainer.algo.loss_type, dp.rollout.last_gather, dp.ctx.rank)
     return metrics, samples, dp.ctx.all_gather_objects(metrics)

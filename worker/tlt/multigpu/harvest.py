@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from worker.tlt import metric_catalog as mc
 from worker.tlt.multigpu.context import DistContext
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class Harvester:
             with torch.enable_grad():
                 steps = st.train(all_done, self.max_steps, idle_s=0.0)
             used = st.used_gpu_s - before
-            drafter_metrics = {k: v for k, v in st.metrics(reset=True).items() if k in ("drafter/loss", "drafter/acc")}
+            drafter_metrics = {k: v for k, v in st.metrics(reset=True).items() if k in (mc.DRAFTER_LOSS, mc.DRAFTER_ACC)}
             store.add(f"{key}/free", 1)
         while not released():
             time.sleep(self.poll_s)
@@ -89,7 +90,7 @@ def harvest_metrics(records: Sequence[HarvestRecord]) -> dict[str, float]:
     """harvest/* of one step: GPU-seconds summed over ranks, and per rank."""
     idle = sum(r.idle_s for r in records)
     used = sum(r.used_s for r in records)
-    out = {"harvest/idle_gpu_s": idle, "harvest/used_gpu_s": used, "harvest/ratio": used / idle if idle > 0 else 0.0}
+    out = {mc.HARVEST_IDLE: idle, mc.HARVEST_USED: used, mc.HARVEST_RATIO: used / idle if idle > 0 else 0.0}
     for r in records:
         out[f"harvest/gpu{r.rank}/idle_gpu_s"] = r.idle_s
         out[f"harvest/gpu{r.rank}/used_gpu_s"] = r.used_s
@@ -133,7 +134,7 @@ class DistDrafterHook:
             if self.ctx.rank != src:
                 trainer.load_state_dict(state)
             metrics.update(trained[0].drafter_metrics)
-        metrics["drafter/steps"] = float(self.drafter.trainer.steps)
+        metrics[mc.DRAFTER_STEPS] = float(self.drafter.trainer.steps)
         metrics["drafter/harvest_steps"] = float(sum(r.steps for r in records))
         return metrics
 

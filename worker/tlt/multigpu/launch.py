@@ -1,9 +1,14 @@
 """Start a multi-GPU job: N rank processes (torch.multiprocessing spawn) from the job's own process, which keeps the
-job's `Reporter` and relays to it what rank 0 reports.
+job's `Reporter` and relays to it what rank 0 reports; or join a job started by torchrun or DeepSpeed's launcher.
 
     from worker.tlt.multigpu import launch
     launch.run(spec, run_dir, reporter)                      # spec.resources.gpus ranks, NCCL, rank r on cuda:r
     launch.run(spec, run_dir, reporter, world=2)             # CPU ranks over gloo (tests; spec.resources.gpus == 0)
+
+    # multi-node: the same spec on every host, the launcher's host list says where (rank 0 writes run_dir)
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \
+        -m worker.tlt.multigpu.launch spec.yaml --run-dir runs/job
+    deepspeed --hostfile hosts --module worker.tlt.multigpu.launch spec.yaml --run-dir runs/job
 
 Why spawn from the job process rather than torchrun: the Celery worker already runs each job in a child process
 that owns the job's reporter (a database writer); spawning the ranks from there keeps that one object, its
@@ -11,6 +16,10 @@ connection and the cancel flag in one place, needs no second CLI entry point, an
 down with a traceback (ProcessContext.join re-raises it). Rendezvous is a TCP store on a free local port.
 Reporting: ranks put `(method, args)` on a queue; the job process calls the reporter; `should_stop()` is polled
 here and handed to the ranks as an Event, which they turn into a collective decision (data_parallel.py).
+Rendezvous is torchrun's in both cases: MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE / LOCAL_RANK in each rank's
+environment (spawned ranks get them set here; DeepSpeed reads LOCAL_RANK for its device), rank r driving
+cuda:LOCAL_RANK. Under an external launcher (`main`) rank 0 reports into run_dir's files (file_reporter.py) and
+every rank stops at the step after any of them sees run_dir/STOP (a shared filesystem, as the checkpoints need).
 NCCL_NVLS_ENABLE defaults to 0: NVLink SHARP multicast is unavailable on the shared H200 hosts and its set-up fails.
 """
 
@@ -20,6 +29,7 @@ import logging
 import os
 import queue
 import socket
+from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -28,6 +38,7 @@ import torch
 import torch.multiprocessing as mp
 
 from worker.tlt.config import JobSpec
+from worker.tlt.file_reporter import FileReporter
 from worker.tlt.reporting import ArtifactKind, Reporter
 
 log = logging.getLogger(__name__)
@@ -70,9 +81,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rank_main(rank: int, world: int, init_method: str, device_type: str, spec_data: dict, run_dir: str,
-              resume: bool, channel: Any, stop: Event) -> None:
-    """Entry point of one rank (module-level: spawn imports it by name)."""
+def train_rank(rank: int, world: int, local_rank: int, device_type: str, spec: JobSpec, run_dir: Path,
+               resume: bool, reporter_of: Callable[[bool], Reporter]) -> None:
+    """One rank of a job whose rendezvous is in the environment (env://); `reporter_of(is_main)` its reporter."""
     from worker.tlt.build import build_trainer
     from worker.tlt.multigpu.context import DistContext
     from worker.tlt.multigpu.data_parallel import apply_data_parallel
@@ -80,18 +91,26 @@ def rank_main(rank: int, world: int, init_method: str, device_type: str, spec_da
 
     if device_type == "cpu":  # ranks share the host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    ctx = DistContext.init(rank, world, init_method, device_type)
-    reporter = QueueReporter(channel, stop, forward=ctx.is_main)
-    spec = JobSpec.model_validate(spec_data)
+    ctx = DistContext.init(rank, world, "env://", device_type, local_rank=local_rank)
+    reporter = reporter_of(ctx.is_main)
     trainer = None
     try:
         trainer, val = build_trainer(spec, reporter)
         dp = apply_data_parallel(trainer, ctx)
-        train_loop(spec, trainer, dp, val, Path(run_dir), reporter, resume)
+        train_loop(spec, trainer, dp, val, run_dir, reporter, resume)
     finally:
         if trainer is not None:
             trainer.close()
         ctx.close()
+
+
+def rank_main(rank: int, world: int, master_port: int, device_type: str, spec_data: dict, run_dir: str,
+              resume: bool, channel: Any, stop: Event) -> None:
+    """Entry point of one spawned rank (module-level: spawn imports it by name)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    train_rank(rank, world, rank, device_type, JobSpec.model_validate(spec_data), Path(run_dir), resume,
+               lambda is_main: QueueReporter(channel, stop, forward=is_main))
 
 
 def relay(procs: mp.ProcessContext, channel: Any, stop: Event, reporter: Reporter) -> None:
@@ -133,11 +152,53 @@ def run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool = True, w
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # inherited by the spawned ranks
     ctx = mp.get_context("spawn")
     channel, stop = ctx.Queue(), ctx.Event()
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    reporter.log(f"starting {world} ranks ({'NCCL' if device_type == 'cuda' else 'gloo'}) at {init_method}")
+    port = free_port()
+    reporter.log(f"starting {world} ranks ({'NCCL' if device_type == 'cuda' else 'gloo'}) at 127.0.0.1:{port}")
     procs = mp.start_processes(
-        rank_main, args=(world, init_method, device_type, spec.model_dump(mode="json"), str(run_dir), resume,
+        rank_main, args=(world, port, device_type, spec.model_dump(mode="json"), str(run_dir), resume,
                          channel, stop),
         nprocs=world, join=False, start_method="spawn",
     )
     relay(procs, channel, stop, reporter)
+
+
+class RankReporter(FileReporter):
+    """A non-zero rank under an external launcher: writes nothing, reads run_dir/STOP like rank 0."""
+
+    def _append(self, name: str, record: dict) -> None:
+        pass
+
+    def log(self, line: str) -> None:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank of a job started by torchrun or DeepSpeed's launcher (rendezvous from the environment)."""
+    import argparse
+
+    from worker.tlt.spec_file import load_spec
+
+    parser = argparse.ArgumentParser(prog="python -m worker.tlt.multigpu.launch",
+                                     description="One rank of a multi-GPU / multi-node TLT job (torchrun, deepspeed).")
+    parser.add_argument("spec", nargs="?", help="job spec YAML (JobSpec fields)")
+    parser.add_argument("--run-dir", required=True, help="output directory, shared by every host")
+    parser.add_argument("--preset", default=None, help="start from a named preset")
+    parser.add_argument("--no-resume", action="store_true")
+    args = parser.parse_args(argv)
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        parser.error(f"not started by torchrun / deepspeed: {', '.join(missing)} unset")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = load_spec(args.spec, args.preset)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device_type = "cuda" if spec.resources.gpus > 0 else "cpu"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    run_dir = Path(args.run_dir)
+    train_rank(rank, world, local_rank, device_type, spec, run_dir, not args.no_resume,
+               lambda is_main: FileReporter(run_dir) if is_main else RankReporter(run_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

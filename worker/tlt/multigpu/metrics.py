@@ -7,7 +7,7 @@ Rules: response lengths, their histogram and tokens/s are recomputed from all ra
 combined exactly from each rank's count, mean and unbiased std; sums for counts and the (pre-scaled) loss; the
 slowest rank for timings; token-weighted means for per-token actor/rollout statistics; metrics every rank already
 agrees on (harvest/*, drafter/*, actor/grad_norm, actor/lr, val/*) pass through; anything else is a mean weighted by
-the rank's number of responses. perf/optimizer_state_mib (ZeRO-1 shards it) and perf/peak_mem_mib (CUDA) are the
+the rank's number of responses. perf/optimizer_state_mib (ZeRO shards it) and perf/peak_mem_mib (CUDA) are the
 largest rank's, and each rank's as perf/gpu{r}/optimizer_state_mib and perf/gpu{r}/peak_mem_mib.
 
 Timeline (`timeline/gpu{r}/{rollout,drafter,idle,reward,update,sync}_s`): the step's phases of GPU r in order,

@@ -8,9 +8,9 @@ GPU (bf16 weights 0.27 GB, fp32 master copies 0.54, fp32 grads 0.54, AdamW momen
 sharding saves nothing that matters, while it costs an all-gather before every forward and a reduce-scatter after
 every backward, and the rollout engine (colocated: it runs the very module being trained, with CUDA graphs) needs
 whole, plain tensors, which FSDP2 replaces with DTensor shards. Replication keeps the engine untouched. Past ~7B
-parameters the state no longer fits beside the KV cache and FSDP2 is the right transform. In between,
-`resources.zero_stage: 1` shards the AdamW moments alone (ZeRO stage 1, zero.py: the largest part of the state, and
-the weights stay whole for the engine); this hook runs unchanged before its sharded step.
+parameters the state no longer fits beside the KV cache: then `resources.zero_stage` (1-3) and
+`offload_optimizer` run the update on DeepSpeed instead (rl/deepspeed_update.py, multigpu/data_parallel.py), which
+shards the optimizer state, gradients and (stage 3) weights, and this hook is not installed.
 
 Exactness: the trainer normalises its loss by its own shard's batch (rl/grpo.py LossNorm); the pre-hook rescales
 each rank's gradient by (its share of the global normaliser) before the SUM all-reduce, so the reduced gradient is

@@ -12,7 +12,13 @@ generators, the hidden-state buffer's live rows, the weights the engine serves),
 extra.pt is loaded onto the CPU (each owner moves its tensors back to its device), so a checkpoint written on a GPU
 resumes anywhere. It is written into a
 `.tmp-*` sibling and renamed into place, so a `step-N` directory is always complete; only then are the oldest
-checkpoints beyond `keep` deleted, so the previous one survives until its successor exists.
+checkpoints beyond `keep` deleted, so the previous one survives until its successor exists. The operator caps `keep`
+for every run with TLT_KEEP_LAST_CHECKPOINTS (default 2): a SmolLM2 checkpoint with optimizer state is ~1.6 GB.
+Every .pt file is read with `torch.load(weights_only=True)` (tensors and plain containers only: loading a
+checkpoint can never run code), so the RNG states are stored as tensors and plain values.
+A DeepSpeed update (rl/deepspeed_update.py) has no optimizer.pt: its optimizer state (fp32 master weights, Adam
+moments, each rank's shard) is DeepSpeed's own checkpoint in `root/deepspeed/step-N`, written by every rank before
+rank 0 writes step-N, so a complete step-N implies a complete tag; tags without one are removed with the pruning.
 """
 
 from __future__ import annotations
@@ -31,6 +37,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+DEEPSPEED_DIR = "deepspeed"  # root/deepspeed/step-N: DeepSpeed's own checkpoint of step N (every rank's shard)
+KEEP_ENV = "TLT_KEEP_LAST_CHECKPOINTS"
+DEFAULT_KEEP = 2
+
+
+def keep_last_checkpoints() -> int:
+    """The operator's cap on checkpoints kept per run (TLT_KEEP_LAST_CHECKPOINTS, default 2)."""
+    raw = os.environ.get(KEEP_ENV, "").strip() or str(DEFAULT_KEEP)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{KEEP_ENV} must be a whole number >= 1, got {raw!r}")
+    return int(raw)
 
 
 @dataclass
@@ -51,7 +68,7 @@ def capture_rng(rollout_gen: torch.Generator | None) -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": _numpy_state_plain(),
         "rollout": rollout_gen.get_state() if rollout_gen is not None else None,
     }
 
@@ -61,9 +78,16 @@ def restore_rng(state: dict[str, Any], rollout_gen: torch.Generator | None) -> N
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if rollout_gen is not None and state["rollout"] is not None:
         rollout_gen.set_state(state["rollout"])
+
+
+def _numpy_state_plain() -> tuple[str, torch.Tensor, int, int, float]:
+    """NumPy's global RNG state with its key array as a tensor (weights_only loading refuses NumPy arrays)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    return str(name), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -84,14 +108,16 @@ def save_checkpoint(
     step: int,
     *,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     rng: dict[str, Any],
     trainer_state: dict[str, Any],
     extra: dict[str, Any] | None = None,
     keep: int = 3,
 ) -> Path:
-    """Write step-N atomically, then prune to the newest `keep`. Returns the checkpoint directory."""
+    """Write step-N atomically, then prune to the newest `keep` (at most TLT_KEEP_LAST_CHECKPOINTS). Returns the
+    checkpoint directory."""
+    keep = min(keep, keep_last_checkpoints())
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
@@ -101,7 +127,8 @@ def save_checkpoint(
     # clone: tied weights share storage, which safetensors refuses to write twice
     weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
     save_file(weights, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if optimizer is not None:  # None: the optimizer state is in root/deepspeed/step-N, written by every rank
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng, tmp / "rng.pt")
     torch.save(extra or {}, tmp / "extra.pt")
@@ -118,7 +145,21 @@ def save_checkpoint(
         tmp.rename(final)
     for _, path in list_checkpoints(root)[:-keep]:
         shutil.rmtree(path)
+    prune_deepspeed(root)
     return final
+
+
+def prune_deepspeed(root: Path) -> None:
+    """Remove DeepSpeed tags (root/deepspeed/step-N) that have no complete step-N beside them: pruned, or a save
+    that stopped before its step-N was renamed into place."""
+    ds_dir = root / DEEPSPEED_DIR
+    if not ds_dir.is_dir():
+        return
+    kept = {step for step, _ in list_checkpoints(root)}
+    for tag in ds_dir.iterdir():
+        m = _STEP_DIR.match(tag.name)
+        if tag.is_dir() and m and int(m.group(1)) not in kept:
+            shutil.rmtree(tag, ignore_errors=True)  # every rank of a job may clean at once
 
 
 def clean_partial(root: Path) -> None:
@@ -126,7 +167,8 @@ def clean_partial(root: Path) -> None:
     if root.is_dir():
         for p in root.iterdir():
             if p.is_dir() and (p.name.startswith(".tmp-step-") or p.name.startswith(".old-step-")):
-                shutil.rmtree(p)
+                shutil.rmtree(p, ignore_errors=True)
+        prune_deepspeed(root)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -135,9 +177,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
         path=path,
         step=int(state["step"]),
         model=load_file(str(path / "model.safetensors")),
-        optimizer=torch.load(path / "optimizer.pt", weights_only=False),
-        scheduler=torch.load(path / "scheduler.pt", weights_only=False),
-        rng=torch.load(path / "rng.pt", weights_only=False),
+        optimizer=torch.load(path / "optimizer.pt", weights_only=True) if (path / "optimizer.pt").exists() else {},
+        scheduler=torch.load(path / "scheduler.pt", weights_only=True),
+        rng=torch.load(path / "rng.pt", weights_only=True),
         trainer_state=state,
-        extra=torch.load(path / "extra.pt", weights_only=False, map_location="cpu"),
+        extra=torch.load(path / "extra.pt", weights_only=True, map_location="cpu"),
     )

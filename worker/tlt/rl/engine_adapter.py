@@ -15,7 +15,7 @@ Speculative decoding (`rollout.speculative`, `drafter.kind`):
   update. EAGLE-3 builds the engine with `capture_layers` = its three feature layers (hook rows [N, 4H]).
 - `on` + `ngram`: the model-free n-gram drafter over each sequence and its GRPO siblings (spec/ngram.py).
   Drafts are a chain of `draft_depth` tokens, or a tree when `draft_topk > 1`; the engine verifies losslessly.
-- `adaptive` (issue 4): the engine asks `adaptive.AdaptiveSd` every decode step: SD on below `sd_on_below` active
+- `adaptive`: the engine asks `adaptive.AdaptiveSd` every decode step: SD on below `sd_on_below` active
   sequences (hysteresis `sd_patience`), the arm (drafter x depth x top-k x verify width, or plain decoding) chosen
   per batch-size bucket by the spec's bandit. Drafters: the n-gram drafter always (cold start, sees the GRPO
   siblings), plus the EAGLE drafter when `drafter.kind` is eagle1 or eagle3 (whose spot trainer also gets the engine's
@@ -28,7 +28,7 @@ Finished responses reach the caller's `on_finish` through the engine's own `on_f
 `Engine.generate` has that parameter (so rewards are scored while the tail still decodes), else after generate()
 returns; `streams_finished` says which.
 Validation rollouts (greedy) run plain decoding with the hook detached, so they never feed the drafter's buffer.
-Memory for the update (`rollout.release_kv_for_update`, issue #9): a training rollout ends by freeing the engine's KV
+Memory for the update (`rollout.release_kv_for_update`): a training rollout ends by freeing the engine's KV
 cache and its graphs (rollout/memory.py), so the GRPO update that follows has that memory; the next call (training
 or validation) allocates it again first. Metrics of a training rollout: `perf/kv_released_gb` (freed at its end) and
 `timing_s/kv_restore` (allocating it back at its start; the graphs' re-capture lands in `timing_s/gen`).
@@ -78,7 +78,9 @@ def sd_metrics(out: GenerationOutput) -> dict[str, float]:
     emitted = sum(s.emitted for s in out.steps if s.kind != "prefill")
     spec = [s for s in out.steps if s.kind == "spec"]
     spec_emitted = sum(s.emitted for s in spec)
-    m = {"sd/on_fraction": spec_emitted / emitted if emitted else 0.0}
+    decode_steps = sum(s.kind != "prefill" for s in out.steps)
+    m = {"sd/on_fraction": spec_emitted / emitted if emitted else 0.0,
+         "sd/spec_step_fraction": len(spec) / decode_steps if decode_steps else 0.0}
     if spec:
         rows = sum(s.active for s in spec)
         m["sd/accept_len"] = spec_emitted / rows if rows else 0.0  # emitted tokens per sequence per verify

@@ -101,6 +101,8 @@ def train_loop(spec: JobSpec, trainer: GRPOTrainer, strategy: StepStrategy, val:
 
     def checkpoint() -> None:
         strategy.before_checkpoint(trainer)
+        if trainer.ds is not None:  # DeepSpeed's optimizer shards: every process writes its own, before step-N exists
+            trainer.ds.save(ckpt_root, trainer.step_count)
         if strategy.is_main:
             path = save_checkpoint(trainer, ckpt_root, spec.save_total_limit)
             reporter.artifact("checkpoint", path, trainer.step_count)

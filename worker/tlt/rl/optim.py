@@ -110,8 +110,8 @@ class MasterWeights:
 
 def adamw_kwargs(params: list[torch.nn.Parameter], algo: AlgorithmConfig) -> dict[str, Any]:
     """AdamW's hyper-parameters: fused on CUDA (one kernel over all tensors, step counters on the device, so the
-    step never waits on the host), the multi-tensor (foreach) path on CPU. Shared with the ZeRO-sharded optimizer
-    (multigpu/zero.py), which builds one AdamW per rank over its shard of `params`."""
+    step never waits on the host), the multi-tensor (foreach) path on CPU. Shared with the DeepSpeed update
+    (rl/deepspeed_update.py), which hands DeepSpeed an AdamW built with them."""
     on_cuda = bool(params) and all(p.is_cuda for p in params)
     return {"lr": algo.learning_rate, "weight_decay": algo.weight_decay,
             "fused": True if on_cuda else None, "foreach": None if on_cuda else True}
@@ -124,3 +124,10 @@ def build_optimizer(params: list[torch.nn.Parameter], algo: AlgorithmConfig) -> 
 def build_scheduler(opt: torch.optim.Optimizer, algo: AlgorithmConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     kind, warmup = algo.lr_scheduler_type, algo.warmup_steps
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, kind, warmup, total_steps))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of per-parameter optimizer state (Adam's exp_avg, exp_avg_sq) this process holds: under DeepSpeed's
+    ZeRO the optimizer steps this rank's partition only, so it holds 1/world of the moments."""
+    return sum(t.numel() * t.element_size() for st in optimizer.state.values() if st
+               for t in st.values() if torch.is_tensor(t) and t.dim() > 0)

@@ -17,6 +17,10 @@ How this departs from the GRPO paper (Shao et al. 2024), beyond the loss choices
   added to the weighted reward sum when overlong_buffer > 0.
 - bf16/fp16 models train through fp32 master weights by default (rl/optim.py `MasterWeights`), so the update the
   engine sees is the fp32 optimizer's, rounded once.
+- The update runs on torch AdamW in this process or on DeepSpeed's engine (ZeRO stages, optimizer offload), as
+  `resources` asks or as the memory arithmetic decides (rl/update_plan.py, rl/deepspeed_update.py); `self.plan` says
+  which. DeepSpeed clips by the global norm, keeps its own fp32 master weights, and at ZeRO-3 the sync phase gathers
+  its partitioned weights into the engine's copy.
 - Weight sync is free: the rollout engine runs the very module being trained (colocated), so the update is visible
   to the next rollout with no copy; `timing_s/sync` measures only the engine's notification hook.
 - With `rollout.release_kv_for_update` the rollout frees the engine's KV cache (and its CUDA graphs) as it returns,
@@ -29,7 +33,7 @@ import copy
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +48,7 @@ from worker.tlt.rewards.registry import RewardFn
 from worker.tlt.rewards.shaping import overlong_penalty
 from worker.tlt.rewards.streaming import StreamingScorer
 from worker.tlt.rl.batch import MicroBatch, UpdateSeq, micro_batches
+from worker.tlt.rl.deepspeed_update import DeepSpeedUpdate, deepspeed_installed, plan_for
 from worker.tlt.rl.grpo import LossNorm, group_advantages, policy_loss, token_logprobs_entropy
 from worker.tlt.rl.optim import (
     MasterWeights,
@@ -52,6 +57,7 @@ from worker.tlt.rl.optim import (
     trainable_params,
     use_master_weights,
 )
+from worker.tlt.rl.policy_forward import ResponseLogits
 from worker.tlt.rl.rollout_io import Rollout, Trajectory
 
 log = logging.getLogger(__name__)
@@ -108,13 +114,30 @@ class GRPOTrainer:
         self.num_samples = num_samples  # sample rows reported per step
         self.sampler: PromptSampler[RenderedPrompt] = PromptSampler(train_prompts, seed=spec.seed)
         self.generator = rollout.generator  # the rollout's sampling stream (checkpointed)
-        self.master = MasterWeights(trainable_params(model), enabled=use_master_weights(model, self.algo))
-        self.optimizer = build_optimizer(self.master.train_params, self.algo)
-        self.scheduler = build_scheduler(self.optimizer, self.algo, total_steps=spec.max_steps)
         self.ref_model = None
         if self.algo.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         model.gradient_checkpointing = self.algo.gradient_checkpointing
+        self.plan = plan_for(spec, model, torch.device(device))
+        if not self.plan.fits:
+            log.warning("the policy update may not fit: %s", "; ".join(self.plan.lines()))
+        self.ds: DeepSpeedUpdate | None = None
+        self.policy_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ResponseLogits(model)
+        if self.plan.engine == "deepspeed":
+            if not deepspeed_installed():
+                raise RuntimeError("resources ask for DeepSpeed, which is not installed: pip install '.[deepspeed]'")
+            self.ds = DeepSpeedUpdate(model, self.algo, self.plan)
+            self.master = MasterWeights(trainable_params(model), enabled=False)  # DeepSpeed keeps its own
+            self.optimizer: torch.optim.Optimizer = self.ds.base_optimizer
+            self.policy_logits = self.ds.forward
+            engine = getattr(rollout, "engine", None)
+            if self.ds.moved_storage and engine is not None:  # graphs captured on the old storage: capture again
+                engine.release_memory()
+                engine.restore_memory()
+        else:
+            self.master = MasterWeights(trainable_params(model), enabled=use_master_weights(model, self.algo))
+            self.optimizer = build_optimizer(self.master.train_params, self.algo)
+        self.scheduler = build_scheduler(self.optimizer, self.algo, total_steps=spec.max_steps)
         self.scorer = StreamingScorer(tokenizer, reward_fns, self.algo.reward_weights)
         self.step_count = 0  # RL steps completed
 
@@ -141,16 +164,15 @@ class GRPOTrainer:
         return torch.tensor(totals, dtype=torch.float32), metrics
 
     def response_logprobs(
-        self, model: Transformer, mb: MicroBatch
+        self, policy_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], mb: MicroBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs [b, S-1], zero off the mask; entropies [n] of the n response positions, no grad). The head and
-        the softmax run on response positions only (prompts are often most of a sequence), gathered by the host-made
-        index so nothing waits on the GPU."""
-        _, h, _ = model.forward_hidden(mb.input_ids, compute_logits=False)  # [b, S, H]
+        """(log-probs [b, S-1], zero off the mask; entropies [n] of the n response positions, no grad).
+        `policy_logits` is rl/policy_forward.py's ResponseLogits (or DeepSpeed's engine around it); the head and the
+        softmax run on response positions only, gathered by the host-made index so nothing waits on the GPU."""
         b, s = mb.input_ids.shape
         idx = mb.resp_index  # [n] positions in the [b, S-1] grid
         at = idx + idx // (s - 1)  # [n] the same positions in the [b, S] grid: row i, column j is i * S + j
-        logits = model.logits_from_hidden(h.reshape(b * s, -1).index_select(0, at))  # [n, V]
+        logits = policy_logits(mb.input_ids, at)  # [n, V]
         targets = mb.input_ids.reshape(-1).index_select(0, at + 1)  # [n] the next token of each position
         lp, ent = token_logprobs_entropy(logits, targets, self.algo.temperature)
         logp = torch.zeros(b * (s - 1), dtype=lp.dtype, device=lp.device).index_copy(0, idx, lp)
@@ -166,16 +188,22 @@ class GRPOTrainer:
         acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in names}  # float64 sums
         if seqs:
             norm = LossNorm(num_sequences=len(seqs), num_tokens=sum(len(s.response_ids) for s in seqs))
-            self.optimizer.zero_grad(set_to_none=True)
-            for mb in micro_batches(seqs, self.algo.micro_batch_tokens, self.tokenizer.pad_id, self.device):
-                logp, ent = self.response_logprobs(self.model, mb)
+            if self.ds is None:
+                self.optimizer.zero_grad(set_to_none=True)
+            mbs = list(micro_batches(seqs, self.algo.micro_batch_tokens, self.tokenizer.pad_id, self.device))
+            ref_logits = ResponseLogits(self.ref_model) if self.ref_model is not None else None
+            for i, mb in enumerate(mbs):
+                logp, ent = self.response_logprobs(self.policy_logits, mb)
                 ref_logp = None
-                if self.ref_model is not None:
+                if ref_logits is not None:
                     with torch.no_grad():
-                        ref_logp, _ = self.response_logprobs(self.ref_model, mb)
+                        ref_logp, _ = self.response_logprobs(ref_logits, mb)
                 loss, st = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, self.algo, norm, ref_logp)
-                loss.backward()
-                self.master.accumulate_grads()  # fp32 copies' grads (no-op without master weights)
+                if self.ds is not None:  # DeepSpeed reduces and accumulates; the last micro-batch closes the step
+                    self.ds.backward(loss, last=i == len(mbs) - 1)
+                else:
+                    loss.backward()
+                    self.master.accumulate_grads()  # fp32 copies' grads (no-op without master weights)
                 with torch.no_grad():
                     m = mb.mask
                     acc["loss"] += loss.detach()
@@ -191,10 +219,13 @@ class GRPOTrainer:
                         acc["lp_sum_roll"] += (mb.rollout_logp * m).sum()
                         acc["lp_tokens"] += m.sum()
                 del logp, ent
-            acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.master.train_params, self.algo.max_grad_norm)
-            self.optimizer.step()
-            self.master.write_back()  # the engine's weights := the fp32 step, rounded (no-op without masters)
-            self.optimizer.zero_grad(set_to_none=True)
+            if self.ds is not None:
+                acc["grad_norm"] += self.ds.step()  # clipped by DeepSpeed by the global norm, which it returns
+            else:
+                acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.master.train_params, self.algo.max_grad_norm)
+                self.optimizer.step()
+                self.master.write_back()  # the engine's weights := the fp32 step, rounded (no-op without masters)
+                self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():  # a skipped update still advances the schedule (one LR per RL step)
             warnings.filterwarnings("ignore", message="Detected call of")
             self.scheduler.step()
@@ -248,7 +279,7 @@ class GRPOTrainer:
         t_update = time.perf_counter() - t0
 
         t0 = time.perf_counter()  # 4. weight sync: colocated, the engine runs this module (see docstring)
-        self.rollout.on_weights_updated()
+        self.sync_weights()
         t_sync = time.perf_counter() - t0
 
         t0 = time.perf_counter()  # 5. drafter spot training in the tail (no-op when no drafter is configured)
@@ -289,6 +320,13 @@ class GRPOTrainer:
             for i in range(0, min(len(trajs), self.num_samples * g), g)  # the first response of each group
         ][: self.num_samples]
         return metrics, samples, length_histogram(lengths, algo.max_completion_length)
+
+    def sync_weights(self) -> None:
+        """The update's weights into the rollout engine: nothing to copy when the engine runs the trained module;
+        DeepSpeed's ZeRO-3 partitions gathered into the engine's copy one tensor at a time (every rank calls it)."""
+        if self.ds is not None:
+            self.ds.sync_engine_weights()
+        self.rollout.on_weights_updated()
 
     def validate(self, val_prompts: list[RenderedPrompt]) -> dict[str, float]:
         """pass@1 with greedy decoding on the validation prompts: the fraction whose first reward function scores 1,

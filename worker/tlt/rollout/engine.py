@@ -19,7 +19,7 @@ Phases (gpt-fast style; `generate()` only orchestrates):
 - `sync()`: finished sequences leave (results copied out, `generate(..., on_finish=cb)` calls cb(result) for each
   right then), rows are compacted so active sequences stay in rows 0..n-1, and waiting requests join in the freed
   rows.
-Adaptive SD (issue 4): `Engine(..., adaptive=AdaptiveSd, proposers={"ngram": ..., "eagle": ...})` asks the controller
+Adaptive SD: `Engine(..., adaptive=AdaptiveSd, proposers={"ngram": ..., "eagle": ...})` asks the controller
 for an arm every decode step and runs plain decoding or a speculative step with that arm's drafter, depth, top-k and
 verify width (rollout/adaptive_loop.py); SD switches on and off mid-generation without re-prefilling, and stays
 exactly lossless (the verifier is the same for every arm). The n-gram drafter is always there (cold start); the KV
@@ -32,7 +32,7 @@ hidden state at every position whose K/V entered the cache (prompt tokens, roots
 outputs the roots and hidden states too, so hooked runs replay the same graphs. With `EngineConfig.capture_layers`
 (EAGLE-3: (2, L//2, L-3)) the hook gets cat(hidden entering each of those layers, final-norm hidden) [N, (k+1)H]
 from the same forwards (rollout/decode_step.hook_rows); the decode and verify graphs then output that width.
-Memory (issue #9): `release_memory()` frees the KV cache and every graph that reads it while the engine is idle (the
+Memory: `release_memory()` frees the KV cache and every graph that reads it while the engine is idle (the
 policy update), `restore_memory()` allocates it again; generate() refuses to run in between (rollout/memory.py).
 Host work per plain step: the sampling mode (GREEDY / uniform / MIXED) and the attention-length bound are cached
 and only recomputed after prefill, sync or a speculative step. Per speculative step the DraftContext is cached until

@@ -1,5 +1,5 @@
 """Free the rollout engine's KV cache, and every CUDA graph that reads it, while the engine is idle (the policy update
-of a colocated RL step, issue #9), and bring it back for the next rollout.
+of a colocated RL step), and bring it back for the next rollout.
 
     freed = engine.release_memory()   # bytes: the KV cache + the graphs' pool growth; generate() raises until ...
     engine.restore_memory()           # ... the same shapes are allocated again (zeros, as at construction)

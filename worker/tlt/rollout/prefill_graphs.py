@@ -2,8 +2,8 @@
 (rollout/prefill.py's `chunk_forward`: the fused kernels or torch's), one graph per (row0, c, s, captured layers).
 
 A batch-1 GSM8K prompt is ~155 Triton launches and a few torch ops: ~10 ms of host work for well under a
-millisecond of GPU work on an H200 (session 7), i.e. 6% of a 256-token batch-1 decode; batch 8 in torch was 32 ms
-(session 8). Replayed, it is two input copies and one launch. Only chunks of at most GRAPH_PREFILL_TOKENS padded
+millisecond of GPU work on an H200, i.e. 6% of a 256-token batch-1 decode; batch 8 in torch was 32 ms.
+Replayed, it is two input copies and one launch. Only chunks of at most GRAPH_PREFILL_TOKENS padded
 tokens come here (small admissions); a rollout's big chunks are not launch-bound.
 
 The first chunk of a shape runs eagerly -- that run IS the prefill, writing the real K/V -- and its graph is captured

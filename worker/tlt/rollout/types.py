@@ -32,7 +32,7 @@ class Request:
 class SpecConfig:
     """Speculative decoding in the engine. The drafter (a `Proposer`) is passed to the engine separately."""
 
-    mode: Literal["off", "on"] = "off"  # adaptive switching is the adaptive engine's (issue 4)
+    mode: Literal["off", "on"] = "off"  # adaptive switching is the adaptive engine's
     method: Literal["chain", "tree"] = "chain"  # chain of `depth` tokens, or a top-k tree
     depth: int = 4  # chain length k / tree depth
     topk: int = 1  # tree branching (candidates per node); 1 with method=chain

@@ -2,7 +2,7 @@
 and the done flags that `Engine.sync` needs -- with one window of run-ahead on CUDA.
 
 Reading a window right after launching it leaves the GPU idle while the host reads, bookkeeps and launches the next
-window: 16 us per step at batch 1 and 18 us at batch 8 on an H200 (session 8; a step is 0.65-0.71 ms). So the
+window: 16 us per step at batch 1 and 18 us at batch 8 on an H200 (a step is 0.65-0.71 ms). So the
 next window is launched BEFORE the previous one is read: the read copies into pinned memory behind its own window
 (an event marks it), and while the host waits for it the GPU already runs the next window. What that costs:
 - the host learns of finished rows one window later: they stay in the batch for up to `sync_every` more steps

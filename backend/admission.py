@@ -1,0 +1,114 @@
+"""Admission of a job spec at submit: everything that can be known before a worker starts is refused here, with the
+reason, instead of failing in the worker (or waiting forever on a queue nobody consumes).
+
+    admit(session, user, spec, settings)    # raises Refused (422), crud.NotFound (404), crud.Conflict (409)
+
+In order: paths only inside TLT_SPEC_ROOTS; uploaded datasets and artifacts by id only the user's own (someone
+else's is the same 404 as a missing one); the user's artifact quota; the model's context and depth (built-in models);
+and a live registered worker that consumes the job's queue with enough GPUs and memory for its KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session
+
+from backend import crud
+from backend.core.config import Settings
+from backend.models import User, Worker
+from backend.spec_paths import spec_path_errors
+from worker.tlt.config import BUILTIN_MODEL_SHAPES, ArtifactRef, JobSpec
+
+EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/drafter/model.py eagle3_layers)
+GB = 1024**3
+
+
+class Refused(ValueError):
+    """A spec that cannot be admitted: `loc` names the field (as a pydantic error's loc, under body.spec)."""
+
+    def __init__(self, loc: tuple[str, ...], msg: str) -> None:
+        super().__init__(msg)
+        self.loc, self.msg = ("body", "spec", *loc), msg
+
+    def as_error(self) -> dict[str, object]:
+        return {"loc": self.loc, "msg": self.msg, "type": "value_error"}
+
+
+def admit(session: Session, user: User, spec: JobSpec, settings: Settings) -> None:
+    for loc, msg in spec_path_errors(spec, settings.spec_root_paths, settings.private_dirs):
+        raise Refused(loc, msg)
+    check_references(session, user, spec)
+    check_quota(session, user, settings.user_quota_gb)
+    check_model_fits(spec)
+    check_workers(crud.live_workers(session, settings.worker_ttl_s), spec)
+
+
+def check_references(session: Session, user: User, spec: JobSpec) -> None:
+    """Uploaded datasets and artifacts named by id: the user's own (NotFound otherwise), of the right kind."""
+    if spec.dataset.dataset_id is not None:
+        try:
+            crud.get_dataset(session, user, spec.dataset.dataset_id)
+        except crud.NotFound:
+            raise Refused(("dataset", "dataset_id"), f"dataset {spec.dataset.dataset_id!r} not found "
+                          "(upload it with POST /api/v1/datasets)") from None
+    refs: list[tuple[tuple[str, ...], int | None, str]] = [(("model", "artifact_id"), spec.model.artifact_id, "policy")]
+    if isinstance(spec.drafter.warm_start, ArtifactRef):
+        refs.append((("drafter", "warm_start", "artifact_id"), spec.drafter.warm_start.artifact_id, "drafter"))
+    for loc, artifact_id, kind in refs:
+        if artifact_id is None:
+            continue
+        art = crud.get_artifact(session, user, artifact_id)  # NotFound (404) for a missing or someone else's
+        if art.kind != kind:
+            raise Refused(loc, f"artifact {artifact_id} is a {art.kind}, not a {kind}")
+        if art.deleted_at is not None:
+            raise Refused(loc, f"artifact {artifact_id} was deleted by retention")
+
+
+def check_quota(session: Session, user: User, quota_gb: float) -> None:
+    if quota_gb <= 0:
+        return
+    used = crud.user_artifact_bytes(session, user)
+    if used >= quota_gb * GB:
+        raise crud.Conflict(
+            f"artifact quota exceeded: your jobs hold {used / GB:.2f} GB of artifacts (quota {quota_gb:g} GB, "
+            "TLT_USER_QUOTA_GB); delete old jobs' artifacts or ask an operator to raise the quota")
+
+
+def check_model_fits(spec: JobSpec) -> None:
+    """For built-in models (their shape is known without loading): prompt + completion within the context, and
+    EAGLE-3 only on a target deep enough for its three feature layers."""
+    if spec.model.builtin is None:
+        return
+    context, layers = BUILTIN_MODEL_SHAPES[spec.model.builtin]
+    longest = spec.dataset.max_prompt_length + spec.algorithm.max_completion_length
+    if longest > context:
+        raise Refused(("algorithm", "max_completion_length"),
+                      f"max_prompt_length + max_completion_length = {longest} tokens exceeds the context of "
+                      f"{spec.model.builtin} ({context} tokens)")
+    if spec.drafter.kind == "eagle3" and layers < EAGLE3_MIN_LAYERS:
+        raise Refused(("drafter", "kind"), f"EAGLE-3 needs a target with >= {EAGLE3_MIN_LAYERS} layers; "
+                      f"{spec.model.builtin} has {layers}")
+
+
+def check_workers(live: Sequence[Worker], spec: JobSpec) -> None:
+    """Some live worker consumes the job's queue, has its GPUs, and memory for its KV cache (per GPU for a GPU job,
+    host RAM for a CPU job)."""
+    queue, gpus, kv_gb = spec.queue, spec.resources.gpus, spec.rollout.kv_cache_gb
+    if not live:
+        raise Refused(("resources", "queue"), "no worker is running (none has registered a heartbeat recently); "
+                      "start one with `celery -A worker.celery_app worker` or `tlt up`")
+    on_queue = [w for w in live if queue in w.queues]
+    if not on_queue:
+        known = sorted({q for w in live for q in w.queues})
+        raise Refused(("resources", "queue"), f"no live worker consumes queue {queue!r} (known: {', '.join(known)})")
+    with_gpus = [w for w in on_queue if w.gpus >= gpus]
+    if not with_gpus:
+        most = max(w.gpus for w in on_queue)
+        raise Refused(("resources", "gpus"), f"the job asks for {gpus} GPU(s); the workers on queue {queue!r} have "
+                      f"at most {most}")
+    memory = [w.gpu_memory_gb if gpus > 0 else w.host_memory_gb for w in with_gpus]
+    if kv_gb > max(memory):
+        where = "GPU memory" if gpus > 0 else "host memory"
+        raise Refused(("rollout", "kv_cache_gb"), f"kv_cache_gb {kv_gb:g} exceeds the {where} of every worker that "
+                      f"could run the job (at most {max(memory):.1f} GB)")

@@ -1,0 +1,105 @@
+"""SD switched by measured step costs (adaptive/step_costs.py), on synthetic costs: it stays off where SD cannot pay
+(a launch-bound 135M model: an SD step costs several plain steps) within its probing budget of SD off, and turns on
+where it pays (a memory-bound 7B-class target: a verify costs about one plain step), above TLT's fixed 32 as well.
+Run: python -m pytest tests/adaptive/test_step_costs.py -q"""
+
+from __future__ import annotations
+
+import math
+
+from worker.tlt.adaptive.arms import NO_SD, ONE_GPU_BUCKETS, arms_table
+from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
+from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.adaptive.sim import SimCostModel, SimEnv, response_lengths
+from worker.tlt.adaptive.step_costs import StepCostConfig, StepCosts
+from worker.tlt.adaptive.switch import SwitchConfig
+
+SMALL = SimCostModel(target_fixed_s=0.63e-3, target_sat_tokens=4096, sd_overhead_s=1.5e-3, noise=0.05)
+WIDE = SimCostModel(target_fixed_s=5e-3, target_sat_tokens=1024, sd_overhead_s=0.2e-3, noise=0.05)
+
+
+def controller(costs: StepCosts | None, sd_below: int = 128) -> AdaptiveSd:
+    table = arms_table(["ngram"], ONE_GPU_BUCKETS)
+    switch = SwitchConfig(mode="adaptive", on_below=32, patience=3, off_at=sd_below)
+    return AdaptiveSd(switch, make_bandit(table, BanditConfig(), seed=0), scheme=ONE_GPU_BUCKETS, costs=costs)
+
+
+def rollout(ctl: AdaptiveSd | None, env: SimEnv, lengths: list[int]) -> tuple[float, dict[int, int]]:
+    """Simulated seconds of one rollout (sequences advance by their own accepted length) and SD steps per active
+    batch size. ctl None = SD off."""
+    left, seconds = list(lengths), 0.0
+    sd_steps: dict[int, int] = {}
+    if ctl is not None:
+        ctl.start_rollout()
+    while any(n > 0 for n in left):
+        live = [i for i, n in enumerate(left) if n > 0]
+        active = len(live)
+        arm = ctl.plan(active) if ctl is not None else NO_SD
+        advance = [1 + env.accepted(arm) for _ in live]
+        dt = env.model.step_s(arm, active) * math.exp(env.rng.gauss(0.0, env.model.noise))
+        for i, a in zip(live, advance, strict=True):
+            left[i] -= a
+        emitted = sum(advance)
+        if ctl is not None:
+            ctl.record(active, arm, emitted, dt)
+        if arm.is_sd:
+            sd_steps[active] = sd_steps.get(active, 0) + 1
+        seconds += dt
+    return seconds, sd_steps
+
+
+def test_sd_stays_off_where_it_cannot_pay() -> None:
+    lengths = response_lengths(64, seed=1)
+    off, _ = rollout(None, SimEnv({"ngram": 0.3}, SMALL, seed=0), lengths)
+    costs = StepCosts(StepCostConfig(), ONE_GPU_BUCKETS)
+    ctl = controller(costs)
+    runs = [rollout(ctl, SimEnv({"ngram": 0.3}, SMALL, seed=s), lengths) for s in range(3)]
+    assert all(t <= off * 1.02 for t, _ in runs), (off, [t for t, _ in runs])
+    assert sum(runs[-1][1].values()) <= 2  # judged off: the third rollout barely drafts
+    assert all(v == 0.0 for k, v in costs.summary().items() if k.startswith("sd/pays/"))
+
+
+def test_sd_turns_on_where_it_pays_even_above_32_active() -> None:
+    lengths = response_lengths(64, seed=2)
+    env_off = SimEnv({"ngram": 0.7}, WIDE, seed=0)
+    off, _ = rollout(None, env_off, lengths)
+    costs = StepCosts(StepCostConfig(), ONE_GPU_BUCKETS)
+    ctl = controller(costs)
+    t, sd_steps = rollout(ctl, SimEnv({"ngram": 0.7}, WIDE, seed=0), lengths)
+    assert t < 0.8 * off, (t, off)
+    assert any(n >= 32 for n in sd_steps)  # a fixed threshold of 32 would never draft there
+    assert costs.summary()["sd/pays/1"] == 1.0
+
+
+def test_threshold_switch_unchanged_without_costs() -> None:
+    ctl = controller(None)
+    assert type(ctl.switch).__name__ == "SdSwitch"
+    assert not any(ctl.plan(100).is_sd for _ in range(5))  # at or above the off point: plain
+
+
+def test_warmup_costs_rule_out_a_bucket_without_probing() -> None:
+    costs = StepCosts(StepCostConfig(min_plain=1), ONE_GPU_BUCKETS)
+    b = ONE_GPU_BUCKETS.bucket(1)
+    costs.prime(b, plain_s=0.6e-3, sd_s=5e-3, best_emitted=5.0)  # even 5 tokens per step: 1.0 ms each > 0.6 ms
+    costs.observe(1, False, 1, 0.6e-3)
+    assert not costs.sd_pays(b)
+    costs.prime(b, plain_s=5e-3, sd_s=5.5e-3, best_emitted=5.0)
+    assert costs.sd_pays(b)  # may pay: probed
+
+
+def test_judged_bucket_hysteresis_and_reprobe() -> None:
+    cfg = StepCostConfig(min_plain=2, probe_steps=2, reprobe_every=5, probe_budget=1.0)
+    costs = StepCosts(cfg, ONE_GPU_BUCKETS)
+    b = ONE_GPU_BUCKETS.bucket(4)
+    for _ in range(2):
+        costs.observe(4, False, 4, 1.0)
+    assert costs.sd_pays(b)  # unjudged: probe
+    for _ in range(2):
+        costs.observe(4, True, 4 * 3, 1.5)  # 3 tokens per sequence for 1.5 plain steps: gain 2
+    assert costs.sd_pays(b) and costs.summary()["sd/gain/3-4"] == 2.0
+    for _ in range(30):  # drafts turn useless: 1 token per 1.5 plain steps pulls the mean below parity
+        costs.observe(4, True, 4, 1.5)
+    assert not costs.sd_pays(b)
+    for _ in range(cfg.reprobe_every):
+        costs.observe(4, False, 4, 1.0)
+    assert costs.sd_pays(b)  # probed again: a learned drafter may have improved

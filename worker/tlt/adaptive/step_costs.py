@@ -1,0 +1,163 @@
+"""SD on/off from measured step costs: per batch bucket, plain decoding's seconds per step against a speculative step's
+seconds and tokens emitted per sequence, instead of a fixed active-batch threshold.
+
+Speculative decoding pays in a bucket when a sequence gains more tokens per second from SD steps than from plain
+ones: emitted_per_seq(SD) / seconds(SD step) > 1 / seconds(plain step). On a launch-bound 135M model the SD step
+costs several plain steps and never pays; on a memory-bound 7B-class target a verify of a few tokens per row costs
+about one plain step, so it pays wherever drafts are accepted, well above TLT's fixed 32 active sequences.
+
+    costs = StepCosts(StepCostConfig(), scheme)          # kept across rollouts, as the bandit's state
+    ctl = AdaptiveSd(switch_cfg, bandit, scheme=scheme, costs=costs)   # the controller switches by it (CostSwitch)
+    costs.observe(active, is_sd, emitted, seconds)       # the controller's record() feeds every step
+    costs.prime(bucket, plain_s=..., sd_s=..., best_emitted=...)  # optional: costs measured at warm-up
+
+A bucket is judged once it holds `min_plain` plain and `probe_steps` SD steps (2 in a clear case): on when SD's
+tokens/s per sequence beats plain's by `margin`, and it stays on until SD falls below plain (hysteresis). An
+unjudged bucket follows a judged neighbour where the ordering decides (SD's gain falls as the batch grows), else
+probes SD only while the time lost to probing stays under `probe_budget` of all observed time (plus one step), so a
+model where SD cannot pay loses at most about that fraction. A bucket judged off is probed again after `reprobe_every` plain steps
+there (the learned drafter improves during training). Costs measured at warm-up (`prime`) rule SD out of buckets
+where even a fully accepted draft could not pay, with no probing at all.
+
+Run the tests: `python -m pytest tests/adaptive/test_step_costs.py -q`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from worker.tlt.adaptive.arms import BucketScheme
+from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
+
+
+@dataclass(frozen=True)
+class StepCostConfig:
+    min_plain: int = 4  # plain steps measured in a bucket before SD is tried there
+    probe_steps: int = 4  # SD steps measured in a bucket before it is judged ...
+    decisive: float = 0.5  # ... or 2 steps when SD's gain is below this (or above its inverse): a clear case
+    margin: float = 0.05  # SD turns on when its tokens/s per sequence beats plain's by this fraction
+    probe_budget: float = 0.01  # probing may lose at most this fraction of the observed time (plus one step)
+    reprobe_every: int = 2048  # plain steps in an off bucket after which it is probed again
+    ema: float = 0.1  # weight of a new step in the running means (after the first `probe_steps` plain means)
+    # an SD step counts at most this many plain steps: one that needs longer cannot pay at any accept length, and a
+    # first use that compiles or captures (2.2 s next to 10 ms plain steps on an H200) must not poison the means
+    outlier: float = 8.0
+
+
+@dataclass
+class BucketCosts:
+    """Running means of one bucket."""
+
+    plain_s: float = 0.0  # seconds per plain step
+    plain_n: int = 0
+    sd_s: float = 0.0  # seconds per SD step
+    sd_emitted: float = 0.0  # tokens emitted per sequence per SD step
+    sd_n: int = 0  # SD steps since the last (re)probe started
+    on: bool | None = None  # None: not judged yet
+    plain_since_judged: int = 0
+    ruled_out: bool = False  # warm-up costs say no draft can pay here
+
+    def gain(self) -> float | None:
+        """SD tokens/s per sequence over plain's (None until both are measured)."""
+        if self.plain_n == 0 or self.sd_n == 0 or self.sd_s <= 0.0:
+            return None
+        return self.sd_emitted * self.plain_s / self.sd_s
+
+
+def _mean(old: float, new: float, n: int, ema: float) -> float:
+    """Plain average over the first samples, then an exponential moving average (costs drift with context length)."""
+    w = max(1.0 / n, ema)
+    return old + w * (new - old)
+
+
+@dataclass
+class StepCosts:
+    config: StepCostConfig = field(default_factory=StepCostConfig)
+    scheme: BucketScheme = field(default_factory=BucketScheme)
+    buckets: dict[int, BucketCosts] = field(default_factory=dict)
+    observed_s: float = 0.0  # all step seconds seen
+    probe_loss_s: float = 0.0  # seconds probing SD steps cost beyond plain steps for the same tokens
+
+    def _b(self, bucket: int) -> BucketCosts:
+        return self.buckets.setdefault(bucket, BucketCosts())
+
+    def prime(self, bucket: int, plain_s: float, sd_s: float, best_emitted: float) -> None:
+        """Warm-up measurement: plain and SD step seconds of this bucket, and the most tokens per sequence an SD step
+        can emit (the verify width). A bucket where even that cannot pay is ruled out."""
+        b = self._b(bucket)
+        b.plain_s, b.plain_n = plain_s, max(b.plain_n, 1)
+        b.ruled_out = best_emitted * plain_s <= sd_s * (1.0 + self.config.margin)
+
+    def observe(self, active: int, is_sd: bool, emitted: int, seconds: float) -> None:
+        """One step of `active` sequences: SD or plain, tokens emitted (all sequences), wall seconds."""
+        cfg, b = self.config, self._b(self.scheme.bucket(active))
+        self.observed_s += seconds
+        if not is_sd:
+            b.plain_n += 1
+            b.plain_s = _mean(b.plain_s, seconds, b.plain_n, cfg.ema)
+            if b.on is False:
+                b.plain_since_judged += 1
+                if b.plain_since_judged >= cfg.reprobe_every:  # drafts may have improved: measure SD afresh
+                    b.on, b.sd_n, b.plain_since_judged = None, 0, 0
+            return
+        per_seq = emitted / max(active, 1)
+        if b.plain_n:
+            seconds = min(seconds, cfg.outlier * b.plain_s)
+        if b.on is None and b.plain_n:
+            self.probe_loss_s += max(0.0, seconds - per_seq * b.plain_s)
+        b.sd_n += 1
+        b.sd_s = _mean(b.sd_s, seconds, b.sd_n, cfg.ema)
+        b.sd_emitted = _mean(b.sd_emitted, per_seq, b.sd_n, cfg.ema)
+        gain = b.gain()
+        if gain is None:
+            return
+        clear = b.sd_n >= 2 and (gain < cfg.decisive or gain > 1.0 / cfg.decisive)
+        if b.on is None and (b.sd_n >= cfg.probe_steps or clear):
+            b.on, b.plain_since_judged = gain > 1.0 + cfg.margin, 0
+        elif b.on and gain < 1.0:
+            b.on = False
+
+    def sd_pays(self, bucket: int) -> bool:
+        """Whether this bucket's next step should be speculative (judged on, or a probe the budget allows)."""
+        cfg, b = self.config, self._b(bucket)
+        if b.ruled_out or b.plain_n < cfg.min_plain:
+            return False
+        if b.on is not None:
+            return b.on
+        # SD's gain falls as the batch grows (a verify of more rows is less memory-bound; acceptance does not depend
+        # on the batch): a smaller bucket judged off rules this one out, a larger one judged on rules it in
+        judged = [(i, o.on) for i, o in self.buckets.items() if o.on is not None]
+        if any(i < bucket and not on for i, on in judged):
+            return False
+        if any(i > bucket and on for i, on in judged):
+            return True
+        return self.probe_loss_s <= cfg.probe_budget * self.observed_s
+
+    def summary(self) -> dict[str, float]:
+        """Per bucket: sd/gain/<label> (SD tokens/s per sequence over plain's) and sd/pays/<label> (1 on, 0 off)."""
+        out: dict[str, float] = {}
+        for i, b in sorted(self.buckets.items()):
+            label = self.scheme.label(i)
+            if (g := b.gain()) is not None:
+                out[f"sd/gain/{label}"] = g
+            if b.on is not None:
+                out[f"sd/pays/{label}"] = float(b.on)
+        return out
+
+
+class CostSwitch(SdSwitch):
+    """The controller's switch driven by `StepCosts` instead of the active-batch threshold; SD is never considered
+    at or above `config.off_threshold` active sequences (the warm-ups capture verify graphs up to there).
+    `config.on_below` keeps its other meaning: the tail of the metrics."""
+
+    def __init__(self, config: SwitchConfig, costs: StepCosts) -> None:
+        super().__init__(config)
+        self.costs = costs
+
+    def update(self, active: int) -> bool:
+        if self.config.mode != "adaptive":
+            return self.on
+        on = active < self.config.off_threshold and self.costs.sd_pays(self.costs.scheme.bucket(active))
+        if on != self._on:
+            self._on, self.flips = on, self.flips + 1
+        return on

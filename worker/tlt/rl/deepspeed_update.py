@@ -1,0 +1,187 @@
+"""The policy update on DeepSpeed's engine: ZeRO stages 1-3 (0 for fp32 models), bf16 weights trained through fp32
+master weights, optimizer state offload to the host (DeepSpeed's CPU Adam, JIT-built on first use), and the weight
+flow from DeepSpeed's (possibly partitioned) parameters into the rollout engine.
+
+    plan = plan_for(spec, model, device)                   # rl/update_plan.py arithmetic on this machine
+    ds = DeepSpeedUpdate(model, spec.algorithm, plan)      # every rank, after the process group exists (or alone)
+    for i, mb in enumerate(mbs): ds.backward(loss_of(ds.forward(mb.input_ids, at)), last=i == len(mbs) - 1)
+    grad_norm = ds.step(); ds.sync_engine_weights()        # once per RL step
+    ds.save(root, step) / ds.load(root, step)              # every rank: each writes / reads its own shard
+
+Weights the rollout engine reads: at stages 0-2 the engine runs the very module DeepSpeed trains (its bf16
+parameters are whole on every rank, and DeepSpeed's optimizer writes the rounded fp32 step into them in place), so
+there is nothing to copy. DeepSpeed may re-point those parameters into flat buffers when it starts; `moved_storage`
+says so, and the trainer then drops the engine's CUDA graphs so they are captured again on the new storage.
+At stage 3 the trained module is a copy whose parameters DeepSpeed partitions across ranks; after each step every
+parameter is gathered on the device one at a time (`GatheredParameters`) and copied into the engine's whole copy:
+no full copy of the model on the host, at most one gathered tensor at a time on the device.
+
+The learning rate: DeepSpeed steps the optimizer it was given (torch AdamW, fused on CUDA, or DeepSpeedCPUAdam with
+offload), reading `lr` from that optimizer's param groups, so the trainer's LambdaLR drives `base_optimizer`.
+Gradient clipping is DeepSpeed's (`gradient_clipping`: the global norm across ranks and partitions). Micro-batches
+accumulate with DeepSpeed's gradient-accumulation boundary set by the caller (the number of micro-batches varies
+per RL step); gradients are averaged over ranks, so a data-parallel caller scales each rank's loss by
+`loss_scale()` (its share of the global normaliser x world; multigpu/data_parallel.py).
+
+DeepSpeed runs on CPU too (DS_ACCELERATOR=cpu, gloo): the CI tests train a tiny fp32 model on 2 processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from worker.tlt.config import AlgorithmConfig, JobSpec
+from worker.tlt.model.transformer import Transformer
+from worker.tlt.rl.optim import LOW_PRECISION, adamw_kwargs, trainable_params
+from worker.tlt.rl.policy_forward import ResponseLogits
+from worker.tlt.rl.update_plan import UpdatePlan, count_params, plan_update
+
+
+def deepspeed_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def host_memory_bytes() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def plan_for(spec: JobSpec, model: Transformer, device: torch.device) -> UpdatePlan:
+    """The update plan of `spec` for `model` on this process's device and host (world from the process group)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    host = host_memory_bytes()
+    gpu = float(torch.cuda.get_device_properties(device).total_memory) if device.type == "cuda" else host
+    kv = 0.0 if spec.rollout.release_kv_for_update or device.type != "cuda" else spec.rollout.kv_cache_gb * 2**30
+    low = any(p.dtype in LOW_PRECISION for p in trainable_params(model))
+    return plan_update(spec.resources, spec.algorithm, model.args, count_params(model.args), world=world,
+                       gpu_bytes=gpu, host_bytes=host, low_precision=low, kv_cache_bytes=kv,
+                       deepspeed_installed=deepspeed_installed())
+
+
+def ds_config(plan: UpdatePlan, algo: AlgorithmConfig, low_precision: bool) -> dict[str, Any]:
+    """DeepSpeed's config for `plan`: one sample per micro-step (the trainer's micro-batches are token-budgeted,
+    the accumulation boundary is set per step), global-norm clipping, fp32 gradient accumulation under bf16."""
+    zero: dict[str, Any] = {"stage": plan.zero_stage}
+    if plan.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": algo.max_grad_norm,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,  # torch AdamW: DeepSpeed steps any torch optimizer
+        "steps_per_print": 1 << 30,  # no throughput lines in the job log
+    }
+    if low_precision:
+        cfg["bf16"] = {"enabled": True}
+        if plan.zero_stage > 0:  # stage 0 bf16 is DeepSpeed's DDP path, which accumulates in bf16
+            cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    return cfg
+
+
+def ensure_process_group(backend: str) -> None:
+    """DeepSpeed needs a process group; a single-process job gets a world of one on a free local port."""
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+                 "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
+    dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+
+class DeepSpeedUpdate:
+    def __init__(self, model: Transformer, algo: AlgorithmConfig, plan: UpdatePlan) -> None:
+        device = next(model.parameters()).device
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")  # before the import
+        import deepspeed
+
+        ensure_process_group("nccl" if device.type == "cuda" else "gloo")
+        self.plan = plan
+        self.rollout_model = model  # what the rollout engine runs
+        self.train_model = copy.deepcopy(model) if plan.zero_stage == 3 else model  # partitioned at stage 3
+        self.forward_module = ResponseLogits(self.train_model)
+        params = trainable_params(self.train_model)
+        low = any(p.dtype in LOW_PRECISION for p in params)
+        if plan.offload_optimizer:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            base: torch.optim.Optimizer = DeepSpeedCPUAdam(params, lr=algo.learning_rate,
+                                                           weight_decay=algo.weight_decay, adamw_mode=True)
+        else:
+            base = torch.optim.AdamW(params, **adamw_kwargs(params, algo))
+        before = [p.data_ptr() for p in params]
+        self.engine, _, _, _ = deepspeed.initialize(model=self.forward_module, optimizer=base,
+                                                    config=ds_config(plan, algo, low))
+        if plan.zero_stage == 3:  # the head is used outside the layer modules' calls (tied: the embedding)
+            deepspeed.zero.register_external_parameter(self.forward_module, self.train_model.head_weight)
+        self.moved_storage = plan.zero_stage < 3 and before != [p.data_ptr() for p in params]
+        self.base_optimizer = base  # the LR schedule sets its param groups' lr
+        self.loss_scale: Callable[[], float] = lambda: 1.0  # data parallel: share of the global normaliser x world
+
+    def forward(self, input_ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:  # [b, S], [n] -> [n, V]
+        return self.engine(input_ids, at)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one micro-batch; `last` closes the step's accumulation (DeepSpeed reduces / steps then)."""
+        self.engine.set_gradient_accumulation_boundary(last)
+        scale = self.loss_scale()
+        self.engine.backward(loss * scale if scale != 1.0 else loss)
+
+    def step(self) -> float:
+        """The optimizer step (clipped by the global norm); returns that norm before clipping."""
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else 0.0
+
+    @torch.no_grad()
+    def sync_engine_weights(self) -> None:
+        """Stage 3: the rollout engine's whole weights := the trained (partitioned) ones, one tensor at a time on
+        the device. Stages 0-2: nothing (the engine runs the trained module). Every rank must call it."""
+        if self.train_model is self.rollout_model:
+            return
+        import deepspeed
+
+        for src, dst in zip(self.train_model.parameters(), self.rollout_model.parameters(), strict=True):
+            with deepspeed.zero.GatheredParameters([src]):
+                dst.copy_(src)
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    @staticmethod
+    def checkpoint_dir(root: Path) -> Path:
+        """DeepSpeed's checkpoints of a run: root/deepspeed/step-N (one tag per checkpoints/step-N)."""
+        return root / "deepspeed"
+
+    def save(self, root: Path, step: int) -> None:
+        """Every rank writes its shard of the optimizer (fp32 master weights, moments) under the tag step-N."""
+        self.engine.save_checkpoint(str(self.checkpoint_dir(root)), tag=f"step-{step}", save_latest=False)
+
+    def load(self, root: Path, step: int) -> None:
+        """Every rank reads its shard back; the engine's weights follow (stage 3: gathered into its copy)."""
+        path, _ = self.engine.load_checkpoint(str(self.checkpoint_dir(root)), tag=f"step-{step}",
+                                              load_optimizer_states=True, load_lr_scheduler_states=False)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint step-{step} under {self.checkpoint_dir(root)}")
+        self.sync_engine_weights()
+
+
+def prune_deepspeed_checkpoints(root: Path, keep_steps: set[int]) -> None:
+    """Remove DeepSpeed tags without a complete checkpoints/step-N beside them (pruned or never completed)."""
+    ds_dir = DeepSpeedUpdate.checkpoint_dir(root)
+    if not ds_dir.is_dir():
+        return
+    for tag in ds_dir.iterdir():
+        if tag.is_dir() and tag.name.startswith("step-") and int(tag.name[5:]) not in keep_steps:
+            shutil.rmtree(tag, ignore_errors=True)  # ranks of one job may prune at once
