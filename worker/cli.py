@@ -298,10 +298,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from worker.client import FINAL_STATUSES
+
     c = _client(args)
     if not args.follow:
         for line in c.logs(args.job):
             _out(line["line"])
+        job = c.job(args.job)
+        if job["status"] in FINAL_STATUSES:  # the outcome last, as `-f` prints it
+            _out(LogOrder.text({"to_status": job["status"], "reason": job.get("reason")}))
         return 0
     lines = LogOrder()
     status = "unknown"
@@ -328,7 +333,7 @@ class LogOrder:
         self.pending: list[dict[str, Any]] = []
 
     @staticmethod
-    def _text(event: dict[str, Any]) -> str:
+    def text(event: dict[str, Any]) -> str:
         return f"-- {event['to_status']}" + (f": {event['reason']}" if event.get("reason") else "")
 
     def transition(self, event: dict[str, Any]) -> None:
@@ -341,11 +346,11 @@ class LogOrder:
         at = line.get("created_at") or ""
         due = [e for e in self.pending if e["to_status"] not in FINAL_STATUSES and e.get("created_at", "") <= at]
         self.pending = [e for e in self.pending if e not in due]
-        return [self._text(e) for e in due] + [line["line"]]
+        return [self.text(e) for e in due] + [line["line"]]
 
     def end(self) -> list[str]:
         """The transitions still held, in order (the final status last)."""
-        out, self.pending = [self._text(e) for e in self.pending], []
+        out, self.pending = [self.text(e) for e in self.pending], []
         return out
 
 
