@@ -243,7 +243,8 @@ PRESETS: dict[str, dict] = {
     # toy-count, whose per-character reward has variance in every group from step 1, so GRPO moves it within 8 steps
     # (GSM8K at this length clips every response and rewards nothing). 8 responses, SD on below 8 active: the switch
     # turns on as soon as the first response ends; the n-gram arm accepts drafts on these repetitive responses while
-    # the EAGLE-1 drafter spot-trains (4 steps per RL step: ~2-5 s each on CPU) and is exported at the end.
+    # the EAGLE-1 drafter spot-trains and is exported at the end. Its spot steps are the dearest part of a CPU step
+    # (~30 s each on a 2-core machine at load 12, a soft-CE over 49k tokens): 2 per RL step keep the demo short.
     "demo-cpu": {
         "name": "demo-smollm2-toy-count",
         "model": {"builtin": "smollm2-135m-instruct"},
@@ -251,7 +252,7 @@ PRESETS: dict[str, dict] = {
         "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40, "learning_rate": 3e-5,
                       "temperature": 0.8, "reward_funcs": ["toy_count"]},
         "rollout": {"speculative": "adaptive", "sd_on_below": 8, "sd_patience": 2},
-        "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 4},
+        "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 2},
         "max_steps": 8,
         "save_steps": 8,
         "save_total_limit": 1,  # a SmolLM2 checkpoint with optimizer state is ~1.6 GB
