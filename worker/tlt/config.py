@@ -239,12 +239,12 @@ class JobSpec(_Strict):
 
 # Named presets (the README's demo job and the benchmarks use these).
 PRESETS: dict[str, dict] = {
-    # What `tlt up --demo` (the quick start) submits: the product in a few minutes on 2 CPU cores. The real SmolLM2 on
-    # toy-count, whose per-character reward has variance in every group from step 1, so GRPO moves it within 8 steps
-    # (GSM8K at this length clips every response and rewards nothing). 8 responses, SD on below 8 active: the switch
-    # turns on as soon as the first response ends; the n-gram arm accepts drafts on these repetitive responses while
-    # the EAGLE-1 drafter spot-trains and is exported at the end. Its spot steps are the dearest part of a CPU step
-    # (~30 s each on a 2-core machine at load 12, a soft-CE over 49k tokens): 2 per RL step keep the demo short.
+    # What `tlt up --demo` (the quick start) submits, on 2 CPU cores. The real SmolLM2 on toy-count, whose
+    # per-character reward has variance in every group from step 1 (GSM8K at a CPU-sized length clips every response
+    # and rewards nothing). 8 responses, SD on below 8 active: the switch turns on as soon as the first response ends,
+    # and the bandit picks plain decoding, the n-gram arm or the EAGLE-1 drafter; the drafter spot-trains and is
+    # exported. Its spot steps are the dearest part of a CPU step (~30 s each on a 2-core machine at load 12: a
+    # soft-CE over 49k tokens): 2 per RL step. README "Quick start" has what a measured run showed.
     "demo-cpu": {
         "name": "demo-smollm2-toy-count",
         "model": {"builtin": "smollm2-135m-instruct"},
