@@ -14,7 +14,9 @@ same prompts (chat template + the GSM8K system prompt), same GPU, one process. O
 (and compiled) before timing: their count, capture seconds and memory are in the notes.
 `--sd-modes off,adaptive` adds the adaptive engine (n-gram cold-start drafter, SD on below --sd-on-below active
 sequences, bandit per bucket) to the same table: rollout seconds, tail tokens/s (perf/tokens_per_s_tail, steps with
-fewer than --sd-on-below active) and tokens/s per batch-size bucket, SD off vs adaptive, each run once.
+fewer than --sd-on-below active) and tokens/s per batch-size bucket, SD off vs adaptive, each run once;
+`--sd-costs-below N` switches SD by measured step costs below N active instead (adaptive/step_costs.py). Every mode
+gets the same untimed warm-up (graph captures and the prefill of the same requests: worker.tlt.bench.warm_up).
 Fails loudly without CUDA.
 """
 
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the extra decode rows with our torch.compile'd step (batch <= 8; ~1 min compile each)")
     ap.add_argument("--sd-modes", default="off", help="rollout SD modes to compare, e.g. off,adaptive")
     ap.add_argument("--sd-on-below", type=int, default=32, help="adaptive: SD on below this many active sequences")
+    ap.add_argument("--sd-costs-below", type=int, default=0,
+                    help="adaptive: SD where measured step costs say it pays, below this many active; 0 = threshold")
     ap.add_argument("--out", default="bench/results/rollout_h200.md")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args(argv)
@@ -158,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         res["rollout_sd"] = {"off": res["rollout_ours"]}
         for mode in [m for m in a.sd_modes.split(",") if m and m != "off"]:
             res["rollout_sd"][mode] = bench_rollout(model, tok, chat_prompts(tok, qs), a.samples, a.max_new_tokens,
-                                                    a.temperature, sd=mode, top_k=a.top_k, sd_on_below=a.sd_on_below)
+                                                    a.temperature, sd=mode, top_k=a.top_k, sd_on_below=a.sd_on_below,
+                                                    sd_costs_below=a.sd_costs_below)
             print(f"rollout sd={mode}: {json.dumps(res['rollout_sd'][mode])}", flush=True)
         if a.peers_json:
             res["rollout_hf"] = json.loads(Path(a.peers_json).read_text())["hf_generate_rollout"]

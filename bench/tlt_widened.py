@@ -248,7 +248,7 @@ def render(res: dict, a: argparse.Namespace) -> str:
             continue
         t = tlt or {}
         lines.append(f"| {label}, <= {cap} new: seconds | {fmt(off['seconds'])} | {fmt(t.get('seconds'))} "
-                     f"| {ratio(off['seconds'], t.get('seconds'))} faster |")
+                     f"| {ratio(off['seconds'], t.get('seconds'))} |")
         lines.append(f"| {label}: tokens (mean / max length) | {off['tokens']:,} ({off['len_mean']:.0f} / "
                      f"{off['len_max']:.0f}) | " + (f"{t['tokens']:,} ({t['len_mean']:.0f} / {t['len_max']:.0f})"
                                                     if t else "—") + " | — |")

@@ -124,27 +124,6 @@ def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], timeout_s: flo
     raise RuntimeError(f"the API did not answer on {url}/healthz within {timeout_s:.0f} s")
 
 
-def _wait_worker_registered(database_url: str, ttl_s: float, procs: list[subprocess.Popen[bytes]],
-                            timeout_s: float = 120.0) -> None:
-    """Until the embedded worker has registered (admission refuses every job before that)."""
-    from backend import crud
-    from backend.core.db import make_engine, make_session_factory
-
-    engine = make_engine(database_url)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError("the API or the worker exited during start-up (see its output above)")
-            with make_session_factory(engine)() as s:
-                if crud.live_workers(s, ttl_s):
-                    return
-            time.sleep(0.5)
-    finally:
-        engine.dispose()
-    raise RuntimeError(f"the worker did not register within {timeout_s:.0f} s")
-
-
 def _raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -153,6 +132,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Migrate, start uvicorn + one Celery worker (threads pool, 1 slot, queues cpu and gpu), optionally run the demo."""
     from backend.core.config import get_settings
     from backend.core.migrate import upgrade
+    from worker import registry
 
     with socket.socket() as sock:  # fail early and clearly instead of talking to whatever holds the port
         if sock.connect_ex((args.host, args.port)) == 0:
@@ -174,7 +154,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     ]
     try:
         _wait_healthy(url, procs)
-        _wait_worker_registered(settings.database_url, settings.worker_ttl_s, procs)
+        registry.wait_for_worker(settings.database_url, settings.worker_ttl_s,
+                                 alive=lambda: all(p.poll() is None for p in procs))
         _out(f"TLT Studio is up: {url}  (API docs {url}/docs; database {settings.database_url})")
         rc = 0
         if args.demo:

@@ -12,8 +12,11 @@ import os
 import re
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 
 from backend import crud
+from backend.core.db import make_engine, make_session_factory
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 10.0
@@ -59,6 +62,25 @@ def gpus_visible(visible: str | None) -> tuple[int, float, str | None]:
     banner = _nvidia_smi() or ""
     cuda = m.group(1) if (m := re.search(r"CUDA Version:\s*([\d.]+)", banner)) else None
     return len(memory), min(memory.values()) / 1024, cuda
+
+
+def wait_for_worker(database_url: str, ttl_s: float, timeout_s: float = 120.0,
+                    alive: Callable[[], bool] = lambda: True) -> None:
+    """Return once some worker has registered (admission refuses every job before that); RuntimeError after
+    `timeout_s`, or as soon as `alive()` is false (the processes being waited for exited)."""
+    engine = make_engine(database_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not alive():
+                raise RuntimeError("the API or the worker exited during start-up (see its output above)")
+            with make_session_factory(engine)() as s:
+                if crud.live_workers(s, ttl_s):
+                    return
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
+    raise RuntimeError(f"no worker registered within {timeout_s:.0f} s")
 
 
 def probe(queues: list[str]) -> crud.Capacity:

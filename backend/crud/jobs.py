@@ -49,6 +49,11 @@ def create_job(session: Session, owner: User, spec: JobSpec, idempotency_key: st
     return job, True
 
 
+def job_by_idempotency_key(session: Session, owner: User, key: str) -> Job | None:
+    """The job `owner` already created with this Idempotency-Key, if any."""
+    return _by_idempotency_key(session, owner, key)
+
+
 def _by_idempotency_key(session: Session, owner: User, key: str) -> Job | None:
     return session.scalar(select(Job).where(Job.owner_id == owner.id, Job.idempotency_key == key))
 

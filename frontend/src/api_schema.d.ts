@@ -76,6 +76,8 @@ export interface paths {
         /**
          * Create Job
          * @description Submit a job. The same Idempotency-Key from the same user returns the first job (200) instead of a new one.
+         *     Refused before anything is stored (backend/admission.py): a path outside TLT_SPEC_ROOTS, a model or length no
+         *     worker could run (422); someone else's artifact (404, as a missing one); the user's artifact quota used (409).
          */
         post: operations["create_job_api_v1_jobs_post"];
         delete?: never;
@@ -437,7 +439,8 @@ export interface paths {
         };
         /**
          * Prometheus
-         * @description Prometheus text format. Needs a bearer token (configure `authorization` in the scrape config).
+         * @description Prometheus text format. Needs a bearer token (configure `authorization` in the scrape config); an admin token
+         *     counts every user's jobs, any other token only its own user's.
          */
         get: operations["prometheus_metrics_get"];
         put?: never;
@@ -591,6 +594,15 @@ export interface components {
             /** Step */
             step: number | null;
         };
+        /**
+         * ArtifactRef
+         * @description One of the submitting user's own artifacts by id (GET /api/v1/jobs/N/artifacts lists them); the control plane
+         *     checks ownership at submit and the worker resolves it to the artifact's path before loading.
+         */
+        ArtifactRef: {
+            /** Artifact Id */
+            artifact_id: number;
+        };
         /** Body_upload_dataset_api_v1_datasets_post */
         Body_upload_dataset_api_v1_datasets_post: {
             /**
@@ -692,12 +704,8 @@ export interface components {
              * @default 0
              */
             draft_vocab_size: number;
-            /**
-             * Export Format
-             * @default eagle3
-             * @enum {string}
-             */
-            export_format: "eagle3" | "eagle1";
+            /** Export Format */
+            export_format?: ("eagle3" | "eagle1") | null;
             /**
              * Kind
              * @default eagle1
@@ -715,7 +723,7 @@ export interface components {
              */
             max_train_steps_per_rl_step: number;
             /** Warm Start */
-            warm_start?: string | null;
+            warm_start?: string | components["schemas"]["ArtifactRef"] | null;
         };
         /**
          * ErrorDetail
@@ -922,11 +930,14 @@ export interface components {
         };
         /**
          * ModelSource
-         * @description Where the policy comes from: exactly one of `builtin`, `hf_dir`, `gguf`.
+         * @description Where the policy comes from: exactly one of `builtin`, `hf_dir`, `gguf`, `artifact_id` (a policy this user
+         *     trained before). Paths are read on the worker, only inside the roots its operator allows (TLT_SPEC_ROOTS).
          */
         ModelSource: {
+            /** Artifact Id */
+            artifact_id?: number | null;
             /** Builtin */
-            builtin?: ("smollm2-135m-instruct" | "tiny-llama" | "tiny-qwen2" | "tiny-qwen3") | null;
+            builtin?: ("smollm2-135m-instruct" | "tiny-llama" | "tiny-qwen2" | "tiny-qwen3" | "smollm2-135m-instruct@qwen2.5-7b" | "smollm2-135m-instruct@llama3-8b" | "smollm2-135m-instruct@llama3.2-3b" | "smollm2-135m-instruct@test") | null;
             /**
              * Dtype
              * @default auto
@@ -952,14 +963,18 @@ export interface components {
              * @default 0
              */
             gpus: number;
+            /** Offload Optimizer */
+            offload_optimizer?: boolean | null;
             /** Queue */
             queue?: string | null;
             /**
-             * Zero Stage
-             * @default 0
-             * @enum {integer}
+             * Update Engine
+             * @default auto
+             * @enum {string}
              */
-            zero_stage: 0 | 1;
+            update_engine: "auto" | "torch" | "deepspeed";
+            /** Zero Stage */
+            zero_stage?: (0 | 1 | 2 | 3) | null;
         };
         /**
          * RolloutConfig
@@ -1049,11 +1064,18 @@ export interface components {
              * @default
              */
             name: string;
+            /**
+             * Promote
+             * @default false
+             */
+            promote: boolean;
             /** User */
             user: string;
         };
         /** TokenCreated */
         TokenCreated: {
+            /** Admin */
+            admin: boolean;
             /**
              * Created At
              * Format: date-time
@@ -1076,6 +1098,8 @@ export interface components {
         };
         /** TokenPublic */
         TokenPublic: {
+            /** Admin */
+            admin: boolean;
             /**
              * Created At
              * Format: date-time
@@ -1561,6 +1585,15 @@ export interface operations {
             };
         };
         responses: {
+            /** @description the job this Idempotency-Key already created */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobPublic"];
+                };
+            };
             /** @description Successful Response */
             201: {
                 headers: {
@@ -1741,7 +1774,7 @@ export interface operations {
     list_artifacts_api_v1_jobs__job_id__artifacts_get: {
         parameters: {
             query?: {
-                kind?: ("policy" | "drafter" | "checkpoint") | null;
+                kind?: ("policy" | "drafter" | "checkpoint" | "tensorboard") | null;
             };
             header?: never;
             path: {
@@ -2756,6 +2789,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorDetail"];
                 };
             };
+            /** @description conflict with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
             /** @description request body or upload too large */
             413: {
                 headers: {
@@ -2827,6 +2869,15 @@ export interface operations {
             };
             /** @description not found (or not yours) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description conflict with the current state */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2910,6 +2961,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorDetail"];
                 };
             };
+            /** @description conflict with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
             /** @description request body or upload too large */
             413: {
                 headers: {
@@ -2977,6 +3037,15 @@ export interface operations {
             };
             /** @description not found (or not yours) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description conflict with the current state */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

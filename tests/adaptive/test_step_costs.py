@@ -103,3 +103,30 @@ def test_judged_bucket_hysteresis_and_reprobe() -> None:
     for _ in range(cfg.reprobe_every):
         costs.observe(4, False, 4, 1.0)
     assert costs.sd_pays(b)  # probed again: a learned drafter may have improved
+
+
+def test_one_slow_first_use_does_not_rule_sd_out() -> None:
+    """A first SD step that compiles (hundreds of plain steps long) counts as at most `outlier` plain steps."""
+    cfg = StepCostConfig(min_plain=1, probe_steps=3, probe_budget=1.0)
+    costs = StepCosts(cfg, ONE_GPU_BUCKETS)
+    b = ONE_GPU_BUCKETS.bucket(4)
+    costs.observe(4, False, 4, 0.01)
+    costs.observe(4, True, 4 * 3, 2.2)  # 220 plain steps long
+    for _ in range(3):
+        costs.observe(4, True, 4 * 3, 0.011)  # 3 tokens per sequence for 1.1 plain steps
+    assert costs.sd_pays(b)
+    assert costs.probe_loss_s <= cfg.outlier * 0.01 + 1e-9
+
+
+def test_engine_rollout_with_the_cost_switch(capsys) -> None:
+    """The adaptive engine loop runs with the cost switch (`tlt bench rollout --sd-costs-below`) and reports."""
+    import json
+
+    from worker.tlt.bench import main
+
+    args = ["rollout", "--model", "tiny-llama", "--device", "cpu", "--prompts", "3", "--samples", "2",
+            "--max-new-tokens", "24", "--sd", "adaptive", "--sd-costs-below", "8", "--json"]
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["sequences"] == 6 and "sd/on_fraction" in r["sd_metrics"]
+    assert sum(b["tokens"] for b in r["buckets"]) + 6 == r["tokens"]  # every decode step was recorded

@@ -79,7 +79,7 @@ def test_quota_over_is_409_at_submit(cp_backend) -> None:
     alice, bob = cp_backend.token("alice"), cp_backend.token("bob")
     with TestClient(create_app(settings)) as client:
         h = {"Authorization": f"Bearer {alice}"}
-        jid = client.post("/api/v1/jobs", json={"spec": SPEC}, headers=h).json()["id"]
+        jid = client.post("/api/v1/jobs", json={"spec": SPEC}, headers={**h, "Idempotency-Key": "k1"}).json()["id"]
         with cp_backend.session() as s:
             for i, size in enumerate((600 << 20, 500 << 20)):  # 1.07 GiB of checkpoints
                 crud.register_artifact(s, jid, kind="checkpoint", path=f"/a/{jid}/step-{i}", is_dir=True, size=size,
@@ -88,6 +88,8 @@ def test_quota_over_is_409_at_submit(cp_backend) -> None:
         r = client.post("/api/v1/jobs", json={"spec": SPEC}, headers=h)
         assert r.status_code == 409
         assert r.json()["detail"].startswith("artifact quota exceeded: your jobs hold 1.07 GB of artifacts (quota 1 GB")
+        replay = client.post("/api/v1/jobs", json={"spec": SPEC}, headers={**h, "Idempotency-Key": "k1"})
+        assert (replay.status_code, replay.json()["id"]) == (200, jid)  # a replay is not a new submission
         assert client.post("/api/v1/jobs", json={"spec": SPEC},
                            headers={"Authorization": f"Bearer {bob}"}).status_code == 201  # per user
         with cp_backend.session() as s:  # retention deleted one: under the quota again

@@ -1,7 +1,8 @@
 """The engine at the real architectures' head and group shapes, on CPU in fp32: head_dim 128 with GQA groups of 4, 7
 and 8 (Qwen2 q/k/v biases, Qwen3 q/k norm, Llama-3 RoPE scaling), in small widths. Our logits equal transformers'
 (1e-5), greedy speculative decoding is token-identical to plain greedy, and sharded safetensors checkpoints
-(model-0000N-of-0000M + index.json) load with tied and untied heads.
+(model-0000N-of-0000M + index.json) load with tied and untied heads; the KV cache of a 7B model is planned from the
+free device memory.
 Run: python -m pytest tests/engine/test_engine_shapes.py -q"""
 
 from __future__ import annotations
@@ -13,27 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.tlt.model.args import ModelArgs, RopeScaling, shape
+from tests.kernels.cases import REAL_HEADS
+from worker.tlt.model.args import ModelArgs, shape
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.load import build_model, load_hf_state_dict, random_model
+from worker.tlt.model.memory_plan import plan_kv
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts
 from worker.tlt.rollout.types import EngineConfig, Request, SamplingParams, SpecConfig
 from worker.tlt.spec.small_model import SmallModelConfig, SmallModelProposer
-
-
-def small(name: str, n_heads: int, n_kv_heads: int) -> ModelArgs:
-    """SHAPES[name] with its head_dim (128), GQA group and family features, in two layers of width 256."""
-    return replace(shape(name), vocab_size=320, dim=256, n_layers=2, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                   head_dim=128, intermediate_size=384, max_seq_len=1024, eos_token_ids=(257,))
-
-
-SMALL = {
-    "qwen2.5-7b-g7": small("qwen2.5-7b", 7, 1),  # 28 / 4 heads: groups of 7, q/k/v biases
-    "llama3-8b-g4": replace(small("llama3-8b", 8, 2), rope_theta=500000.0,  # groups of 4, Llama-3 scaling
-                            rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64)),
-    "qwen3-8b-g8": small("qwen3-8b", 8, 1),  # groups of 8, q/k norm
-}
 
 
 def _hf(args: ModelArgs):  # type: ignore[no-untyped-def]
@@ -51,9 +40,9 @@ def _hf(args: ModelArgs):  # type: ignore[no-untyped-def]
     return m
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", list(REAL_HEADS))
 def test_logits_match_transformers_at_real_head_shapes(name: str) -> None:
-    args = SMALL[name]
+    args = REAL_HEADS[name]
     hf = _hf(args)
     ours = build_model(args, dict(hf.state_dict()), "cpu", torch.float32)
     ids = torch.randint(0, args.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -64,9 +53,9 @@ def test_logits_match_transformers_at_real_head_shapes(name: str) -> None:
                                    rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", list(REAL_HEADS))
 def test_greedy_sd_identical_at_real_head_shapes(name: str) -> None:
-    target = random_model(SMALL[name], seed=1, std=0.1)
+    target = random_model(REAL_HEADS[name], seed=1, std=0.1)
     drafter = perturbed_copy(target, noise=0.15)
     prompts = random_prompts(3, seed=5)
     reqs = [Request(p, SamplingParams(temperature=0.0, max_new_tokens=12 + 3 * i)) for i, p in enumerate(prompts)]
@@ -98,7 +87,7 @@ def _write_shards(sd: dict[str, torch.Tensor], path: Path, shards: int) -> None:
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_sharded_checkpoint_loads_tied_and_untied(tmp_path: Path, tied: bool) -> None:
-    args = replace(SMALL["qwen2.5-7b-g7"], tie_word_embeddings=tied)
+    args = replace(REAL_HEADS["qwen2.5-7b-g7"], tie_word_embeddings=tied)
     model = random_model(args, seed=3)
     sd = to_hf(model.state_dict(), args)
     assert ("lm_head.weight" in sd) is not tied
@@ -108,3 +97,16 @@ def test_sharded_checkpoint_loads_tied_and_untied(tmp_path: Path, tied: bool) ->
     ids = torch.randint(0, args.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(loaded(ids), model(ids))
+
+
+def test_kv_plan_for_a_7b_model_on_an_h200() -> None:
+    args = shape("qwen2.5-7b")
+    row = 4096 * 28 * 2 * 4 * 128 * 2  # bytes of one 4,096-column row
+    plan = plan_kv(args, 4096, free_bytes=125 * 2**30)
+    assert plan.slots == (int(125 * 2**30 * 0.9) - plan.reserved_bytes) // row
+    assert 400 < plan.slots < 500 and plan.cache_bytes == plan.slots * row
+    assert plan.reserved_bytes > 2 << 30  # activations and sampler tensors on top of the fixed reserve
+    assert plan_kv(args, 4096, free_bytes=125 * 2**30, max_slots=64).slots == 64
+    assert plan_kv(args, 1024, free_bytes=125 * 2**30).slots > 4 * plan.slots - 4  # a quarter of the columns
+    with pytest.raises(ValueError, match="no KV-cache row of 4096 columns fits"):
+        plan_kv(args, 4096, free_bytes=3 * 2**30)

@@ -94,7 +94,7 @@ def test_named_targets_and_their_notes() -> None:
     l8 = plan("llama3-8b")
     assert l8.args.n_layers == 32 and "layers" not in l8.describe() and "theta 100000" in l8.describe()
     l3 = plan("llama3.2-3b")
-    assert l3.args.rope_scaling.kind == "none" and l3.args.n_layers == 30
+    assert l3.args.rope_scaling.kind == "none" and l3.args.n_layers == 30 and "no rope scaling" in l3.describe()
     # a target whose theta already gives SmolLM2's frequencies keeps its own (pair i at wide pair 2i)
     same = plan_into(shape("llama3-8b", rope_theta=100000.0), "llama3-8b-theta1e5", preset("smollm2-135m"))
     assert not same.theta_kept and same.head_dims[:3] == (0, 2, 4)

@@ -23,6 +23,7 @@ import pytest
 from backend import crud
 from backend.core import migrate
 from backend.core.db import make_engine, make_session_factory
+from worker import registry
 
 FINAL = {"succeeded", "failed", "cancelled"}
 # A job the training loop finishes in seconds on CPU (tiny random model, synthetic task).
@@ -132,22 +133,8 @@ def _start_stack(kind: str, home: Path, database_url: str, broker_url: str) -> S
     stack = Stack(kind, home, env, f"http://127.0.0.1:{_free_port()}", token)
     stack.start_api()
     stack.start_worker()
-    _wait_registered(database_url)  # admission refuses jobs until a worker has registered what it can run
+    registry.wait_for_worker(database_url, ttl_s=120, timeout_s=60)  # admission needs a registered worker
     return stack
-
-
-def _wait_registered(database_url: str, timeout_s: float = 60) -> None:
-    engine = make_engine(database_url)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with make_session_factory(engine)() as s:
-                if crud.live_workers(s, ttl_s=120):
-                    return
-            time.sleep(0.2)
-    finally:
-        engine.dispose()
-    raise RuntimeError(f"no worker registered within {timeout_s} s")
 
 
 def _stop_stack(stack: Stack) -> None:

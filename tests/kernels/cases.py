@@ -3,10 +3,12 @@ tree-shaped verify rows) with the engine's mask conventions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+from worker.tlt.model.args import ModelArgs, RopeScaling, shape
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.kv_cache import KVCache
 from worker.tlt.rollout.reference import tiny_target
@@ -19,6 +21,23 @@ ARCHS: dict[str, tuple[str, dict[str, int]]] = {
     "qwen3": ("tiny-qwen3", {}),
 }
 T = 64  # cache columns
+
+
+def real_heads(name: str, n_heads: int, n_kv_heads: int, **over: Any) -> ModelArgs:
+    """SHAPES[name]'s family features with its head_dim (128) and a GQA group of n_heads / n_kv_heads, in two layers
+    of width 256 and a 320-token vocabulary: real head shapes at a size the CPU (and Triton's interpreter) runs."""
+    return replace(shape(name), vocab_size=320, dim=256, n_layers=2, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                   head_dim=128, intermediate_size=384, max_seq_len=1024, eos_token_ids=(257,), **over)
+
+
+# Qwen2.5-7B's groups of 7 with q/k/v biases; Llama-3-8B's groups of 4 with its RoPE scaling; Qwen3-8B's groups of 8
+# with q/k norm
+REAL_HEADS: dict[str, ModelArgs] = {
+    "qwen2.5-7b-g7": real_heads("qwen2.5-7b", 7, 1),
+    "llama3-8b-g4": real_heads("llama3-8b", 8, 2, rope_theta=500000.0,
+                               rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64)),
+    "qwen3-8b-g8": real_heads("qwen3-8b", 8, 1),
+}
 
 
 def model_of(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:

@@ -90,3 +90,37 @@ def test_switches_reach_the_launch_kwargs_without_the_environment(monkeypatch: p
         configure(previous)
     with pytest.raises(ValueError):
         KernelConfig(pdl_max_tokens=-1)
+
+
+def test_tuning_keeps_the_fastest_candidate_and_marks_cublas_only_by_margin(
+        cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tuning, "time_us", lambda fn: fn())  # a launch returns its own cost in us
+    key = ("linear_residual", 3584, 18944)
+    cands = tuning.candidates(*key)
+    costs = {c: 50.0 + i for i, c in enumerate(cands)}
+    costs[cands[3]] = 30.0
+    tab = tuning.table("GPU T")
+    assert tuning.tune(tab, key, costs.__getitem__, lambda: 28.0) == cands[3]
+    assert key not in tab.torch_faster  # 28 > 0.9 x 30: within the margin, the kernel stays
+    key2 = ("linear_residual", 49152, 3584)
+    tuning.tune(tab, key2, lambda c: 100.0, lambda: 80.0)
+    assert key2 in tab.torch_faster
+    tuning.forget()
+    again = tuning.table("GPU T")  # written to the file as it was tuned
+    assert again.configs[key] == cands[3] and again.torch_faster == {key2}
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU T")
+    assert not tuning.prefers_torch(*key2, cuda)  # cuBLAS only when the KernelConfig allows it
+    configure(KernelConfig(cache_dir=cache_dir, cublas_where_faster=True))
+    assert tuning.prefers_torch(*key2, cuda) and not tuning.prefers_torch(*key, cuda)
+
+
+def test_an_unreadable_file_is_ignored_and_replaced(cache_dir: Path) -> None:
+    (cache_dir / "GPU_C.json").write_text('{"configs": {"attention,4,128": [32, 1')  # cut short by a crash
+    tab = tuning.table("GPU C")
+    assert tab.configs == {}
+    tab.configs[("attention", 4, 128)] = Config(64, 128, 4, 2, 64)
+    tab.save()
+    assert [p.name for p in cache_dir.iterdir()] == ["GPU_C.json"]  # no temporary left behind
+    tuning.forget()
+    assert tuning.table("GPU C").configs == {("attention", 4, 128): Config(64, 128, 4, 2, 64)}

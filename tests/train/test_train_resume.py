@@ -55,7 +55,7 @@ def test_resumed_run_reproduces_the_uninterrupted_run(tmp_path: Path, toy_spec) 
     assert [p.name for _, p in list_checkpoints(full / "checkpoints")] == ["step-4"]
     assert (full / "policy/model.safetensors").exists()
     kinds = [json.loads(x)["kind"] for x in (full / "artifacts.jsonl").read_text().splitlines()]
-    assert kinds == ["checkpoint", "checkpoint", "policy"]
+    assert kinds == ["checkpoint", "checkpoint", "policy", "tensorboard"]
 
 
 def test_partial_checkpoint_is_ignored_and_cleaned(tmp_path: Path) -> None:

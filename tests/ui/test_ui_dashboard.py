@@ -66,6 +66,7 @@ def ui_env(tmp_path: Path) -> dict[str, str]:
         "TLT_ARTIFACT_DIR": str(home / "artifacts"),
         "TLT_FRONTEND_DIR": str(FRONTEND / "dist"),
         "TLT_SSE_POLL_S": "0.2",
+        "TLT_WORKER_TTL_S": "86400",  # the seeded worker row stays live for the whole browser run (admission)
     }
     (home / "artifacts").mkdir(parents=True)
     migrate.upgrade(env["TLT_DATABASE_URL"])

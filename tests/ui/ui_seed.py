@@ -107,6 +107,9 @@ def seed(db: str, artifacts: Path, steps: int, big_steps: int) -> dict:
     sessions = make_session_factory(engine)
     with sessions() as s:
         _, token = crud.create_token(s, "ui-admin", admin=True, name="browser tests")
+        # a registered worker, so the new-job form's submit passes admission (no Celery worker runs here)
+        crud.register_worker(s, "ui-seed-worker", crud.Capacity(queues=["cpu", "gpu"], gpus=1, gpu_memory_gb=80.0,
+                                                                host_memory_gb=64.0))
     job_id = make_job(sessions, "ui-admin", "ui-seeded-run", JobStatus.running)
     rep = DbReporter(sessions, job_id, attempt=1, artifact_root=artifacts)
     for step in range(1, steps + 1):

@@ -2,7 +2,10 @@
 
     tlt bench rollout --model smollm2-135m-instruct --dataset gsm8k --prompts 64 --samples 8 \
         --max-new-tokens 1024 --sd off --json
-    tlt bench decode --model smollm2-135m-instruct --batch 1 --max-new-tokens 256 --json
+    python -m worker.tlt.bench decode --model smollm2-135m-instruct --batch 1 --max-new-tokens 256 --json
+
+(`tlt bench decode` is worker/tlt/bench_decode.py: real shapes with random weights, the roofline and HF's static
+cache; the `decode` here decodes GSM8K chat prompts of a loadable model.)
 
 `rollout`: GSM8K prompts (chat template, system prompt "Solve the math problem. Reason step by step, then give the
 final answer after '####'." as the HF/TRL peer script uses), `--samples` per prompt, temperature 1.0, continuous
@@ -37,6 +40,7 @@ import torch
 
 from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.adaptive.step_costs import StepCostConfig
 from worker.tlt.adaptive.switch import SwitchConfig
 from worker.tlt.config import BUILTIN_MODELS, JobSpec, ModelSource, RolloutConfig
 from worker.tlt.model.load import load_model
@@ -91,10 +95,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def make_controller(sd: str, on_below: int = 32, seed: int = 0) -> AdaptiveSd | None:
-    """adaptive: the job spec's defaults (bandit, patience) over the n-gram arms; off: pinned off, metrics only."""
+def make_controller(sd: str, on_below: int = 32, seed: int = 0, costs_below: int = 0) -> AdaptiveSd | None:
+    """adaptive: the job spec's defaults (bandit, patience) over the n-gram arms, SD on below `on_below` active, or
+    with `costs_below` > 0 where measured step costs say it pays below that many (adaptive/step_costs.py); off:
+    pinned off, metrics only."""
     if sd == "adaptive":
-        return AdaptiveSd.from_spec(RolloutConfig(speculative="adaptive", sd_on_below=on_below, seed=seed), ["ngram"])
+        rollout = RolloutConfig(speculative="adaptive", sd_on_below=on_below, seed=seed)
+        if costs_below > 0:
+            return AdaptiveSd.from_spec(rollout, ["ngram"], step_costs=StepCostConfig(), sd_below=costs_below)
+        return AdaptiveSd.from_spec(rollout, ["ngram"])
     if sd == "off":
         return AdaptiveSd(SwitchConfig(mode="off", on_below=on_below), None, scheme=ONE_GPU_BUCKETS)  # as adaptive
     return None
@@ -194,10 +203,10 @@ def summarize(out: GenerationOutput, seconds: float) -> dict:
 def bench_rollout(model: Transformer, tok: TokenizerLike, prompts: list[list[int]], samples: int, max_new: int,
                   temperature: float, sd: str = "off", sd_depth: int = 4, cuda_graphs: bool = True,
                   compile_step: bool = False, seed: int = 0, top_k: int = 50, sd_on_below: int = 32,
-                  fused: bool | None = None) -> dict:
+                  fused: bool | None = None, sd_costs_below: int = 0) -> dict:
     dev = model.head_weight.device
     max_len = max(len(p) for p in prompts) + max_new
-    ctl = make_controller(sd, sd_on_below, seed)
+    ctl = make_controller(sd, sd_on_below, seed, sd_costs_below)
     engine = make_engine(model, tok, max_len, len(prompts) * samples, sd, sd_depth, cuda_graphs, compile_step, seed,
                          ctl, fused)
     params = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=max_new, n=samples)
@@ -308,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sd", choices=["off", "on", "adaptive"], default="off")
     ap.add_argument("--sd-depth", type=int, default=4)
     ap.add_argument("--sd-on-below", type=int, default=32, help="adaptive: SD on below this many active sequences")
+    ap.add_argument("--sd-costs-below", type=int, default=0,
+                    help="adaptive: SD where measured step costs say it pays, below this many active; 0 = threshold")
     ap.add_argument("--device", default=None, help="default cuda; cpu only when asked (smoke tests)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--no-cuda-graphs", action="store_true")
@@ -330,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "rollout":
         prompts = chat_prompts(tok, gsm8k_questions(a.dataset, a.prompts))
         res = bench_rollout(model, tok, prompts, a.samples, a.max_new_tokens, a.temperature, a.sd, a.sd_depth,
-                            graphs, a.compile, a.seed, a.top_k, a.sd_on_below)
+                            graphs, a.compile, a.seed, a.top_k, a.sd_on_below, sd_costs_below=a.sd_costs_below)
         res.update(prompts=a.prompts, samples=a.samples, max_new_tokens=a.max_new_tokens,
                    temperature=a.temperature, top_k=a.top_k)
     else:

@@ -193,7 +193,12 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             res["rows"].append(row)
             log.info("%s batch %d: %s", a.model, b, row)
         if a.peer == "hf-static" and b in a.peer_batch:
-            res["rows"][-1].update(hf_static(model.args, b, a.prompt_len, a.max_new_tokens, device, dtype, a.top_k))
+            try:
+                res["rows"][-1].update(hf_static(model.args, b, a.prompt_len, a.max_new_tokens, device, dtype, a.top_k))
+            except (RuntimeError, ValueError, ImportError) as e:  # the peer failing costs its column, not our rows
+                log.warning("hf-static peer at batch %d failed: %s", b, e)
+                res["rows"][-1]["hf_static_error"] = str(e)[:300]
+                free()
     if a.verify:
         res["verify"] = verify_cost(model, context, fused=forwards[0])
     del model

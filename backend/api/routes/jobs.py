@@ -41,8 +41,10 @@ def create_job(
     """Submit a job. The same Idempotency-Key from the same user returns the first job (200) instead of a new one.
     Refused before anything is stored (backend/admission.py): a path outside TLT_SPEC_ROOTS, a model or length no
     worker could run (422); someone else's artifact (404, as a missing one); the user's artifact quota used (409)."""
+    replay = idempotency_key and crud.job_by_idempotency_key(session, user, idempotency_key)
     try:
-        admission.admit(session, user, body.spec, settings)
+        if not replay:  # a replay answers with the job already admitted (or 409 for a different spec)
+            admission.admit(session, user, body.spec, settings)
     except admission.Refused as e:
         raise RequestValidationError([e.as_error()]) from None
     job, created = crud.create_job(session, user, body.spec, idempotency_key)

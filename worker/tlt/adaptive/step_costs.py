@@ -24,6 +24,8 @@ Run the tests: `python -m pytest tests/adaptive/test_step_costs.py -q`.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from worker.tlt.adaptive.arms import BucketScheme
@@ -50,18 +52,25 @@ class BucketCosts:
 
     plain_s: float = 0.0  # seconds per plain step
     plain_n: int = 0
-    sd_s: float = 0.0  # seconds per SD step
+    # seconds of the last SD steps; their median is the SD step cost (one slow first use moves a mean, not a median)
+    sd_recent: deque[float] = field(default_factory=lambda: deque(maxlen=5))
     sd_emitted: float = 0.0  # tokens emitted per sequence per SD step
     sd_n: int = 0  # SD steps since the last (re)probe started
     on: bool | None = None  # None: not judged yet
     plain_since_judged: int = 0
     ruled_out: bool = False  # warm-up costs say no draft can pay here
 
+    @property
+    def sd_s(self) -> float:
+        """Seconds per SD step (0 until one is measured)."""
+        return statistics.median(self.sd_recent) if self.sd_recent else 0.0
+
     def gain(self) -> float | None:
         """SD tokens/s per sequence over plain's (None until both are measured)."""
-        if self.plain_n == 0 or self.sd_n == 0 or self.sd_s <= 0.0:
+        sd_s = self.sd_s
+        if self.plain_n == 0 or self.sd_n == 0 or sd_s <= 0.0:
             return None
-        return self.sd_emitted * self.plain_s / self.sd_s
+        return self.sd_emitted * self.plain_s / sd_s
 
 
 def _mean(old: float, new: float, n: int, ema: float) -> float:
@@ -99,6 +108,7 @@ class StepCosts:
                 b.plain_since_judged += 1
                 if b.plain_since_judged >= cfg.reprobe_every:  # drafts may have improved: measure SD afresh
                     b.on, b.sd_n, b.plain_since_judged = None, 0, 0
+                    b.sd_recent.clear()
             return
         per_seq = emitted / max(active, 1)
         if b.plain_n:
@@ -106,7 +116,7 @@ class StepCosts:
         if b.on is None and b.plain_n:
             self.probe_loss_s += max(0.0, seconds - per_seq * b.plain_s)
         b.sd_n += 1
-        b.sd_s = _mean(b.sd_s, seconds, b.sd_n, cfg.ema)
+        b.sd_recent.append(seconds)
         b.sd_emitted = _mean(b.sd_emitted, per_seq, b.sd_n, cfg.ema)
         gain = b.gain()
         if gain is None:

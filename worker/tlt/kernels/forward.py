@@ -10,7 +10,8 @@ in five Triton kernels per layer instead of ~25 torch kernels:
 The embedding and the final norm stay in torch; the head is `linear_residual` without a residual. Same inputs and
 outputs as forward_hidden with a cache, for the small token counts of decode / verify and of small prefill chunks
 (rollout/prefill.py: up to FUSED_PREFILL_TOKENS; larger chunks, and calls over EngineConfig.fused_max_seqs sequences,
-keep torch: rollout/decode_step.py). Inference only: runs under no_grad, no host
+keep torch: rollout/decode_step.py; so do calls of more than LARGE_MODEL_MAX_SEQS sequences of a model over
+LARGE_MODEL_BYTES, below). Inference only: runs under no_grad, no host
 sync and no data-dependent allocation, so a CUDA graph can capture it. On CPU it runs in Triton's interpreter
 (TRITON_INTERPRET=1 set before this package is imported). Tests: `python -m pytest tests/kernels -q`.
 """

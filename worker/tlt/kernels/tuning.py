@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
@@ -64,10 +65,13 @@ class Table:
     torch_faster: set[Key] = field(default_factory=set)  # linear_residual shapes where cuBLAS won
 
     def save(self) -> Path:
+        """Write the table; atomically (a rename), as several processes on one host may tune and read at once."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {"configs": {",".join(map(str, k)): list(astuple(c)) for k, c in sorted(self.configs.items())},
                 "torch_faster": sorted(",".join(map(str, k)) for k in self.torch_faster)}
-        self.path.write_text(json.dumps(data, indent=1) + "\n")
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, self.path)
         return self.path
 
 
@@ -91,9 +95,15 @@ def table(gpu: str) -> Table:
     if tab is None or tab.path != path:
         tab = _TABLES[gpu] = Table(gpu, path, dict(SEEDS.get(gpu, {})))
         if path.exists():
-            data = json.loads(path.read_text())
-            tab.configs.update({_key(k): Config(*v) for k, v in data.get("configs", {}).items()})
-            tab.torch_faster.update(_key(k) for k in data.get("torch_faster", []))
+            try:
+                data = json.loads(path.read_text())
+                configs = {_key(k): Config(*v) for k, v in data.get("configs", {}).items()}
+                faster = {_key(k) for k in data.get("torch_faster", [])}
+            except (ValueError, TypeError, AttributeError) as e:  # unreadable: tune again, and overwrite it then
+                log.warning("ignoring the tuned configs in %s: %s", path, e)
+                configs, faster = {}, set()
+            tab.configs.update(configs)
+            tab.torch_faster.update(faster)
     return tab
 
 

@@ -62,13 +62,15 @@ class Widening:
     head_dims: tuple[int, ...]  # wide in-head dim of each small in-head dim (RoPE pairs keep their frequency)
     theta_kept: bool  # True: the target's rope_theta could not reproduce the small frequencies; the small one is used
     target_layers: int  # the target architecture's own layer count
+    target_rope_scaled: bool = False  # the target scales RoPE (dropped with its theta when theta_kept)
 
     def describe(self) -> str:
         notes = []
         if self.args.n_layers != self.target_layers:
             notes.append(f"{self.args.n_layers} layers (target has {self.target_layers})")
         if self.theta_kept:
-            notes.append(f"rope theta {self.args.rope_theta:g} kept from SmolLM2")
+            scaling = ", no rope scaling" if self.target_rope_scaled else ""
+            notes.append(f"rope theta {self.args.rope_theta:g} kept from SmolLM2{scaling}")
         tail = f" ({'; '.join(notes)})" if notes else ""
         return f"SmolLM2-135M-Instruct widened to {self.target}{tail}"
 
@@ -112,7 +114,8 @@ def plan_into(w: ModelArgs, target: str, x: ModelArgs) -> Widening:
     half_x, half_w = x.hd // 2, w.hd // 2
     head_dims = tuple(side * half_w + pairs[i] for side in (0, 1) for i in range(half_x))
     q_heads = tuple((h // gx) * gw + h % gx for h in range(x.n_heads))
-    return Widening(wide, x, target, q_heads, tuple(range(x.n_kv_heads)), head_dims, theta_kept, w.n_layers)
+    return Widening(wide, x, target, q_heads, tuple(range(x.n_kv_heads)), head_dims, theta_kept, w.n_layers,
+                    w.rope_scaling.kind != "none")
 
 
 def _rows(heads: tuple[int, ...], head_dims: tuple[int, ...], hd: int) -> torch.Tensor:
