@@ -3,7 +3,7 @@
 # this machine's Postgres and Redis. GPU tests (marker `gpu`) run only on a GPU machine: pytest -m gpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --dev
 . .venv/bin/activate
 ruff check backend worker tests bench
 mypy backend worker

@@ -187,7 +187,7 @@ def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]], s
     _out(f"dashboard:  {url}/#/jobs/{job['id']}  (sign in with this token)\ntoken:      {token}\n"
          f"artifacts:  {artifacts / 'jobs' / str(job['id'])}\n"
          f"job {job['id']} ({job['name']}) submitted; waiting for it (tlt logs -f {job['id']} --token ...)")
-    status, seen_log = job["status"], 0
+    status, seen_log, t0 = job["status"], 0, time.monotonic()
     while status not in FINAL_STATUSES:
         if any(p.poll() is not None for p in procs):
             raise RuntimeError("the API or the worker exited while the demo job ran")
@@ -195,16 +195,39 @@ def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]], s
         for line in client.logs(job["id"], after_id=seen_log):  # the training loop's own progress lines
             seen_log = max(seen_log, line["id"])
             if line["stream"] == "log":
-                _out(f"job {job['id']}: {line['line']}")
+                _out(f"job {job['id']} [{time.monotonic() - t0:.0f}s]: {line['line']}")
         new = client.job(job["id"])["status"]
         if new != status:
-            _out(f"job {job['id']}: {new}")
+            _out(f"job {job['id']} [{time.monotonic() - t0:.0f}s]: {new}")
         status = new
     final = client.job(job["id"])
-    _out(f"demo job {final['id']} {final['status']}" + (f": {final['reason']}" if final.get("reason") else ""))
+    _out(f"demo job {final['id']} {final['status']} in {time.monotonic() - t0:.0f} s"
+         + (f": {final['reason']}" if final.get("reason") else ""))
+    for text in demo_summary(client.metrics(job["id"], names=list(DEMO_SUMMARY))):
+        _out(text)
     for art in client.artifacts(job["id"]):
-        _out(f"  {art['kind']:<10} step {art['step']}  {art['size']:>12} bytes  sha256 {art['sha256'][:16]}...")
+        _out(f"  {art['kind']:<11} step {art['step']}  {art['size']:>12} bytes  sha256 {art['sha256'][:16]}...")
     return exit_code_for(final["status"])
+
+
+DEMO_SUMMARY = {  # metric -> what the demo's closing lines call it
+    "reward/mean": "reward (mean of the step's responses)",
+    "sd/on_fraction": "SD on (share of decode steps)",
+    "sd/accept_len": "SD accept length (tokens per verify)",
+    "drafter/acc": "EAGLE drafter top-1 accuracy",
+}
+
+
+def demo_summary(history: dict[str, Any]) -> list[str]:
+    """One line per DEMO_SUMMARY metric the job reported: its first and last step's values."""
+    out = []
+    for series in history.get("series", []):
+        pts = [p for p in series["points"] if p["value"] is not None]
+        if series["name"] in DEMO_SUMMARY and pts:
+            first, last = pts[0], pts[-1]
+            out.append(f"  {DEMO_SUMMARY[series['name']]:<40} step {first['step']}: {first['value']:.3f}  ->  "
+                       f"step {last['step']}: {last['value']:.3f}")
+    return out
 
 
 # ------------------------------------------------------------ REST client commands
@@ -256,10 +279,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from worker.client import FINAL_STATUSES
+
     c = _client(args)
     if not args.follow:
         for line in c.logs(args.job):
             _out(line["line"])
+        job = c.job(args.job)
+        if job["status"] in FINAL_STATUSES:  # the outcome last, as `-f` prints it
+            _out(LogOrder.text({"to_status": job["status"], "reason": job.get("reason")}))
         return 0
     lines = LogOrder()
     status = "unknown"
@@ -286,7 +314,7 @@ class LogOrder:
         self.pending: list[dict[str, Any]] = []
 
     @staticmethod
-    def _text(event: dict[str, Any]) -> str:
+    def text(event: dict[str, Any]) -> str:
         return f"-- {event['to_status']}" + (f": {event['reason']}" if event.get("reason") else "")
 
     def transition(self, event: dict[str, Any]) -> None:
@@ -299,11 +327,11 @@ class LogOrder:
         at = line.get("created_at") or ""
         due = [e for e in self.pending if e["to_status"] not in FINAL_STATUSES and e.get("created_at", "") <= at]
         self.pending = [e for e in self.pending if e not in due]
-        return [self._text(e) for e in due] + [line["line"]]
+        return [self.text(e) for e in due] + [line["line"]]
 
     def end(self) -> list[str]:
         """The transitions still held, in order (the final status last)."""
-        out, self.pending = [self._text(e) for e in self.pending], []
+        out, self.pending = [self.text(e) for e in self.pending], []
         return out
 
 

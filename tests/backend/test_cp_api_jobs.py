@@ -115,7 +115,7 @@ def test_cancel_and_retry(cp_client: TestClient, cp_backend) -> None:
 
 def test_demo_preset_is_accepted(cp_client: TestClient, cp_backend) -> None:
     r = cp_client.post("/api/v1/jobs", json={"spec": PRESETS["demo-cpu"]}, headers=auth(cp_backend.token()))
-    assert r.status_code == 201 and r.json()["name"] == "demo-smollm2-gsm8k"
+    assert r.status_code == 201 and r.json()["name"] == PRESETS["demo-cpu"]["name"]
 
 
 def test_broker_down_fails_job_with_503(cp_backend) -> None:

@@ -89,6 +89,8 @@ def test_logs_follow_prints_final_status_last(use_api: TltClient, cp_backend: An
     out = capsys.readouterr().out.splitlines()
     assert out.index("-- running") < out.index("step 1/2 reward 0.1") < out.index("step 2/2 reward 0.3")
     assert out[-1] == "-- succeeded"
+    assert cli.main(["logs", str(job_id)]) == 0  # without -f: the lines, then the outcome
+    assert capsys.readouterr().out.splitlines() == ["step 1/2 reward 0.1", "step 2/2 reward 0.3", "-- succeeded"]
 
 
 @sqlite_only

@@ -35,7 +35,9 @@ def test_tlt_up_demo_runs_a_job_and_stops(tmp_path: Path) -> None:
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     assert "TLT Studio is up" in out and "token:      tlt_" in out
     assert f"artifacts:  {tmp_path / 'home' / 'artifacts' / 'jobs' / '1'}" in out
-    assert "demo job 1 succeeded" in out and "policy" in out
+    assert "demo job 1 succeeded in " in out and "policy" in out and "tensorboard" in out
+    assert "job 1 [" in out and "]: step 1/1 reward " in out  # the job's step lines, with the seconds since submit
+    assert "  reward (mean of the step's responses)" in out  # the closing summary reads the job's metrics
     assert (tmp_path / "home" / "tlt.db").exists() and (tmp_path / "home" / "broker.db").exists()
     assert any((tmp_path / "home" / "artifacts" / "jobs" / "1").rglob("config.json"))
     engine = create_engine(f"sqlite:///{tmp_path / 'home' / 'tlt.db'}")

@@ -3,7 +3,7 @@ seeds jobs through the worker's DbReporter (tests/ui/ui_seed.py), starts uvicorn
 the API and frontend/dist, and runs the browser tests (`node --test frontend/e2e/`, playwright-core driving
 Debian's chromium headless). Screenshots of the job page land in test-artifacts/.
 
-Run: python -m pytest tests/ui -q        (needs node, npm and /usr/bin/chromium: scripts/setup.sh installs them)
+Run: python -m pytest tests/ui -q        (needs node, npm and /usr/bin/chromium: scripts/setup.sh --dev installs chromium)
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _free_port() -> int:
 
 def _tool(name: str) -> str:
     path = shutil.which(name)
-    assert path, f"{name} is not installed (scripts/setup.sh installs node, npm and chromium)"
+    assert path, f"{name} is not installed (scripts/setup.sh --dev installs chromium; node and npm come with the machine)"
     return path
 
 
