@@ -25,13 +25,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope
 
-from backend import crud, lifecycle
+from backend import lifecycle
 from backend.api.routes import artifacts, datasets, jobs, metric_catalog, stream, system, telemetry, tokens
 from backend.core import migrate
 from backend.core.config import Settings, get_settings
-from backend.core.db import make_engine, make_session_factory
 from backend.core.dispatch import Dispatcher
 from backend.core.limits import BodyLimit, SubmitLimiter
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
 from backend.schemas import errors
 from backend.sse_fanout import JobStreams
 

@@ -17,11 +17,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from backend import crud
 from backend.core.config import Settings
 from backend.core.dispatch import Dispatcher
 from backend.core.security import hash_token
-from backend.models import User
+from backend.persistence import crud
+from backend.persistence.models import User
 
 bearer = HTTPBearer(auto_error=False, description="An API token from `tlt token create` or POST /api/v1/tokens")
 

@@ -37,7 +37,7 @@ def test_open_streams_hold_no_connection(make_env: Any) -> None:
 
 def test_pool_exhaustion_is_503_not_500(make_env: Any) -> None:
     """Overload (every connection busy for pool_timeout) answers 503 + Retry-After, and the API recovers."""
-    from backend.core.db import make_engine, make_session_factory
+    from backend.persistence.db import make_engine, make_session_factory
 
     env = make_env()
     h = {"Authorization": f"Bearer {env.token()}"}

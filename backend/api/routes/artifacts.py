@@ -12,8 +12,9 @@ from urllib.parse import quote
 from fastapi import APIRouter, Header, HTTPException, Query, status
 from fastapi.responses import StreamingResponse
 
-from backend import artifact_store, crud
+from backend import artifact_store
 from backend.api.deps import ArtifactId, CurrentUser, JobId, ReleasingRoute, SessionDep, SettingsDep
+from backend.persistence import crud
 from backend.schemas import ArtifactPublic, errors
 
 

@@ -9,9 +9,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import text
 
-from backend import crud
 from backend.api.deps import CurrentUser, ReleasingRoute, SessionDep
 from backend.lifecycle import JobStatus
+from backend.persistence import crud
 from worker.tlt.config import PRESETS, JobSpec
 
 health_router = APIRouter(tags=["system"])

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from backend import crud
 from backend.api.deps import AfterId, AfterStep, CurrentUser, JobId, ReleasingRoute, SessionDep, SettingsDep
+from backend.persistence import crud
 from backend.schemas import (
     EventPublic,
     HistogramPublic,
