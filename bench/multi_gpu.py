@@ -5,7 +5,7 @@ TLT vs SD off, with the harvest ratio, on SmolLM2-135M-Instruct + GSM8K, as ONE 
                                                            # ~4-5 min; JSON next to it (or --json-out PATH)
     PYTHONPATH=. python bench/multi_gpu.py --model tiny --steps 2 --out /tmp/mg.md --json-out /tmp/mg.json  # CPU
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/multi_gpu.py --gpus 2 --modes tlt --zero-stage 0,1 \
-        --out /tmp/multi_gpu_zero.md                    # 2-GPU rows with replicated vs ZeRO-1 sharded AdamW state
+        --out /tmp/multi_gpu_zero.md                    # 2-GPU rows: torch replicated AdamW vs DeepSpeed ZeRO-1
 
 Same work per step in every row: --prompts x --samples responses (<= --max-new-tokens, T=1.0, top-k --top-k), the
 `h200-gsm8k-tlt` / `h200-gsm8k-sd-off` presets. With 2 GPUs each rank rolls out half the prompts, the policy
@@ -15,8 +15,9 @@ single trainer in this process (the TLT preset trains the drafter inside its own
 rows run `worker.tlt.multigpu.launch.run` (2 spawned ranks, NCCL) and read rank 0's merged metrics. Quoted: the mean of
 the steps after the first (the first includes CUDA graph capture). harvest idle / used are GPU-seconds per step over
 all GPUs. 2-GPU rows run first, so this process holds no GPU memory while the ranks run. `--zero-stage 0,1` runs each
-2-GPU row once per `resources.zero_stage` (worker/tlt/multigpu/zero.py) and quotes the largest rank's AdamW state and
-peak allocated memory (torch.cuda.max_memory_allocated, the run's high-water mark) next to its step and update time.
+2-GPU row once per `resources.zero_stage` (0: torch data parallel; 1-3: DeepSpeed, rl/deepspeed_update.py) and
+quotes the largest rank's AdamW state and peak allocated memory (torch.cuda.max_memory_allocated, the run's
+high-water mark) next to its step and update time.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--release-kv", action="store_true", help="rollout.release_kv_for_update: KV cache freed for the update")
     ap.add_argument("--drafter-warm-start", default=None, help="tlt: an exported drafter directory to start from")
-    ap.add_argument("--zero-stage", default="0", help="resources.zero_stage of the 2-GPU rows: 0, 1 or 0,1 (both)")
+    ap.add_argument("--zero-stage", default="0", help="resources.zero_stage of the 2-GPU rows, e.g. 0 or 0,2 (each)")
     ap.add_argument("--out", default="bench/results/multi_gpu_h200.md")
     ap.add_argument("--json-out", default=None, help="default: --out with a .json suffix")
     a = ap.parse_args(argv)

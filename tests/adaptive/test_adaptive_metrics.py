@@ -9,6 +9,8 @@ import pytest
 
 from worker.tlt.adaptive.metrics import RolloutSdMetrics, per_position_counts
 from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
+from worker.tlt.rl.engine_adapter import sd_metrics
+from worker.tlt.rollout.types import GenerationOutput, StepStats
 
 
 def test_per_position_counts() -> None:
@@ -126,3 +128,12 @@ def test_switch_and_metrics_over_a_shrinking_batch() -> None:
     assert s["sd/on_fraction"] == pytest.approx(29 / 40)
     assert s["sd/accept_rate_pos_1"] == 1.0 and s["sd/accept_rate_pos_2"] == 0.0
     assert s["sd/accept_len"] == pytest.approx(2.0)
+
+
+def test_sd_metrics_without_the_adaptive_controller_say_where_sd_ran() -> None:
+    # speculative: "on" (no controller): the share of tokens from speculative steps, and of decode steps that drafted
+    steps = [StepStats("prefill", 4, 4, 1, 4, 0, 0.1), StepStats("decode", 4, 4, 1, 4, 0, 0.01),
+             StepStats("spec", 2, 2, 4, 6, 4, 0.02), StepStats("decode", 1, 1, 1, 1, 0, 0.01)]
+    m = sd_metrics(GenerationOutput(sequences=[], steps=steps, seconds=0.14))
+    assert m["sd/spec_step_fraction"] == pytest.approx(1 / 3)
+    assert m["sd/on_fraction"] == pytest.approx(6 / 11)

@@ -59,7 +59,7 @@ def record(steps: int) -> dict:
                 "histograms": [{k: h[k] for k in ("name", "edges", "counts")} for h in hists if h["step"] == step],
                 "samples": [r for s in samples if s["step"] == step for r in s["rows"]][:SAMPLES_KEPT],
             })
-    return {"spec": job.model_dump(mode="json"), "steps": rows}
+    return {"spec": job.model_dump(mode="json", exclude_unset=True), "steps": rows}  # as written: re-validated by the seed
 
 
 def main(argv: list[str] | None = None) -> int:

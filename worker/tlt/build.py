@@ -17,6 +17,7 @@ from worker.tlt.data.prompts import render_examples
 from worker.tlt.model.load import load_model
 from worker.tlt.reporting import Reporter
 from worker.tlt.rewards.registry import resolve
+from worker.tlt.rl.deepspeed_update import build_update
 from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rl.trainer import GRPOTrainer
 
@@ -58,13 +59,15 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
         raise ValueError(f"no training prompts fit max_prompt_length={ds.max_prompt_length}")
     reward_names = reward_names_for(spec)
     reward_fns = resolve(reward_names)
+    # DeepSpeed (when the plan uses it) moves the weights into its flat buffers: before anything captures them
+    update = build_update(spec, model, device)
     rollout = make_rollout(spec, model, tokenizer, device)
     reporter.log(
         f"model {spec.model.model_dump(exclude_none=True)} on {device}; {len(train)} training prompts, "
         f"{len(val)} validation; rewards {reward_names}; rollout speculative={spec.rollout.speculative}"
     )
     trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device, drafter=rollout.drafter,
-                          reward_names=reward_names)
+                          reward_names=reward_names, update=update)
     if model.head_weight.dtype != torch.float32 and not trainer.master.enabled and trainer.ds is None:
         # one module serves rollout and training (free weight sync): without fp32 copies AdamW updates far below
         # a bf16 ulp are rounded away

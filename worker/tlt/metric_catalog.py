@@ -120,6 +120,10 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("sd/arm/{arm}", "steps", _STEP,
                "Switch-on decode steps that ran this arm in the step's rollout (a count; 'none' = plain decoding). "
                "Shares are count / sum over arms."),
+    MetricSpec("sd/gain/{bucket}", "ratio", _STEP,
+               "Per batch-size bucket, as measured so far: one sequence's tokens/s in SD steps / in plain steps."),
+    MetricSpec("sd/pays/{bucket}", "on/off", _STEP,
+               "Per batch-size bucket: 1 when the measured step costs switch SD on there, 0 when off."),
     MetricSpec("sd/accepted_draft_tokens", "tokens", _STEP, "Draft tokens accepted in the rollout."),
     MetricSpec("sd/verify_steps", "steps", _STEP, "Verify steps observed."),
     # --- drafter

@@ -121,13 +121,15 @@ export class LineChart {
   destroy(): void { this.ro.disconnect(); this.u?.destroy(); }
 }
 
-/** uPlot's padded range; a series that varies by less than a millionth of its values (a ratio of two nearly equal
-numbers, 1 +- 1e-16) is ranged as a constant, which would otherwise ask the axis for billions of ticks. */
+/** uPlot's padded range. Its rounding collapses a range narrower than about a millionth of its values to a single
+value (a ratio of two nearly equal numbers, 1 +- 5e-7), and an empty range asks the axis for ticks 1e-16 apart,
+forever: such a range is padded here instead. */
 function autoRange(lo: number | null, hi: number | null): uPlot.Range.MinMax {
   if (lo === null || hi === null) return [0, 1];
-  const mid = (lo + hi) / 2;
-  if (hi - lo < 1e-6 * Math.max(Math.abs(lo), Math.abs(hi))) return uPlot.rangeNum(mid, mid, 0.1, true);
-  return uPlot.rangeNum(lo, hi, 0.1, true);
+  const [a, b] = uPlot.rangeNum(lo, hi, 0.1, true);
+  if (a !== null && b !== null && b > a) return [a, b];
+  const pad = Math.max((hi - lo) * 0.1, Math.abs(hi) * 1e-6, 1e-12);
+  return [lo - pad, hi + pad];
 }
 
 function onePoint(ys: ArrayLike<number | null | undefined>): boolean {

@@ -30,9 +30,13 @@ function section(parent: HTMLElement, title: string, testid: string, ...extra: H
   return grid;
 }
 
-function stat(label: string, testid: string, title: string): { el: HTMLElement; set(v: string): void } {
+function stat(label: string, testid: string, title: string): { el: HTMLElement; set(v: string, label?: string): void } {
   const val = h("b", { "data-testid": testid }, "–");
-  return { el: h("span", { class: "stat", title }, `${label} `, val), set: (v) => { val.textContent = v; } };
+  const name = document.createTextNode(`${label} `);
+  return { el: h("span", { class: "stat", title }, name, val), set: (v, l) => {
+    val.textContent = v;
+    if (l) name.textContent = `${l} `;
+  } };
 }
 
 /** Per step, each arm's share of the switch-on decode steps (sd/arm/<name> counts / their sum at that step), loaded
@@ -76,7 +80,7 @@ export class Panels {
   private otherGrid: HTMLElement;
   private others = new Map<string, LineChart>();
   private harvest = stat("harvest ratio (job)", "harvest-ratio",
-    "idle GPU time used by drafter training / idle time offered, since the job started");
+    "idle GPU time used by drafter training / idle time offered: since the job started, or at the latest step for a job without the cumulative harvest counters");
   private sdRan = stat("SD ran", "sd-on-fraction", "decode steps that drafted and verified / all decode steps (latest step)");
   private tailGain = stat("tail speed-up", "tail-speedup",
     "one sequence's tail tokens/s with SD / without SD, at the latest step whose tail ran both");
@@ -175,9 +179,12 @@ export class Panels {
       const ys = pos.map((n) => store.at(n, step) ?? 0);
       this.posBars.set(pos.map((n) => Number(n.match(POS_RE)![1])), ys, `step ${step}`);
     }
+    // over the job from the cumulative counters; a job without them (multi-GPU) shows its latest step's ratio
     const used = store.latest("harvest/used_gpu_s_total"), idle = store.latest("harvest/idle_gpu_s_total");
-    const ratio = used !== null && idle ? used / idle : store.latest("harvest/ratio");
-    this.harvest.set(ratio === null ? "–" : `${fmt(ratio * 100, 3)} %`);
+    const job = used !== null && idle !== null;
+    const ratio = job ? (idle > 0 ? used / idle : 0) : store.latest("harvest/ratio");
+    this.harvest.set(ratio === null ? "–" : `${fmt(ratio * 100, 3)} %`,
+      job ? "harvest ratio (job)" : "harvest ratio (latest step)");
     const ran = store.latest("sd/spec_step_fraction");
     this.sdRan.set(ran === null ? "–" : `${fmt(ran * 100, 3)} %`);
     const tail = latestCommon(store, [TAIL_SD, TAIL_PLAIN]);

@@ -1,17 +1,20 @@
-"""The policy update on DeepSpeed's engine: ZeRO stages 1-3 (0 for fp32 models), bf16 weights trained through fp32
+"""The policy update on DeepSpeed's engine: ZeRO stages 0-3 (a bf16 model at stage 0 takes DeepSpeed's replicated
+path, which accumulates gradients in bf16; the plan uses stage 1 on one GPU instead), bf16 weights trained through fp32
 master weights, optimizer state offload to the host (DeepSpeed's CPU Adam, JIT-built on first use), and the weight
 flow from DeepSpeed's (possibly partitioned) parameters into the rollout engine.
 
-    plan = plan_for(spec, model, device)                   # rl/update_plan.py arithmetic on this machine
-    ds = DeepSpeedUpdate(model, spec.algorithm, plan)      # every rank, after the process group exists (or alone)
+    plan, ds = build_update(spec, model, device)           # before the rollout engine captures its CUDA graphs
+                                                           # (every rank, after the process group exists, or alone)
     for i, mb in enumerate(mbs): ds.backward(loss_of(ds.forward(mb.input_ids, at)), last=i == len(mbs) - 1)
     grad_norm = ds.step(); ds.sync_engine_weights()        # once per RL step
     ds.save(root, step) / ds.load(root, step)              # every rank: each writes / reads its own shard
 
 Weights the rollout engine reads: at stages 0-2 the engine runs the very module DeepSpeed trains (its bf16
 parameters are whole on every rank, and DeepSpeed's optimizer writes the rounded fp32 step into them in place), so
-there is nothing to copy. DeepSpeed may re-point those parameters into flat buffers when it starts; `moved_storage`
-says so, and the trainer then drops the engine's CUDA graphs so they are captured again on the new storage.
+there is nothing to copy. DeepSpeed re-points those parameters into its flat buffers when it starts, so it must
+start before anything captures the weights' addresses (the engine's and the EAGLE proposer's CUDA graphs):
+build.py builds it before the rollout; a trainer handed an engine built earlier sees `moved_storage` and drops the
+engine's graphs (rl/trainer.py).
 At stage 3 the trained module is a copy whose parameters DeepSpeed partitions across ranks; after each step every
 parameter is gathered on the device one at a time (`GatheredParameters`) and copied into the engine's whole copy:
 no full copy of the model on the host, at most one gathered tensor at a time on the device.
@@ -29,6 +32,7 @@ DeepSpeed runs on CPU too (DS_ACCELERATOR=cpu, gloo): the CI tests train a tiny 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import shutil
 import socket
@@ -47,8 +51,6 @@ from worker.tlt.rl.update_plan import UpdatePlan, count_params, plan_update
 
 
 def deepspeed_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("deepspeed") is not None
 
 
@@ -100,6 +102,18 @@ def ensure_process_group(backend: str) -> None:
                  "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
     dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+
+def build_update(spec: JobSpec, model: Transformer, device: torch.device
+                 ) -> tuple[UpdatePlan, DeepSpeedUpdate | None]:
+    """The plan of `spec` for `model`, and DeepSpeed's engine when the plan runs on DeepSpeed (None: torch)."""
+    model.gradient_checkpointing = spec.algorithm.gradient_checkpointing  # copied along at ZeRO-3
+    plan = plan_for(spec, model, device)
+    if plan.engine != "deepspeed":
+        return plan, None
+    if not deepspeed_installed():
+        raise RuntimeError("resources ask for DeepSpeed, which is not installed: pip install '.[deepspeed]'")
+    return plan, DeepSpeedUpdate(model, spec.algorithm, plan)
 
 
 class DeepSpeedUpdate:

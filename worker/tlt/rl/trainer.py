@@ -48,7 +48,7 @@ from worker.tlt.rewards.registry import RewardFn
 from worker.tlt.rewards.shaping import overlong_penalty
 from worker.tlt.rewards.streaming import StreamingScorer
 from worker.tlt.rl.batch import MicroBatch, UpdateSeq, micro_batches
-from worker.tlt.rl.deepspeed_update import DeepSpeedUpdate, deepspeed_installed, plan_for
+from worker.tlt.rl.deepspeed_update import DeepSpeedUpdate, build_update
 from worker.tlt.rl.grpo import LossNorm, group_advantages, policy_loss, token_logprobs_entropy
 from worker.tlt.rl.optim import (
     MasterWeights,
@@ -59,6 +59,7 @@ from worker.tlt.rl.optim import (
 )
 from worker.tlt.rl.policy_forward import ResponseLogits
 from worker.tlt.rl.rollout_io import Rollout, Trajectory
+from worker.tlt.rl.update_plan import UpdatePlan
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,8 @@ class GRPOTrainer:
         drafter: DrafterHook | None = None,
         num_samples: int = 2,
         reward_names: list[str] | None = None,  # names of reward_fns for metrics (default: algorithm.reward_funcs)
+        update: tuple[UpdatePlan, DeepSpeedUpdate | None] | None = None,  # rl/deepspeed_update.py build_update;
+        # None = built here (after the rollout engine: its CUDA graphs are then dropped if DeepSpeed moved weights)
     ) -> None:
         self.spec, self.algo = spec, spec.algorithm
         self.model, self.tokenizer, self.rollout = model, tokenizer, rollout
@@ -117,21 +120,16 @@ class GRPOTrainer:
         self.ref_model = None
         if self.algo.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        model.gradient_checkpointing = self.algo.gradient_checkpointing
-        self.plan = plan_for(spec, model, torch.device(device))
+        self.plan, self.ds = update if update is not None else build_update(spec, model, torch.device(device))
         if not self.plan.fits:
             log.warning("the policy update may not fit: %s", "; ".join(self.plan.lines()))
-        self.ds: DeepSpeedUpdate | None = None
         self.policy_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ResponseLogits(model)
-        if self.plan.engine == "deepspeed":
-            if not deepspeed_installed():
-                raise RuntimeError("resources ask for DeepSpeed, which is not installed: pip install '.[deepspeed]'")
-            self.ds = DeepSpeedUpdate(model, self.algo, self.plan)
+        if self.ds is not None:
             self.master = MasterWeights(trainable_params(model), enabled=False)  # DeepSpeed keeps its own
             self.optimizer: torch.optim.Optimizer = self.ds.base_optimizer
             self.policy_logits = self.ds.forward
             engine = getattr(rollout, "engine", None)
-            if self.ds.moved_storage and engine is not None:  # graphs captured on the old storage: capture again
+            if update is None and self.ds.moved_storage and engine is not None:  # graphs on the old storage
                 engine.release_memory()
                 engine.restore_memory()
         else:
