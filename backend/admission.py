@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from backend import crud
 from backend.core.config import Settings
-from backend.models import User, Worker
+from backend.persistence import crud
+from backend.persistence.models import User, Worker
 from backend.spec_paths import spec_path_errors
 from worker.tlt.config import BUILTIN_MODEL_SHAPES, ArtifactRef, JobSpec
 

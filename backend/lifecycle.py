@@ -25,7 +25,7 @@ class JobStatus(StrEnum):
 
 S = JobStatus
 TERMINAL = frozenset({S.cancelled, S.succeeded, S.failed})
-FINAL = TERMINAL  # the name backend/crud/ uses
+FINAL = TERMINAL  # the name backend/persistence/crud/ uses
 ACTIVE = frozenset({S.starting, S.running, S.recovering, S.cancelling})  # a worker owns the job
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {

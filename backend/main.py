@@ -25,13 +25,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope
 
-from backend import crud, lifecycle
+from backend import lifecycle
+from backend.api.deps import bind_sessions
 from backend.api.routes import artifacts, datasets, jobs, metric_catalog, stream, system, telemetry, tokens
 from backend.core import migrate
 from backend.core.config import Settings, get_settings
-from backend.core.db import make_engine, make_session_factory
 from backend.core.dispatch import Dispatcher
 from backend.core.limits import BodyLimit, SubmitLimiter
+from backend.persistence import crud
+from backend.persistence.db import make_engine
 from backend.schemas import errors
 from backend.sse_fanout import JobStreams
 
@@ -126,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     engine = make_engine(settings.database_url)
-    app.state.session_factory = make_session_factory(engine)
+    bind_sessions(app, engine)
     app.state.dispatcher = Dispatcher(settings)
     app.state.job_streams = JobStreams(settings.sse_poll_s)  # SSE pollers, one per watched job, started on demand
     _error_handlers(app)

@@ -1,4 +1,4 @@
-"""Input and output schemas of the REST API, separate from the SQLAlchemy models (backend/models.py).
+"""Input and output schemas of the REST API, separate from the SQLAlchemy models (backend/persistence/models.py).
 
 The job spec itself is `worker.tlt.config.JobSpec`, owned by the training library; the API validates with it, so an
 invalid spec is a 422 whose `loc` names the field (e.g. ["body", "spec", "algorithm", "learning_rate"]).

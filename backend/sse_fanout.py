@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from backend import crud
 from backend.lifecycle import FINAL
+from backend.persistence import crud
 from backend.schemas import EventPublic, LogLinePublic
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from backend import crud
 from backend.core.config import Settings
-from backend.models import Job
+from backend.persistence import crud
+from backend.persistence.models import Job
 from backend.spec_paths import spec_path_errors
 from worker.tlt.config import ArtifactRef, JobSpec
 

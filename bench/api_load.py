@@ -117,10 +117,10 @@ def database_usage() -> tuple[float, int, int] | None:
 @contextlib.contextmanager
 def local_api(home: Path, database_url: str = "", broker_url: str = "") -> Iterator[tuple[str, str]]:
     """Migrate the database (default: SQLite under `home`), make an admin token, run uvicorn; yields (url, token)."""
-    from backend import crud
     from backend.core import migrate
     from backend.core.config import Settings
-    from backend.core.db import make_engine, make_session_factory
+    from backend.persistence import crud
+    from backend.persistence.db import make_engine, make_session_factory
 
     env = {**os.environ, "TLT_HOME": str(home), "TLT_SUBMIT_RATE_PER_MIN": "0", "TLT_FRONTEND_DIR": str(home / "none"),
            "TLT_DATABASE_URL": database_url, "TLT_BROKER_URL": broker_url}

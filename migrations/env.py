@@ -8,8 +8,8 @@ from logging.config import fileConfig
 from alembic import context
 
 from backend.core.config import Settings
-from backend.core.db import make_engine
-from backend.models import Base
+from backend.persistence.db import make_engine
+from backend.persistence.models import Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):

@@ -63,9 +63,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 def create_token(user: str, admin: bool, name: str = "", promote: bool = False) -> str:
     """A new token's secret. An admin token only when `admin`; for an existing non-admin user that also needs
     `promote` (else crud.Conflict)."""
-    from backend import crud
     from backend.core.config import get_settings
-    from backend.core.db import make_engine, make_session_factory
+    from backend.persistence import crud
+    from backend.persistence.db import make_engine, make_session_factory
 
     engine = make_engine(get_settings().database_url)
     try:
@@ -77,7 +77,7 @@ def create_token(user: str, admin: bool, name: str = "", promote: bool = False) 
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    from backend import crud
+    from backend.persistence import crud
 
     if args.promote and not args.admin:
         sys.stderr.write("tlt: --promote makes the user an admin and needs --admin\n")

@@ -9,7 +9,7 @@ second. Metrics and histograms are upserts on (job, step, name): a step replayed
 never duplicates them.
 A database restart or failover pauses the job instead of failing it: every write is retried for up to `write_retry_s`
 while the error is a transient one (connection refused or cut), the pending rows kept in order, and `should_stop()`
-answers from its last reading meanwhile (backend.core.db.retry_transient).
+answers from its last reading meanwhile (backend.persistence.db.retry_transient).
 Metric and histogram names must be in worker/tlt/metric_catalog.py (ValueError otherwise, nothing written).
 Artifacts are registered with the size and sha256 of the bytes a download serves (backend.artifact_store.digest).
 
@@ -27,10 +27,10 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend import crud
 from backend.artifact_store import digest
-from backend.core.db import TRANSIENT_ERRORS, retry_transient
 from backend.lifecycle import JobStatus
+from backend.persistence import crud
+from backend.persistence.db import TRANSIENT_ERRORS, retry_transient
 from worker.tlt.metric_catalog import check_names
 from worker.tlt.reporting import ArtifactKind
 

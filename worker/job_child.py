@@ -2,7 +2,7 @@
 
 Started by the `run_job` task (worker/tasks.py) in its own process group; reads the job row and settings (TLT_* env
 passed by the parent), refuses paths outside TLT_SPEC_ROOTS, resolves uploaded dataset and artifact ids to their
-files (reads retried over a database restart: backend.core.db.retry_transient), and calls `worker.runner.execute`
+files (reads retried over a database restart: backend.persistence.db.retry_transient), and calls `worker.runner.execute`
 with a DbReporter. Exit status 0 = the loop returned (finished, or stopped on cancel); anything else = the attempt
 failed (the traceback goes to stderr, which the parent keeps as the job's last output lines).
 If the parent worker dies, the kernel kills this process (PR_SET_PDEATHSIG) so a lost job never runs twice.
@@ -19,9 +19,9 @@ import sys
 import threading
 from pathlib import Path
 
-from backend import crud
 from backend.core.config import get_settings
-from backend.core.db import make_engine, make_session_factory, retry_transient
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory, retry_transient
 from backend.worker_spec import runnable_spec
 from worker import runner
 from worker.db_reporter import DbReporter

@@ -15,8 +15,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from backend import crud
-from backend.core.db import make_engine, make_session_factory
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 10.0

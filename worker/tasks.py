@@ -34,11 +34,11 @@ from celery import Celery, Task, shared_task
 from celery.signals import worker_ready, worker_shutdown
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend import crud
 from backend.core.config import Settings
-from backend.core.db import make_engine, make_session_factory, retry_transient
 from backend.core.dispatch import RUN_JOB_TASK
 from backend.lifecycle import FINAL, IllegalTransition, JobStatus
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory, retry_transient
 from worker import registry
 
 log = logging.getLogger(__name__)

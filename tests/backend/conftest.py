@@ -20,12 +20,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.orm import Session
 
-from backend import crud
 from backend.core import migrate
 from backend.core.config import Settings
-from backend.core.db import make_engine
 from backend.main import create_app
-from backend.models import Base
+from backend.persistence import crud
+from backend.persistence.db import make_engine
+from backend.persistence.models import Base
 
 PG_ADMIN = os.environ.get("TLT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TLT_TEST_REDIS", "redis://127.0.0.1:6379/14")

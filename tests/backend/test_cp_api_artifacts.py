@@ -11,7 +11,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from backend import artifact_store, crud
+from backend import artifact_store
+from backend.persistence import crud
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 

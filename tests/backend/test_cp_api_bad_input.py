@@ -8,7 +8,7 @@ import sys
 
 from fastapi.testclient import TestClient
 
-from backend import crud
+from backend.persistence import crud
 
 BIG = str(2**70)
 
@@ -58,5 +58,5 @@ def test_nan_metric_is_served_as_null(cp_client: TestClient, cp_backend) -> None
 
 
 def test_backend_does_not_import_torch() -> None:
-    code = "import sys, backend.main, backend.crud; backend.main.create_app; assert 'torch' not in sys.modules"
+    code = "import sys, backend.main, backend.persistence.crud; backend.main.create_app; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event, func, select
 
-from backend import crud
 from backend.lifecycle import JobStatus
-from backend.models import Metric
+from backend.persistence import crud
+from backend.persistence.models import Metric
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "max_steps": 2}
 

@@ -11,10 +11,10 @@ import math
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
-from backend import crud
 from backend.api.deps import get_current_user
-from backend.core.db import json_loads, make_engine
-from backend.models import ApiToken
+from backend.persistence import crud
+from backend.persistence.db import json_loads, make_engine
+from backend.persistence.models import ApiToken
 
 SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "name": "fast"}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from backend import crud
 from backend.lifecycle import JobStatus
+from backend.persistence import crud
 from worker.tlt.config import PRESETS
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "max_steps": 2}

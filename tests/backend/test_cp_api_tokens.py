@@ -28,7 +28,7 @@ def test_tokens_admin_only_and_revocation(cp_client: TestClient, cp_backend) -> 
     with cp_backend.session() as s:  # only the hash is stored
         from sqlalchemy import select
 
-        from backend.models import ApiToken
+        from backend.persistence.models import ApiToken
         assert created["token"] not in s.scalars(select(ApiToken.token_hash)).all()
     r = cp_client.delete(f"/api/v1/tokens/{created['id']}", headers=admin)
     assert r.status_code == 200 and r.json()["revoked_at"]

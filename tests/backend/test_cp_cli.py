@@ -17,8 +17,9 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from backend import artifact_store, crud
+from backend import artifact_store
 from backend.lifecycle import JobStatus
+from backend.persistence import crud
 from worker import cli
 from worker.client import TltClient
 from worker.tlt.config import PRESETS

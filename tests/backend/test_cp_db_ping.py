@@ -1,4 +1,4 @@
-"""backend.core.db's checkout check on Postgres (instead of pool_pre_ping): a pooled connection the server ended
+"""backend.persistence.db's checkout check on Postgres (instead of pool_pre_ping): a pooled connection the server ended
 while it sat idle (a restart, pg_terminate_backend) is replaced at checkout, with no error for the caller; a healthy
 connection reused at once is not pinged (no extra round trips per request).
 
@@ -12,7 +12,7 @@ import time
 import psycopg
 from sqlalchemy import text
 
-from backend.core import db
+from backend.persistence import db
 from tests.backend.conftest import PG_ADMIN
 
 

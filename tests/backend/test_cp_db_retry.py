@@ -1,4 +1,4 @@
-"""backend.core.db.retry_transient: retries a write over a database outage (connection refused / cut), never over
+"""backend.persistence.db.retry_transient: retries a write over a database outage (connection refused / cut), never over
 other errors; gives up after its time budget. A real refused connection (a closed port) is the transient error.
 
 Run: python -m pytest tests/backend/test_cp_db_retry.py -q
@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from backend.core.db import make_engine, retry_transient
+from backend.persistence.db import make_engine, retry_transient
 
 
 def _closed_port() -> int:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend import crud, lifecycle
+from backend import lifecycle
 from backend.lifecycle import ALLOWED, FINAL, JobStatus
+from backend.persistence import crud
 from worker.tlt.config import JobSpec
 
 S = JobStatus

@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 
 from backend.core import migrate
 from backend.core.config import Settings
-from backend.core.db import make_engine
 from backend.main import create_app
-from backend.models import Base
+from backend.persistence.db import make_engine
+from backend.persistence.models import Base
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, update
 
-from backend import crud
-from backend.models import Job, Worker, utcnow
+from backend.persistence import crud
+from backend.persistence.models import Job, Worker, utcnow
 from worker.tlt.config import BUILTIN_MODEL_SHAPES
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from backend import crud
 from backend.main import create_app
+from backend.persistence import crud
 from backend.spec_paths import REFUSED
 from backend.worker_spec import SpecRefused, runnable_spec
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from backend import crud
 from backend.lifecycle import JobStatus as S
+from backend.persistence import crud
 from worker.tasks import JobSupervisor
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},

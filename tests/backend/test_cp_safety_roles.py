@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from backend import crud
 from backend.lifecycle import JobStatus
+from backend.persistence import crud
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
         "dataset": {"builtin": "toy-count"}}

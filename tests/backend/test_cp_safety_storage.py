@@ -15,8 +15,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from backend import crud
 from backend.main import create_app
+from backend.persistence import crud
 from worker.tlt.rl import checkpoint as ck
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},

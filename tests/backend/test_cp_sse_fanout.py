@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import uvicorn
 
-from backend import crud
 from backend.lifecycle import JobStatus
 from backend.main import create_app
+from backend.persistence import crud
 
 SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 

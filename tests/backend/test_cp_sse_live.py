@@ -11,9 +11,9 @@ import time
 import httpx
 import uvicorn
 
-from backend import crud
 from backend.lifecycle import JobStatus
 from backend.main import create_app
+from backend.persistence import crud
 
 
 def _free_port() -> int:

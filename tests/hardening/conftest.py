@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from backend import crud
 from backend.core import migrate
 from backend.core.config import Settings
-from backend.core.db import make_engine
 from backend.main import create_app
+from backend.persistence import crud
+from backend.persistence.db import make_engine
 
 
 @dataclass

@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy import select, text
 
-from backend import crud
-from backend.models import ApiToken, Base
+from backend.persistence import crud
+from backend.persistence.models import ApiToken, Base
 
 SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 

@@ -15,11 +15,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from backend import crud, lifecycle
+from backend import lifecycle
 from backend.core import migrate
-from backend.core.db import make_engine
 from backend.lifecycle import JobStatus
 from backend.main import create_app
+from backend.persistence import crud
+from backend.persistence.db import make_engine
 from worker.tlt.config import JobSpec
 
 

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi import HTTPException
 
-from backend import crud
 from backend.core.limits import SubmitLimiter
+from backend.persistence import crud
 
 SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
 

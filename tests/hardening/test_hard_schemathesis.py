@@ -32,11 +32,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from backend import crud
 from backend.core import migrate
 from backend.core.config import Settings
 from backend.lifecycle import JobStatus
 from backend.main import create_app
+from backend.persistence import crud
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance]

@@ -21,12 +21,12 @@ from typing import Any
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend import crud
 from backend.api.routes.stream import follow
 from backend.core.config import Settings
-from backend.core.db import make_engine, make_session_factory
 from backend.lifecycle import JobStatus
-from backend.models import JobEvent, LogLine, Metric
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
+from backend.persistence.models import JobEvent, LogLine, Metric
 from backend.sse_fanout import JobStreams, Mailbox, Subscriber
 from worker.tlt.config import JobSpec
 

@@ -37,12 +37,13 @@ def test_open_streams_hold_no_connection(make_env: Any) -> None:
 
 def test_pool_exhaustion_is_503_not_500(make_env: Any) -> None:
     """Overload (every connection busy for pool_timeout) answers 503 + Retry-After, and the API recovers."""
-    from backend.core.db import make_engine, make_session_factory
+    from backend.api.deps import bind_sessions
+    from backend.persistence.db import make_engine
 
     env = make_env()
     h = {"Authorization": f"Bearer {env.token()}"}
     engine = make_engine(env.settings.database_url, pool_size=1, max_overflow=0, pool_timeout=0.1)
-    env.client.app.state.session_factory = make_session_factory(engine)
+    bind_sessions(env.client.app, engine)
     with engine.connect():  # hold the only connection
         r = env.client.get("/api/v1/users/me", headers=h)
     assert r.status_code == 503 and r.headers["retry-after"] == "1" and "busy" in r.json()["detail"]

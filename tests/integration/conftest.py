@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend import crud
 from backend.core import migrate
-from backend.core.db import make_engine, make_session_factory
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
 from worker import registry
 
 FINAL = {"succeeded", "failed", "cancelled"}

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from backend import crud
-from backend.core.db import make_engine, make_session_factory
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
 
 from .conftest import TINY_SPEC, Stack
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from backend import crud
 from backend.core import migrate
 from backend.core.config import Settings
-from backend.core.db import make_engine, make_session_factory
 from backend.lifecycle import JobStatus
-from backend.models import Artifact, Job, LogLine, Metric, utcnow
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
+from backend.persistence.models import Artifact, Job, LogLine, Metric, utcnow
 from worker.client import parse_sse
 from worker.db_reporter import DbReporter
 from worker.tasks import JobSupervisor, assign_gpus

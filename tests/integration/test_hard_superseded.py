@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from backend import crud
 from backend.core import migrate
 from backend.core.config import Settings
-from backend.core.db import make_engine, make_session_factory
 from backend.lifecycle import JobStatus
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
 from worker.job_child import read_spec
 from worker.tasks import JobSupervisor
 from worker.tlt.config import JobSpec

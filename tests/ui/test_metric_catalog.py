@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from backend.core.db import make_engine
+from backend.persistence.db import make_engine
 from worker.db_reporter import DbReporter
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.metric_catalog import CATALOG, check_names, lookup

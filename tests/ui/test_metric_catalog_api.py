@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from backend import crud
 from backend.core import migrate
 from backend.core.config import Settings
-from backend.core.db import make_engine, make_session_factory
 from backend.main import create_app
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
 from worker.tlt.metric_catalog import CATALOG
 
 

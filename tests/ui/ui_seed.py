@@ -22,11 +22,11 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from backend import crud
 from backend.artifact_store import digest
-from backend.core.db import make_engine, make_session_factory
 from backend.lifecycle import JobStatus
-from backend.models import Metric
+from backend.persistence import crud
+from backend.persistence.db import make_engine, make_session_factory
+from backend.persistence.models import Metric
 from worker.db_reporter import DbReporter
 from worker.tlt.config import JobSpec
 from worker.tlt.metric_catalog import check_names

@@ -1,1 +1,1 @@
-"""One router per resource; each route is thin and calls backend.crud."""
+"""One router per resource; each route is thin and calls backend.persistence.crud."""

@@ -12,8 +12,9 @@ from urllib.parse import quote
 from fastapi import APIRouter, Header, HTTPException, Query, status
 from fastapi.responses import StreamingResponse
 
-from backend import artifact_store, crud
-from backend.api.deps import ArtifactId, CurrentUser, JobId, ReleasingRoute, SessionDep, SettingsDep
+from backend import artifact_store
+from backend.api.deps import ArtifactId, CurrentUser, JobId, SessionDep, SettingsDep
+from backend.persistence import crud
 from backend.schemas import ArtifactPublic, errors
 
 
@@ -23,7 +24,7 @@ def _disposition(name: str) -> str:
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
-router = APIRouter(tags=["artifacts"], responses=errors(403, 404, 409, 410, 416), route_class=ReleasingRoute)
+router = APIRouter(tags=["artifacts"], responses=errors(403, 404, 409, 410, 416))
 
 
 @router.get("/jobs/{job_id}/artifacts", response_model=list[ArtifactPublic])

@@ -9,11 +9,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile, status
 
-from backend import crud, dataset_store
-from backend.api.deps import CurrentUser, ReleasingRoute, SessionDep, SettingsDep
+from backend import dataset_store
+from backend.api.deps import CurrentUser, SessionDep, SettingsDep
+from backend.persistence import crud
 from backend.schemas import DatasetPublic, errors
 
-router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(404, 415), route_class=ReleasingRoute)
+router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(404, 415))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic)

@@ -7,14 +7,15 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 
-from backend import admission, crud
-from backend.api.deps import CurrentUser, DispatcherDep, JobId, ReleasingRoute, SessionDep, SettingsDep, SubmitAllowed
+from backend import admission
+from backend.api.deps import CurrentUser, DispatcherDep, JobId, SessionDep, SettingsDep, SubmitAllowed
 from backend.core.dispatch import EnqueueError
 from backend.lifecycle import JobStatus
-from backend.models import Job
+from backend.persistence import crud
+from backend.persistence.models import Job
 from backend.schemas import JobCreate, JobPublic, Page, errors
 
-router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(404, 409, 429, 503), route_class=ReleasingRoute)
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(404, 409, 429, 503))
 
 
 def _public(session: SessionDep, job_id: int) -> JobPublic:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from backend.api.deps import CurrentUser, ReleasingRoute
+from backend.api.deps import CurrentUser
 from backend.schemas import MetricInfo
 from worker.tlt.metric_catalog import CATALOG
 
-router = APIRouter(tags=["telemetry"], route_class=ReleasingRoute)
+router = APIRouter(tags=["telemetry"])
 
 
 @router.get("/metrics/catalog", response_model=list[MetricInfo])

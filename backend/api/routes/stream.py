@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from backend import crud
 from backend.api.deps import CurrentUser, JobId, SessionDep, SettingsDep
 from backend.core.config import Settings
+from backend.persistence import crud
 from backend.schemas import errors
 from backend.sse_fanout import JobStreams, Mailbox, Subscriber, read_after
 

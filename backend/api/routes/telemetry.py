@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from backend import crud
-from backend.api.deps import AfterId, AfterStep, CurrentUser, JobId, ReleasingRoute, SessionDep, SettingsDep
+from backend.api.deps import AfterId, AfterStep, CurrentUser, JobId, SessionDep, SettingsDep
+from backend.persistence import crud
 from backend.schemas import (
     EventPublic,
     HistogramPublic,
@@ -20,7 +20,7 @@ from backend.schemas import (
 )
 from backend.sse_fanout import format_cursor
 
-router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"], responses=errors(404), route_class=ReleasingRoute)
+router = APIRouter(prefix="/jobs/{job_id}", tags=["telemetry"], responses=errors(404))
 HIST_MAX = 10_000  # largest `points` / `limit` of GET /histograms (a row is ~1 KB of JSON)
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from backend import crud
-from backend.api.deps import CurrentUser, ReleasingRoute, SessionDep, TokenId
-from backend.models import ApiToken, User
+from backend.api.deps import CurrentUser, SessionDep, TokenId
+from backend.persistence import crud
+from backend.persistence.models import ApiToken, User
 from backend.schemas import TokenCreate, TokenCreated, TokenPublic, UserPublic, errors
 
-router = APIRouter(tags=["tokens"], responses=errors(403, 404, 409), route_class=ReleasingRoute)
+router = APIRouter(tags=["tokens"], responses=errors(403, 404, 409))
 
 
 @router.post("/tokens", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)

@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
-from backend.crud.common import NotFound
-from backend.crud.jobs import decode_cursor, encode_cursor
-from backend.crud.telemetry import LAST_STEP, LAST_STEP_TIME, finite_or_none
-from backend.models import Job, User
+from backend.persistence.crud.common import NotFound
+from backend.persistence.crud.jobs import decode_cursor, encode_cursor
+from backend.persistence.crud.telemetry import LAST_STEP, LAST_STEP_TIME, finite_or_none
+from backend.persistence.models import Job, User
 
 _VIEW = select(
     Job.id, Job.name, User.name.label("owner"), Job.status, Job.reason, Job.attempt, Job.worker, Job.queue, Job.spec,

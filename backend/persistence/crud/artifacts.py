@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from backend.crud.common import NotFound, _insert
-from backend.crud.jobs import get_job
-from backend.models import Artifact, Dataset, Job, User, utcnow
+from backend.persistence.crud.common import NotFound, _insert
+from backend.persistence.crud.jobs import get_job
+from backend.persistence.models import Artifact, Dataset, Job, User, utcnow
 
 
 def register_artifact(

@@ -10,8 +10,8 @@ from datetime import timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from backend.crud.common import _insert
-from backend.models import Worker, utcnow
+from backend.persistence.crud.common import _insert
+from backend.persistence.models import Worker, utcnow
 
 
 @dataclass(frozen=True)

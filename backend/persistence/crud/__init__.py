@@ -1,5 +1,5 @@
 """All queries and commits of the control plane (routes, the worker and the CLI call these; none commits elsewhere),
-one module per concern, re-exported here so callers write `from backend import crud; crud.get_job(...)`:
+one module per concern, re-exported here so callers write `from backend.persistence import crud; crud.get_job(...)`:
 
 - jobs.py: create (idempotent), get with ownership, `transition()` (every state change), heartbeats, recovery
 - job_views.py: what the API shows of jobs (JobPublic's fields and progress, one query): get and list
@@ -10,7 +10,7 @@ one module per concern, re-exported here so callers write `from backend import c
 - common.py: the errors (NotFound, Conflict) and the dialect-aware INSERT for upserts
 """
 
-from backend.crud.artifacts import (
+from backend.persistence.crud.artifacts import (
     create_dataset,
     get_artifact,
     get_dataset,
@@ -20,9 +20,9 @@ from backend.crud.artifacts import (
     register_artifact,
     user_artifact_bytes,
 )
-from backend.crud.common import Conflict, NotFound
-from backend.crud.job_views import job_view, list_jobs
-from backend.crud.jobs import (
+from backend.persistence.crud.common import Conflict, NotFound
+from backend.persistence.crud.job_views import job_view, list_jobs
+from backend.persistence.crud.jobs import (
     Beat,
     add_event,
     check_job_visible,
@@ -39,7 +39,7 @@ from backend.crud.jobs import (
     stale_jobs,
     transition,
 )
-from backend.crud.telemetry import (
+from backend.persistence.crud.telemetry import (
     STEP_TIME_METRIC,
     JobProgress,
     add_logs,
@@ -59,8 +59,8 @@ from backend.crud.telemetry import (
     upsert_histogram,
     upsert_metrics,
 )
-from backend.crud.tokens import create_token, get_or_create_user, list_tokens, revoke_token, user_for_token
-from backend.crud.workers import Capacity, beat_worker, live_workers, register_worker, unregister_worker
+from backend.persistence.crud.tokens import create_token, get_or_create_user, list_tokens, revoke_token, user_for_token
+from backend.persistence.crud.workers import Capacity, beat_worker, live_workers, register_worker, unregister_worker
 
 __all__ = [
     "STEP_TIME_METRIC", "Beat", "Capacity", "Conflict", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",

@@ -12,8 +12,8 @@ from typing import TypeVar
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
-from backend.crud.common import _insert
-from backend.models import Histogram, Job, JobEvent, JobSample, LogLine, Metric, utcnow
+from backend.persistence.crud.common import _insert
+from backend.persistence.models import Histogram, Job, JobEvent, JobSample, LogLine, Metric, utcnow
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from backend.core.security import hash_token, new_token
-from backend.crud.common import Conflict, NotFound
-from backend.models import ApiToken, User, utcnow
+from backend.persistence.crud.common import Conflict, NotFound
+from backend.persistence.models import ApiToken, User, utcnow
 
 
 def get_or_create_user(session: Session, name: str, *, admin: bool = False) -> User:

@@ -17,9 +17,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend import lifecycle
-from backend.crud.common import Conflict, NotFound
 from backend.lifecycle import FINAL, JobStatus
-from backend.models import Job, JobEvent, User, utcnow
+from backend.persistence.crud.common import Conflict, NotFound
+from backend.persistence.models import Job, JobEvent, User, utcnow
 from worker.tlt.config import JobSpec
 
 
