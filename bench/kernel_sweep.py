@@ -181,26 +181,12 @@ def layer_inputs(st: Setup, m: int) -> tuple[torch.Tensor, ...]:
 
 def time_us(fn: Callable[[], Any], dry: bool) -> float:
     """us per call: a CUDA graph of LAUNCHES back-to-back calls, replayed REPLAYS times (dry: one eager call, 0)."""
-    fn()  # compiles outside the capture
     if dry:
+        fn()  # compiles: the dry run only checks that every config builds
         return 0.0
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAUNCHES):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (REPLAYS * LAUNCHES)
+    from worker.tlt.kernels import tuning
+
+    return tuning.time_us(fn, launches=LAUNCHES, replays=REPLAYS)
 
 
 def sweep_kernel(st: Setup, kernel: str, a: argparse.Namespace, deadline: float, t0: float) -> dict[str, Any]:

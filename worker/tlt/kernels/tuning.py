@@ -136,23 +136,23 @@ def candidates(kernel: str, n: int, k: int) -> list[Config]:
     return out
 
 
-def time_us(fn: Callable[[], object]) -> float:
-    """Microseconds per call of `fn` (CUDA work only): LAUNCHES calls captured in one graph, REPLAYS replays timed
-    after one warm replay. The first call runs eagerly (compiles, first-use allocations)."""
+def time_us(fn: Callable[[], object], launches: int = LAUNCHES, replays: int = REPLAYS) -> float:
+    """Microseconds per call of `fn` (CUDA work only): `launches` calls captured in one graph, `replays` replays
+    timed after one warm replay. The first call runs eagerly (compiles, first-use allocations)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(LAUNCHES):
+        for _ in range(launches):
             fn()
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(REPLAYS):
+    for _ in range(replays):
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / (LAUNCHES * REPLAYS)
+    return 1e3 * start.elapsed_time(end) / (launches * replays)
 
 
 def tune(tab: Table, key: Key, launch: Launch, torch_launch: Callable[[], object] | None) -> Config:
