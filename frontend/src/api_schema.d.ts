@@ -1025,6 +1025,12 @@ export interface components {
              */
             sd_patience: number;
             /**
+             * Sd Switch
+             * @default active_batch
+             * @enum {string}
+             */
+            sd_switch: "active_batch" | "step_costs";
+            /**
              * Seed
              * @default 0
              */

@@ -136,6 +136,8 @@ class RolloutConfig(_Strict):
     # Per-bucket arm choice. Thompson sampling won on bench/bandit_sim.py (2.3% mean regret vs 4.7% for TLT's
     # epsilon-greedy BEG-MAB, which also pays ~5% for exploration when drafts are useless); see bench/results.
     bandit: Literal["thompson", "ucb", "epsilon_greedy"] = "thompson"
+    # what switches adaptive SD on: the active batch below sd_on_below, or measured step costs (adaptive/step_costs.py)
+    sd_switch: Literal["active_batch", "step_costs"] = "active_batch"
     kv_cache_gb: float = Field(8.0, gt=0.0, le=4096.0)  # KV cache budget; admission: within the worker's memory
     cuda_graphs: bool = True  # captured per (batch bucket, verify length) on CUDA only
     # decode / verify forwards in fused Triton kernels (worker/tlt/kernels); None = wherever they run (CUDA + triton)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from worker.tlt.adaptive.arms import DrafterKind
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.adaptive.step_costs import StepCostConfig
 from worker.tlt.config import JobSpec
 from worker.tlt.decoding.kv_cache import slots_for_budget
 from worker.tlt.drafter.online_config import OnlineDrafterConfig
@@ -49,8 +50,10 @@ def request_sampling(spec: JobSpec, n: int = 1, greedy: bool = False) -> Request
 
 
 def controller(spec: JobSpec, drafters: Sequence[DrafterKind]) -> AdaptiveSd:
-    """The SD controller of `rollout.speculative` over the drafters the engine has (none: pinned off)."""
-    return AdaptiveSd.from_spec(spec.rollout, drafters=drafters)
+    """The SD controller of `rollout.speculative` over the drafters the engine has (none: pinned off), switched by
+    the active batch or by measured step costs (`rollout.sd_switch`)."""
+    costs = StepCostConfig() if spec.rollout.sd_switch == "step_costs" else None
+    return AdaptiveSd.from_spec(spec.rollout, drafters=drafters, step_costs=costs)
 
 
 def drafter_config(spec: JobSpec) -> OnlineDrafterConfig:
