@@ -18,7 +18,7 @@ from backend.core.config import Settings
 from backend.persistence import crud
 from backend.persistence.models import User, Worker
 from backend.spec_paths import spec_path_errors
-from worker.tlt.config import BUILTIN_MODEL_SHAPES, ArtifactRef, JobSpec
+from worker.tlt.config import BUILTIN_MODEL_SHAPES, CPU_KV_CACHE_GB, ArtifactRef, JobSpec
 
 EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/drafter/model.py eagle3_layers)
 GB = 1024**3
@@ -107,6 +107,10 @@ def check_workers(live: Sequence[Worker], spec: JobSpec) -> None:
         most = max(w.gpus for w in on_queue)
         raise Refused(("resources", "gpus"), f"the job asks for {gpus} GPU(s); the workers on queue {queue!r} have "
                       f"at most {most}")
+    if kv_gb is None:
+        if gpus > 0:
+            return  # planned from the GPU's free memory when the job starts
+        kv_gb = CPU_KV_CACHE_GB
     memory = [w.gpu_memory_gb if gpus > 0 else w.host_memory_gb for w in with_gpus]
     if kv_gb > max(memory):
         where = "GPU memory" if gpus > 0 else "host memory"

@@ -1004,11 +1004,8 @@ export interface components {
             draft_topk: number;
             /** Fused Kernels */
             fused_kernels?: boolean | null;
-            /**
-             * Kv Cache Gb
-             * @default 8
-             */
-            kv_cache_gb: number;
+            /** Kv Cache Gb */
+            kv_cache_gb?: number | null;
             /**
              * Release Kv For Update
              * @default false

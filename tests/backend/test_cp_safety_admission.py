@@ -17,7 +17,7 @@ from sqlalchemy import delete, update
 
 from backend.persistence import crud
 from backend.persistence.models import Job, Worker, utcnow
-from worker.tlt.config import BUILTIN_MODEL_SHAPES
+from worker.tlt.config import BUILTIN_MODEL_SHAPES, CPU_KV_CACHE_GB
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
         "dataset": {"builtin": "toy-count"}}
@@ -96,6 +96,20 @@ def test_gpus_and_kv_memory_beyond_every_worker_are_refused(cp_client: TestClien
                        headers=auth(token))
     assert r.status_code == 201 and r.json()["queue"] == "gpu"
 
+
+
+def test_unset_kv_budget_is_checked_as_the_cpu_default_on_cpu_only(cp_client: TestClient, cp_backend) -> None:
+    """An unset kv_cache_gb is CPU_KV_CACHE_GB on a CPU job (within the host's memory) and planned from free memory
+    on a GPU job (nothing to check at submit)."""
+    token = cp_backend.token()
+    small_host = crud.Capacity(queues=["cpu"], gpus=0, host_memory_gb=CPU_KV_CACHE_GB / 2)
+    small_gpu = crud.Capacity(queues=["gpu"], gpus=1, gpu_memory_gb=CPU_KV_CACHE_GB / 2, host_memory_gb=64.0)
+    _workers(cp_backend, small_host, small_gpu)
+    loc, msg = _refusal(cp_client, token, SPEC)
+    assert loc == ["body", "spec", "rollout", "kv_cache_gb"] and f"kv_cache_gb {CPU_KV_CACHE_GB:g} " in msg
+    _no_job_stored(cp_backend)
+    r = cp_client.post("/api/v1/jobs", json={"spec": {**SPEC, "resources": {"gpus": 1}}}, headers=auth(token))
+    assert r.status_code == 201 and r.json()["queue"] == "gpu"
 
 @pytest.mark.parametrize(("path", "value"), [
     (("seed",), 2**200), (("seed",), -1), (("rollout", "seed"), 2**63), (("algorithm", "max_completion_length"), 10**9),

@@ -124,6 +124,9 @@ class AlgorithmConfig(_Strict):
         return self
 
 
+CPU_KV_CACHE_GB = 8.0  # rollout.kv_cache_gb when unset on CPU (admission checks it against host memory)
+
+
 class RolloutConfig(_Strict):
     """TLT's adaptive rollout engine."""
 
@@ -138,7 +141,8 @@ class RolloutConfig(_Strict):
     bandit: Literal["thompson", "ucb", "epsilon_greedy"] = "thompson"
     # what switches adaptive SD on: the active batch below sd_on_below, or measured step costs (adaptive/step_costs.py)
     sd_switch: Literal["active_batch", "step_costs"] = "active_batch"
-    kv_cache_gb: float = Field(8.0, gt=0.0, le=4096.0)  # KV cache budget; admission: within the worker's memory
+    # KV cache budget; None = planned from free memory on CUDA (model/memory_plan.py), CPU_KV_CACHE_GB on CPU
+    kv_cache_gb: float | None = Field(None, gt=0.0, le=4096.0)
     cuda_graphs: bool = True  # captured per (batch bucket, verify length) on CUDA only
     # decode / verify forwards in fused Triton kernels (worker/tlt/kernels); None = wherever they run (CUDA + triton)
     fused_kernels: bool | None = None

@@ -3,7 +3,7 @@
 `OnlineDrafterConfig`. The engine, the controller and the drafter never read the job spec themselves; the loss reads
 `spec.algorithm` (AlgorithmConfig) as is.
 
-    cfg = engine_config(spec, model, capture_layers=())     # KV budget, slots, graphs, kernels, seed
+    cfg = engine_config(spec, model, capture_layers=())     # KV budget (planned on CUDA), slots, graphs, seed
     sampling = request_sampling(spec, n=8, greedy=False)    # temperature / top_p / top_k / max_new_tokens
     ctl = controller(spec, drafters=["ngram", "eagle"])     # off / one fixed arm / adaptive
     od_cfg = drafter_config(spec)                           # EAGLE-1 / EAGLE-3 spot-trained drafter
@@ -15,13 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from worker.tlt.adaptive.arms import DrafterKind
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.step_costs import StepCostConfig
-from worker.tlt.config import JobSpec
+from worker.tlt.config import CPU_KV_CACHE_GB, JobSpec
 from worker.tlt.decoding.kv_cache import slots_for_budget
 from worker.tlt.drafter.online_config import OnlineDrafterConfig
+from worker.tlt.model.args import ModelArgs
+from worker.tlt.model.memory_plan import plan_kv
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.rl.deepspeed_update import plan_for
 from worker.tlt.rollout.types import EngineConfig, RequestSampling
 
 KV_SLACK = 80  # KV columns per row past prompt + completion when sizing the slots (verify headroom)
@@ -32,14 +37,36 @@ def max_len(spec: JobSpec) -> int:
     return spec.dataset.max_prompt_length + spec.algorithm.max_completion_length
 
 
+def kv_budget(spec: JobSpec, args: ModelArgs, dtype: torch.dtype, free_bytes: int | None) -> tuple[int, float]:
+    """(sequences resident at once, KV budget in GB), at most every sequence of an RL step: an explicit
+    `rollout.kv_cache_gb` wins; unset, the plan of `free_bytes` (model/memory_plan.py) when given (CUDA), else
+    CPU_KV_CACHE_GB (CPU)."""
+    algo, ro = spec.algorithm, spec.rollout
+    want = max(algo.prompts_per_step * algo.num_generations, 1)
+    cols = max_len(spec) + KV_SLACK
+    if ro.kv_cache_gb is None and free_bytes is not None:
+        plan = plan_kv(args, cols, free_bytes=free_bytes, dtype_bytes=dtype.itemsize, max_batch=want, max_slots=want)
+        return plan.slots, plan.cache_bytes / 2**30
+    gb = CPU_KV_CACHE_GB if ro.kv_cache_gb is None else ro.kv_cache_gb
+    return max(min(want, slots_for_budget(args, cols, gb, dtype)), 1), gb
+
+
+def free_for_kv(spec: JobSpec, model: Transformer, device: torch.device) -> int:
+    """The device's free memory now, less the update's planned peak when the cache stays during the update (its
+    optimizer states are allocated at the first step, after the cache; counted whole, so conservatively)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    keep = 0.0 if spec.rollout.release_kv_for_update else plan_for(spec, model, device).gpu_bytes
+    return int(free - keep)
+
+
 def engine_config(spec: JobSpec, model: Transformer, capture_layers: tuple[int, ...] = ()) -> EngineConfig:
     """Every sequence of an RL step resident at once, within the KV budget (validation batches queue behind them)."""
-    algo, ro = spec.algorithm, spec.rollout
-    n = max_len(spec)
-    fit = slots_for_budget(model.args, n + KV_SLACK, ro.kv_cache_gb, model.head_weight.dtype)
-    return EngineConfig(max_len=n, max_slots=max(min(algo.prompts_per_step * algo.num_generations, fit), 1),
-                        kv_cache_gb=ro.kv_cache_gb, cuda_graphs=ro.cuda_graphs, fused_kernels=ro.fused_kernels,
-                        seed=ro.seed + spec.seed, capture_layers=capture_layers)
+    ro, device = spec.rollout, model.head_weight.device
+    planned = ro.kv_cache_gb is None and device.type == "cuda"
+    slots, gb = kv_budget(spec, model.args, model.head_weight.dtype,
+                          free_for_kv(spec, model, device) if planned else None)
+    return EngineConfig(max_len=max_len(spec), max_slots=slots, kv_cache_gb=gb, cuda_graphs=ro.cuda_graphs,
+                        fused_kernels=ro.fused_kernels, seed=ro.seed + spec.seed, capture_layers=capture_layers)
 
 
 def request_sampling(spec: JobSpec, n: int = 1, greedy: bool = False) -> RequestSampling:
