@@ -57,7 +57,7 @@ def test_explicit_budget_wins_over_free_memory(model: Any) -> None:
 
 
 def test_too_little_free_memory_is_a_clear_error(model: Any) -> None:
-    with pytest.raises(ValueError, match="no KV-cache row"):
+    with pytest.raises(ValueError, match="kv_cache_gb unset: no KV-cache row"):
         kv_budget(_spec(), model.args, torch.float32, 1 << 20)
 
 

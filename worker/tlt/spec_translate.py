@@ -45,7 +45,12 @@ def kv_budget(spec: JobSpec, args: ModelArgs, dtype: torch.dtype, free_bytes: in
     want = max(algo.prompts_per_step * algo.num_generations, 1)
     cols = max_len(spec) + KV_SLACK
     if ro.kv_cache_gb is None and free_bytes is not None:
-        plan = plan_kv(args, cols, free_bytes=free_bytes, dtype_bytes=dtype.itemsize, max_batch=want, max_slots=want)
+        try:
+            plan = plan_kv(args, cols, free_bytes=free_bytes, dtype_bytes=dtype.itemsize, max_batch=want,
+                           max_slots=want)
+        except ValueError as e:
+            raise ValueError(f"rollout.kv_cache_gb unset: {e} (free memory counted after the policy update's peak "
+                             "unless rollout.release_kv_for_update; or set rollout.kv_cache_gb)") from e
         return plan.slots, plan.cache_bytes / 2**30
     gb = CPU_KV_CACHE_GB if ro.kv_cache_gb is None else ro.kv_cache_gb
     return max(min(want, slots_for_budget(args, cols, gb, dtype)), 1), gb

@@ -1,6 +1,6 @@
-"""How many KV-cache rows fit on a GPU once the model is loaded: `plan_kv_on(device, args, max_len, dtype)` reads
-`torch.cuda.mem_get_info` and keeps back what the engine needs beside weights and cache; `plan_kv(...)` is the same
-arithmetic for a given number of free bytes (tests, planning for another GPU).
+"""How many KV-cache rows fit on a GPU once the model is loaded: `plan_kv(args, max_len, free_bytes=...)` keeps back
+what the engine needs beside weights and cache from the given free bytes (spec_translate.engine_config passes the
+device's free memory less the update's peak when `rollout.kv_cache_gb` is unset on CUDA).
 
 A 7B model in bf16 on an H200 leaves ~125 GiB free after its 15 GB of weights; at 57 KB of K/V per token
 (Qwen2.5-7B: 28 layers x 2 x 4 KV heads x 128 x 2 bytes) that is ~2M cached tokens after the working memory, e.g.
@@ -11,8 +11,6 @@ A 7B model in bf16 on an H200 leaves ~125 GiB free after its 15 GB of weights; a
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
 
 from worker.tlt.model.args import ModelArgs
 from worker.tlt.model.roofline import kv_bytes
@@ -53,8 +51,3 @@ def plan_kv(args: ModelArgs, max_len: int, *, free_bytes: int, dtype_bytes: int 
                          "shorten max_len, lower max_batch / prefill_tokens, or free device memory")
     return KvPlan(slots=slots, cache_bytes=slots * row, reserved_bytes=reserve, free_bytes=free_bytes)
 
-
-def plan_kv_on(device: torch.device, args: ModelArgs, max_len: int, dtype: torch.dtype, **kw: int | float) -> KvPlan:
-    """`plan_kv` from the device's free memory now (call it after the model is loaded)."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return plan_kv(args, max_len, free_bytes=free, dtype_bytes=torch.finfo(dtype).bits // 8, **kw)  # type: ignore[arg-type]
