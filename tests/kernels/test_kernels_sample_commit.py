@@ -292,7 +292,7 @@ def _decode(mode_params: RequestSampling, fused_sampler: bool, steps: int,
     monkeypatch.setattr(sc, "sample_commit", spy)
     model = tiny_target()
     engine = Engine(model, eos_ids=(), config=EngineConfig(max_len=48, max_slots=4, seed=11))  # torch step
-    engine.step = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True, fused_max_seqs=0,
+    engine.state.step = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True, fused_max_seqs=0,
                              fused_sampler=fused_sampler)
     prompts = random_prompts(3, seed=8)
     reqs = [Request(p, RequestSampling(temperature=mode_params.temperature, top_k=mode_params.top_k,

@@ -20,7 +20,7 @@ from worker.tlt.rl.trainer import GRPOTrainer
 def _adaptive(trainer: GRPOTrainer) -> AdaptiveSd | None:
     """The rollout engine's SD controller, when the job runs adaptive SD (its bandit state is part of a resume)."""
     engine = getattr(trainer.rollout, "engine", None)
-    return getattr(engine, "adaptive", None)
+    return getattr(engine, "controller", None)
 
 
 def save_checkpoint(trainer: GRPOTrainer, root: Path, keep: int) -> Path:
