@@ -134,12 +134,11 @@ def plan_update(res: Resources, algo: AlgorithmConfig, args: ModelArgs, n_params
     def make(engine: str, stage: int, offload: bool) -> UpdatePlan:
         return _plan(engine, stage, offload, n_params, world, low_precision, act, gpu_budget, host_budget)
 
-    asked_ds = (res.zero_stage or 0) > 0 or bool(res.offload_optimizer) or res.update_engine == "deepspeed"
-    auto = res.update_engine == "auto" and not asked_ds
-    if res.update_engine == "torch" or (res.update_engine == "auto" and not deepspeed_installed):
-        return make("torch", 0, False)
     torch_plan = make("torch", 0, False)
-    if auto and (torch_plan.fits or not on_gpu):
+    if res.update_engine == "torch" or (res.update_engine == "auto" and not deepspeed_installed):
+        return torch_plan
+    asked_ds = (res.zero_stage or 0) > 0 or bool(res.offload_optimizer) or res.update_engine == "deepspeed"
+    if not asked_ds and (torch_plan.fits or not on_gpu):  # `auto` with nothing asked of DeepSpeed
         return torch_plan
     # stage 0 replicates what the torch update does; stage 1 on one rank is DeepSpeed's bf16 optimizer (fp32 master
     # weights and gradient accumulation), the same memory
