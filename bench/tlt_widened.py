@@ -20,6 +20,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from worker.tlt.config import JobSpec, ModelSource, RolloutConfig
 from worker.tlt.drafter.export import load_exported
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.drafter.warmup import warmup
+from worker.tlt.kernels.settings import configure, current
 from worker.tlt.model.load import load_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.model.widen import parse_name, plan
@@ -52,17 +54,16 @@ def sync(dev: torch.device) -> None:
 
 
 def identical(model: Transformer, tok: Any, prompts: list[list[int]], new: int, fused: str) -> dict:
-    """Greedy plain vs greedy SD on (n-gram chain of 4): identical tokens, sequence by sequence."""
+    """Greedy plain vs greedy SD on (n-gram chain of 4): identical tokens, sequence by sequence. The large-model
+    forward's GEMMs run at one fixed M for this (KernelConfig.gemm_pad_rows: every call's rows, verify included), so a
+    row's logits do not depend on the call it is in."""
     reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=new)) for p in prompts]
     max_len = max(len(p) for p in prompts) + new
-    outs = []
-    for sd in ("off", "on"):
-        eng = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=max_len, max_slots=len(prompts),
-                                                                      fused_kernels=FUSED[fused]),
-                     controller=AdaptiveSd.fixed(chain_arm("ngram", 4)) if sd == "on" else None,
-                     proposers={"ngram": NGramProposer()})
-        warm_up(eng, reqs, max_len)
-        outs.append(eng.generate(reqs))
+    previous = configure(replace(current(), gemm_pad_rows=len(prompts) * 5))  # rows x (chain of 4 + its root)
+    try:
+        outs = [greedy_run(model, tok, reqs, max_len, fused, sd) for sd in ("off", "on")]
+    finally:
+        configure(previous)
     plain, spec_out = outs
     same_tok = total = same_seq = 0
     for a, b in zip(plain.sequences, spec_out.sequences, strict=True):
@@ -76,6 +77,15 @@ def identical(model: Transformer, tok: Any, prompts: list[list[int]], new: int, 
     return {"sequences": len(prompts), "identical_sequences": same_seq, "tokens": total,
             "identical_prefix_fraction": same_tok / max(total, 1),
             "sd_accept_len": sum(s.emitted for s in spec_steps) / rows if rows else None}
+
+
+def greedy_run(model: Transformer, tok: Any, reqs: list[Request], max_len: int, fused: str, sd: str) -> Any:
+    eng = Engine(model, eos_ids=tok.eos_ids, config=EngineConfig(max_len=max_len, max_slots=len(reqs),
+                                                                  fused_kernels=FUSED[fused]),
+                 controller=AdaptiveSd.fixed(chain_arm("ngram", 4)) if sd == "on" else None,
+                 proposers={"ngram": NGramProposer()})
+    warm_up(eng, reqs, max_len)
+    return eng.generate(reqs)
 
 
 def train_drafter(model: Transformer, tok: Any, name: str, prompts: list[list[int]], a: argparse.Namespace,

@@ -93,18 +93,23 @@ def gpu_us(fn: Callable[[], object], device: torch.device) -> float:
     return 1e6 * (time.perf_counter() - t0) / 3
 
 
-def forward_us(engine: Engine, batch: int, tokens: int, context: int) -> float:
-    """Microseconds of the engine's cached forward over `tokens` tokens per row of `batch` rows past `context`."""
+def forward_call(engine: Engine, batch: int, tokens: int, context: int) -> Callable[[], object]:
+    """The engine's cached forward over `tokens` tokens per row of `batch` rows past `context`, as a closure."""
     cols = torch.arange(engine.cache.max_len, device=engine.device)
     ids = torch.zeros(batch, tokens, dtype=torch.int64, device=engine.device)  # [B, S]
     pos = context + torch.arange(tokens, device=engine.device).expand(batch, tokens)  # [B, S]
     mask = cols[: context + tokens][None, None, :] <= pos[:, :, None]  # [B, S, Tk]
 
     def call() -> object:
-        return engine.step.forward_hidden(ids, pos, engine.cache, write_idx=pos, attn_mask=mask)
+        with torch.no_grad():
+            return engine.step.forward_hidden(ids, pos, engine.cache, write_idx=pos, attn_mask=mask)
 
-    with torch.no_grad():
-        return gpu_us(call, engine.device)
+    return call
+
+
+def forward_us(engine: Engine, batch: int, tokens: int, context: int) -> float:
+    """Microseconds of the engine's cached forward over `tokens` tokens per row of `batch` rows past `context`."""
+    return gpu_us(forward_call(engine, batch, tokens, context), engine.device)
 
 
 def verify_cost(model: Transformer, context: int, batches: tuple[int, ...] = VERIFY_BATCHES,
@@ -200,7 +205,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 res["rows"][-1]["hf_static_error"] = str(e)[:300]
                 free()
     if a.verify:
-        res["verify"] = verify_cost(model, context, fused=forwards[0])
+        res["verify"] = [dict(v, forward="torch" if fused is False else "fused")
+                         for fused in forwards for v in verify_cost(model, context, fused=fused)]
     del model
     free()
     return res
@@ -221,9 +227,10 @@ def table(results: list[dict[str, Any]]) -> str:
                          f"{'-' if hf is None else f'{hf:,.0f}'} |")
     verify = [(res["model"], v) for res in results for v in res["verify"]]
     if verify:
-        lines += ["", "| model | batch | verify of 8 tokens / row (us) | step of 1 (us) | ratio |", "|---|---|---|---|---|"]
-        lines += [f"| {m} | {v['batch']} | {v['forward_8_us']:.0f} | {v['forward_1_us']:.0f} | "
-                  f"{v['verify_over_step']:.2f} |" for m, v in verify]
+        lines += ["", "| model | forward | batch | verify of 8 tokens / row (us) | step of 1 (us) | ratio |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {m} | {v.get('forward', 'fused')} | {v['batch']} | {v['forward_8_us']:.0f} | "
+                  f"{v['forward_1_us']:.0f} | {v['verify_over_step']:.2f} |" for m, v in verify]
     return "\n".join(lines)
 
 

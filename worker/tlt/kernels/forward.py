@@ -10,8 +10,8 @@ in five Triton kernels per layer instead of ~25 torch kernels:
 The embedding and the final norm stay in torch; the head is `linear_residual` without a residual. Same inputs and
 outputs as forward_hidden with a cache, for the small token counts of decode / verify and of small prefill chunks
 (rollout/prefill.py: up to FUSED_PREFILL_TOKENS; larger chunks, and calls over EngineConfig.fused_max_seqs sequences,
-keep torch: rollout/decode_step.py; so do calls of more than LARGE_MODEL_MAX_SEQS sequences of a model over
-LARGE_MODEL_BYTES, below). Inference only: runs under no_grad, no host
+keep torch: rollout/decode_step.py). Models over GEMM_MODEL_BYTES take kernels/gemm_forward.py instead (cuBLAS
+GEMMs, Triton between them) at any batch. Inference only: runs under no_grad, no host
 sync and no data-dependent allocation, so a CUDA graph can capture it. On CPU it runs in Triton's interpreter
 (TRITON_INTERPRET=1 set before this package is imported). Tests: `python -m pytest tests/kernels -q`.
 """
@@ -23,18 +23,14 @@ from typing import cast
 import torch
 
 from worker.tlt.kernels.attention import cache_attention
+from worker.tlt.kernels.gemm_forward import GEMM_MODEL_BYTES, gemm_forward_hidden
 from worker.tlt.kernels.linear import linear_residual, norm_gate_up
 from worker.tlt.kernels.qkv_rope import qkv_rope_cache
 from worker.tlt.model.roofline import weight_bytes
 from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
 
 # The kernels tile the tokens by 16 rows and every tile reads the weights again: free while the weights stay in L2
-# (SmolLM2, 270 MB, batch 64 on an H200: 51,151 tok/s fused vs 23,820 torch), 4x the HBM traffic of one cuBLAS GEMM
-# at 64 rows of a model that does not (Qwen2.5-7B batch 64: 6,237 fused vs 9,579 torch). Above this size the torch
-# forward takes calls of more than LARGE_MODEL_MAX_SEQS sequences. Routed by sequences, not tokens, so that a batch's
-# decode and its verify run the same kernels (EngineConfig.fused_max_seqs explains why).
-LARGE_MODEL_BYTES = 1 << 30
-LARGE_MODEL_MAX_SEQS = 8
+# (SmolLM2, 270 MB, batch 64 on an H200: 51,151 tok/s fused vs 23,820 torch), not above (kernels/gemm_forward.py).
 
 
 @torch.no_grad()
@@ -52,13 +48,13 @@ def fused_forward_hidden(
     compute_logits: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
     """(logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache;
-    model.forward_hidden itself for more than LARGE_MODEL_MAX_SEQS sequences of a model over LARGE_MODEL_BYTES."""
+    kernels/gemm_forward.py's for a model over GEMM_MODEL_BYTES."""
     args = model.args
     b, s = input_ids.shape
-    if b > LARGE_MODEL_MAX_SEQS and weight_bytes(args, model.head_weight.element_size()) > LARGE_MODEL_BYTES:
-        return model.forward_hidden(input_ids, positions, cache, cache_rows=cache_rows, write_idx=write_idx,
-                                    attn_mask=attn_mask, logits_at=logits_at, layers=layers,
-                                    compute_logits=compute_logits)
+    if weight_bytes(args, model.head_weight.element_size()) > GEMM_MODEL_BYTES:
+        return gemm_forward_hidden(model, input_ids, positions, cache, cache_rows=cache_rows, write_idx=write_idx,
+                                   attn_mask=attn_mask, logits_at=logits_at, layers=layers,
+                                   compute_logits=compute_logits)
     m, hdim = b * s, args.dim
     row0 = cache_rows.start if cache_rows is not None and cache_rows.start is not None else 0
     pos = positions.reshape(m).contiguous()

@@ -31,12 +31,16 @@ class KernelConfig:
     # run cuBLAS for the linear_residual shapes where tuning measured it faster; off: the fused kernel everywhere,
     # whose rows are bit-identical at any batch (a verify and a decode round alike: greedy SD token-identical in bf16)
     cublas_where_faster: bool = False
+    # kernels/gemm_forward.py: run every cuBLAS GEMM of a call of up to this many rows at exactly this many, so that
+    # a row's result does not depend on the call (greedy SD token-identical to plain greedy in bf16); 0: off, each
+    # call at its own M (faster: a decode GEMV reads no padding)
+    gemm_pad_rows: int = 0
     # where tuned configs live, one JSON file per GPU name; None: ~/.cache/tlt/kernels
     cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.pdl_max_tokens < 0 or self.sampler_max_batch < 0:
-            raise ValueError("pdl_max_tokens and sampler_max_batch must be >= 0")
+        if min(self.pdl_max_tokens, self.sampler_max_batch, self.gemm_pad_rows) < 0:
+            raise ValueError("pdl_max_tokens, sampler_max_batch and gemm_pad_rows must be >= 0")
 
     @property
     def tuning_dir(self) -> Path:

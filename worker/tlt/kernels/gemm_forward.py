@@ -1,0 +1,98 @@
+"""`gemm_forward_hidden`: the engine's cached forward for models too large for the fused kernels to pay (weights over
+`GEMM_MODEL_BYTES`): cuBLAS for the five weight matrices, and between them the few Triton kernels of kernels/glue.py
+and the cache attention of kernels/attention.py, nine launches per layer where the torch forward takes ~23:
+
+  qkv = F.linear(y, W_qkv, b)          q = rope_cache(qkv)        (K, V into the cache)
+  a = cache_attention(q)               h, y = add_rms_norm(F.linear(a, W_o), x)
+  u = silu_mul(F.linear(y, W_gu))      x, y = add_rms_norm(F.linear(u, W_down), h)   (y: the next layer's norm)
+
+Why not the fused kernels there: at a 7B shape one decode token spends ~3.7 ms in cuBLAS's GEMV-shaped kernels
+(3.7-4.0 TB/s on the 136-272 MB matrices of an H200) against ~4.5 ms in the fused kernels, whose 16-row M tiles also
+re-read the weights per tile (a verify of 8 tokens over 8 rows: 2x a decode step, cuBLAS 1.09x). What the torch
+forward loses there is its ~1 ms of small elementwise kernels and SDPA's attention, which at 3,500 cache columns took
+4.3 ms of a 9.2 ms step (4 rows); both are the Triton kernels here.
+
+Batch invariance: cuBLAS picks its kernel (tiles, split-K) per M, so a row's logits may differ in the last bit between
+a decode call and a verify call of another size. Sampling stays exact (each forward's distribution is its own), but a
+greedy run with SD can part from plain greedy at a near tie; `pad_rows` (KernelConfig.gemm_pad_rows) runs every GEMM
+at one fixed M so that a row's result never depends on the call: what the bf16 identical-token tests use.
+Same inputs and outputs as `Transformer.forward_hidden` with a cache. Tests: `python -m pytest
+tests/kernels/test_kernels_gemm_forward.py -q`.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+
+from worker.tlt.kernels.attention import cache_attention
+from worker.tlt.kernels.glue import add_rms_norm, rope_cache, silu_mul
+from worker.tlt.kernels.settings import current
+from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
+
+# Above this many weight bytes the engine's cached forward is this one (kernels/forward.py routes): at 7B it ran
+# 5.9 ms (fused) vs 4.9 ms (torch) per decode step on an H200, at SmolLM2-135M the fused kernels win (weights in L2).
+GEMM_MODEL_BYTES = 1 << 30
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w^T (+ b) in cuBLAS; with KernelConfig.gemm_pad_rows > 0, at exactly that many rows (the rows past x's
+    zero) so that each row's result is the same in any call of up to that many rows."""
+    pad = current().gemm_pad_rows
+    m = x.shape[0]
+    if pad <= 0 or m >= pad:
+        return F.linear(x, w, b)
+    xp = x.new_zeros((pad, x.shape[1]))
+    xp[:m] = x
+    return F.linear(xp, w, b)[:m]
+
+
+@torch.no_grad()
+def gemm_forward_hidden(
+    model: Transformer,
+    input_ids: torch.Tensor,  # [B, S]
+    positions: torch.Tensor,  # [B, S] RoPE positions
+    cache: LayerCache,
+    *,
+    cache_rows: slice | None = None,  # cache rows of this batch (default 0..B-1)
+    write_idx: torch.Tensor | None = None,  # [B, S] cache column of each token (default = positions)
+    attn_mask: torch.Tensor,  # [B, S, Tk] bool
+    logits_at: torch.Tensor | None = None,  # [B, K]
+    layers: tuple[int, ...] = (),
+    compute_logits: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """(logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache."""
+    args = model.args
+    b, s = input_ids.shape
+    m, hdim = b * s, args.dim
+    row0 = cache_rows.start if cache_rows is not None and cache_rows.start is not None else 0
+    pos = positions.reshape(m).contiguous()
+    widx = pos if write_idx is None else write_idx.reshape(m).contiguous()
+    mask = attn_mask.contiguous()
+    eps = args.norm_eps
+    blocks = cast(list[DecoderLayer], model.model.layers)
+    x = model.model.embed_tokens(input_ids).reshape(m, hdim)
+    x, y = add_rms_norm(x, None, blocks[0].input_layernorm.weight, eps)
+    captured: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(blocks):
+        if i in layers:
+            captured[i] = x.view(b, s, hdim)
+        att, mlp = layer.self_attn, layer.mlp
+        ck, cv = cache.k[i], cache.v[i]
+        qkv = linear(y, att.qkv_proj.weight, att.qkv_proj.bias)
+        q = rope_cache(qkv, att.q_norm.weight if att.q_norm is not None else None,
+                       att.k_norm.weight if att.k_norm is not None else None, model.rope_cos, model.rope_sin,
+                       pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps)
+        a = cache_attention(q, ck, cv, mask, widx, row0=row0)
+        h, y = add_rms_norm(linear(a, att.o_proj.weight), x, layer.post_attention_layernorm.weight, eps)
+        u = silu_mul(linear(y, mlp.gate_up_proj.weight))
+        nxt = blocks[i + 1].input_layernorm.weight if i + 1 < len(blocks) else model.model.norm.weight
+        x, y = add_rms_norm(linear(u, mlp.down_proj.weight), h, nxt, eps)
+    hidden = y.view(b, s, hdim)  # the final norm's output
+    if not compute_logits:
+        return hidden.new_empty(0), hidden, captured
+    hl = hidden if logits_at is None else hidden.gather(1, logits_at[..., None].expand(-1, -1, hdim))
+    logits = linear(hl.reshape(-1, hdim), model.head_weight)
+    return logits.view(*hl.shape[:-1], -1), hidden, captured
