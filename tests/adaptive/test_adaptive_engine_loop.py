@@ -16,6 +16,7 @@ from worker.tlt.adaptive.arms import NO_SD, Arm, arms_table
 from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.switch import SwitchConfig, SwitchMode
+from worker.tlt.decoding.sampling import DraftFilters
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
 from worker.tlt.rollout.engine import Engine
@@ -217,9 +218,9 @@ class ChainSpy(SmallModelProposer):
 
     def __init__(self) -> None:
         super().__init__(DRAFTER)
-        self.captured: list[tuple[list[int], int, tuple[int, bool, float]]] = []
+        self.captured: list[tuple[list[int], int, DraftFilters]] = []
 
-    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float]) -> int:
+    def capture(self, batches: Sequence[int], depth: int, filters: DraftFilters) -> int:
         self.captured.append((list(batches), depth, filters))
         return len(batches)
 
