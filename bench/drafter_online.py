@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
              for role, d in drafters.items() for arm in (CHAIN, TREE)}
     for (_, arm), p in props.items():
         if arm == CHAIN:
-            p.capture(range(1, a.eval_batch + 1), depth=6, filters=row_filters([(a.temperature, 1.0, 0)]))
+            p.capture(range(1, a.eval_batch + 1), depth=6, filters=row_filters([RequestSampling(temperature=a.temperature)]))
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     points: list[dict[str, Any]] = []

@@ -235,7 +235,7 @@ def make_engine(model: Transformer, eos: tuple[int, ...], prop: EagleProposer | 
     eng.warmup(a.batch, max_len, params=params)
     if prop is not None:
         # every bucket the shrinking batch will use, for the rows' settings (DraftContext.filters)
-        prop.capture(range(1, a.batch + 1), a.depth, row_filters([(params.temperature, params.top_p, params.top_k)]))
+        prop.capture(range(1, a.batch + 1), a.depth, row_filters([params]))
     return eng
 
 

@@ -16,6 +16,7 @@ from worker.tlt.adaptive.arms import NO_SD, Arm, arms_table
 from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.switch import SwitchConfig, SwitchMode
+from worker.tlt.decoding.sampling import DraftFilters
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
 from worker.tlt.rollout.engine import Engine
@@ -217,9 +218,9 @@ class ChainSpy(SmallModelProposer):
 
     def __init__(self) -> None:
         super().__init__(DRAFTER)
-        self.captured: list[tuple[list[int], int, tuple[int, bool, float]]] = []
+        self.captured: list[tuple[list[int], int, DraftFilters]] = []
 
-    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float]) -> int:
+    def capture(self, batches: Sequence[int], depth: int, filters: DraftFilters) -> int:
         self.captured.append((list(batches), depth, filters))
         return len(batches)
 
@@ -234,7 +235,7 @@ def test_warmup_captures_every_chain_arm_the_switch_can_reach() -> None:
     spy = ChainSpy()
     eng = Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=200, max_slots=16), controller=ctl,
                  proposers={"ngram": NGramProposer(), "small": spy})
-    eng._warmup_drafts(16, ("uniform", 1.0, 0.9, 50))
+    eng._warmup_drafts(16, [RequestSampling(temperature=1.0, top_p=0.9, top_k=50)])
     off_at = ctl.switch.config.off_threshold
     want: dict[int, set[int]] = {}
     for n in range(1, off_at + 1):
@@ -246,5 +247,5 @@ def test_warmup_captures_every_chain_arm_the_switch_can_reach() -> None:
     assert {f for _, _, f in spy.captured} == {(50, True, 1.0)}
     assert max(max(b) for b, _, _ in spy.captured) <= off_at < 16
     spy.captured.clear()
-    eng._warmup_drafts(16, ("mixed",))
+    eng._warmup_drafts(16, [RequestSampling(temperature=1.0), RequestSampling(temperature=0.5)])
     assert spy.captured == []

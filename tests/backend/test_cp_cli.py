@@ -21,6 +21,7 @@ from backend import artifact_store
 from backend.lifecycle import JobStatus
 from backend.persistence import crud
 from worker import cli
+from worker.cli import jobs as cli_jobs
 from worker.client import TltClient
 from worker.tlt.config import PRESETS
 
@@ -34,7 +35,7 @@ def use_api(cp_client: TestClient, cp_backend: Any, monkeypatch: pytest.MonkeyPa
     cp_client.base_url = str(client.http.base_url)  # the TestClient is an httpx.Client serving the app in-process
     cp_client.headers["Authorization"] = f"Bearer {cp_backend.token(admin=True)}"
     client.http = cp_client
-    monkeypatch.setattr(cli, "_client", lambda args: client)
+    monkeypatch.setattr(cli_jobs, "_client", lambda args: client)
     return client
 
 

@@ -9,7 +9,7 @@ import torch
 
 from worker.tlt.adaptive.arms import chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.sampling import RowSampling
+from worker.tlt.decoding.sampling import DraftFilters, RowSampling
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
@@ -106,7 +106,7 @@ def test_filters_no_row_uses_are_skipped_not_changed(tiny_target: Transformer, t
     hist = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 14)]
     feats = [torch.randn(len(h) - 1, 64, generator=g) for h in hist]
 
-    def draft(filters: tuple[int, bool, float], top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft(filters: DraftFilters, top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         p = EagleProposer(trained, EagleProposerConfig(context=8, seed=3))
         for b, (h, f) in enumerate(zip(hist, feats, strict=True)):
             p.observe([(b, 0)] * (len(h) - 1), torch.zeros(len(h) - 1), f)
@@ -117,19 +117,23 @@ def test_filters_no_row_uses_are_skipped_not_changed(tiny_target: Transformer, t
         assert prop.draft_probs is not None
         return prop.tokens, prop.draft_probs
 
-    tok_all, q_all = draft((-1, True, -1.0))
-    tok_skip, q_skip = draft((0, False, -1.0))
+    tok_all, q_all = draft(DraftFilters(-1, True, -1.0))
+    tok_skip, q_skip = draft(DraftFilters(0, False, -1.0))
     assert torch.equal(tok_all, tok_skip)
     torch.testing.assert_close(q_skip, q_all, rtol=0, atol=1e-6)
-    tok_t, q_t = draft((0, False, 1.0))  # the common temperature as a number: no per-row greedy handling
+    tok_t, q_t = draft(DraftFilters(0, False, 1.0))  # the common temperature as a number: no per-row greedy handling
     assert torch.equal(tok_all, tok_t)
     torch.testing.assert_close(q_t, q_all, rtol=0, atol=1e-6)
-    tok_rows, q_rows = draft((-1, True, -1.0), top_k=5)  # per-row k: the sort path
-    tok_k, q_k = draft((5, False, 1.0), top_k=5)  # the common k as a number: torch.topk
+    tok_rows, q_rows = draft(DraftFilters(-1, True, -1.0), top_k=5)  # per-row k: the sort path
+    tok_k, q_k = draft(DraftFilters(5, False, 1.0), top_k=5)  # the common k as a number: torch.topk
     assert int((q_k[:, :4] > 0).sum(-1).max()) <= 5
     assert torch.equal(tok_rows, tok_k)
     torch.testing.assert_close(q_k, q_rows, rtol=0, atol=1e-6)
-    assert row_filters([(1.0, 1.0, 0), (1.0, 1.0, 0)]) == (0, False, 1.0)
-    assert row_filters([(1.0, 1.0, 50), (0.0, 0.9, 50)]) == (50, True, -1.0)
-    assert row_filters([(0.7, 1.0, 50), (0.7, 1.0, 0)]) == (-1, False, 0.7)
-    assert row_filters([(0.0, 1.0, 0), (0.0, 1.0, 0)]) == (0, False, -1.0)
+
+    def rows(*settings: tuple[float, float, int]) -> list[RequestSampling]:
+        return [RequestSampling(temperature=t, top_p=p, top_k=k) for t, p, k in settings]
+
+    assert row_filters(rows((1.0, 1.0, 0), (1.0, 1.0, 0))) == DraftFilters(0, False, 1.0)
+    assert row_filters(rows((1.0, 1.0, 50), (0.0, 0.9, 50))) == DraftFilters(50, True, -1.0)
+    assert row_filters(rows((0.7, 1.0, 50), (0.7, 1.0, 0))) == DraftFilters(-1, False, 0.7)
+    assert row_filters(rows((0.0, 1.0, 0), (0.0, 1.0, 0))) == DraftFilters(0, False, -1.0)

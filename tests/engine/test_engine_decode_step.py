@@ -9,17 +9,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.rollout.decode_step import GREEDY, MIXED, DecodeStep, sampling_mode
+from worker.tlt.rollout.decode_step import GREEDY, MIXED, DecodeStep, Mode, sampling_mode
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import naive_greedy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling, SequenceResult
 
 
 def test_sampling_mode() -> None:
-    assert sampling_mode([(0.0, 1.0, 0), (0.0, 0.5, 3)]) == GREEDY
-    assert sampling_mode([(1.0, 1.0, 50), (1.0, 1.0, 50)]) == ("uniform", 1.0, 1.0, 50)
-    assert sampling_mode([(1.0, 1.0, 50), (0.0, 1.0, 50)]) == MIXED
-    assert sampling_mode([(1.0, 1.0, 50), (1.0, 0.9, 50)]) == MIXED
+    def rows(*settings: tuple[float, float, int]) -> list[RequestSampling]:  # the processing fields only differ
+        return [RequestSampling(temperature=t, top_p=p, top_k=k, max_new_tokens=8 + i)
+                for i, (t, p, k) in enumerate(settings)]
+
+    assert sampling_mode(rows((0.0, 1.0, 0), (0.0, 0.5, 3))) == GREEDY
+    assert sampling_mode(rows((1.0, 1.0, 50), (1.0, 1.0, 50))) == Mode("uniform", 1.0, 1.0, 50)
+    assert sampling_mode(rows((1.0, 1.0, 50), (0.0, 1.0, 50))) == MIXED
+    assert sampling_mode(rows((1.0, 1.0, 50), (1.0, 0.9, 50))) == MIXED
 
 
 def test_mixed_batch_keeps_greedy_rows_greedy() -> None:

@@ -1,8 +1,10 @@
-"""The library's import graph: no module of worker/tlt imports itself back through others (imports inside
-`if TYPE_CHECKING:` and inside functions count too: a circle there still ties the modules together), and the layers
-hold: decoding/ is the bottom (model/ only), kernels/ build on it and never on rollout/, the engine (rollout/) never
-imports a drafter (drafter/, spec/ngram.py, spec/small_model.py), spec/ never imports rollout/; no rollout helper
-imports the engine. Read from the sources with ast, nothing imported.
+"""The import graph: no module of worker/tlt imports itself back through others (imports inside
+`if TYPE_CHECKING:` and inside functions count too: a circle there still ties the modules together); across the
+whole house (worker/ and backend/) no circle of the imports that run at import time (module level, outside
+`if TYPE_CHECKING:`); and the layers hold: decoding/ is the bottom (model/ only), kernels/ build on it and never on
+rollout/ or anything above, the engine (rollout/) never imports a drafter (drafter/, spec/ngram.py,
+spec/small_model.py) or the trainer (rl/), spec/ never imports rollout/; no rollout helper imports the engine; the
+library never imports the service (backend/, the Celery plumbing). Read from the sources with ast, nothing imported.
 Run: python -m pytest tests/engine/test_engine_layers.py -q"""
 
 from __future__ import annotations
@@ -22,14 +24,32 @@ def _module(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, modules: set[str]) -> set[str]:
-    """Library modules `path` imports (any import statement in the file; `from pkg import name` counts as the
-    submodule pkg.name when that is a module)."""
+def _runtime_imports(tree: ast.Module) -> list[ast.stmt]:
+    """The import statements that run when the module is imported: module level (also inside a module-level `if` or
+    `try`), not under `if TYPE_CHECKING:`, not inside functions or classes."""
+    out: list[ast.stmt] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            out.append(node)
+        elif isinstance(node, ast.If):
+            if "TYPE_CHECKING" not in ast.unparse(node.test):
+                todo.extend(node.body)
+            todo.extend(node.orelse)
+        elif isinstance(node, ast.Try):
+            todo.extend([*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)])
+    return out
+
+
+def _imports(path: Path, modules: set[str], runtime_only: bool = False) -> set[str]:
+    """Modules of `modules` that `path` imports (any import statement in the file, or with `runtime_only` those of
+    _runtime_imports; `from pkg import name` counts as the submodule pkg.name when that is a module)."""
     tree = ast.parse(path.read_text())
     me = _module(path)
     pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _runtime_imports(tree) if runtime_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom):
@@ -47,10 +67,15 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    files = sorted(LIB.rglob("*.py"))
+def _graph(roots: tuple[Path, ...] = (LIB,), runtime_only: bool = False) -> dict[str, set[str]]:
+    files = sorted(f for root in roots for f in root.rglob("*.py"))
     modules = {_module(f) for f in files}
-    return {_module(f): _imports(f, modules) for f in files}
+    return {_module(f): _imports(f, modules, runtime_only) for f in files}
+
+
+def _house() -> dict[str, set[str]]:
+    """worker/ and backend/, the imports that run at import time."""
+    return _graph((ROOT / "worker", ROOT / "backend"), runtime_only=True)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -105,6 +130,20 @@ def test_no_import_circles() -> None:
     assert _cycles(_graph()) == []
 
 
+def test_no_import_circles_in_the_house() -> None:
+    house = _house()
+    assert "backend.main" in house and "worker.tasks" in house and "worker.cli.parser" in house
+    assert "worker.cli.jobs" in house["worker.cli.parser"]
+    assert _cycles(house) == []
+
+
+def test_runtime_imports_skip_type_checking_and_functions() -> None:
+    tree = ast.parse("import a\nif TYPE_CHECKING:\n    import b\nelse:\n    import c\n"
+                     "try:\n    import d\nexcept ImportError:\n    import e\ndef f():\n    import g\n")
+    names = {a.name for n in _runtime_imports(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert names == {"a", "c", "d", "e"}
+
+
 def test_layers() -> None:
     g = _graph()
     t = "worker.tlt"
@@ -112,9 +151,20 @@ def test_layers() -> None:
     above_model = (f"{t}.kernels", f"{t}.rollout", f"{t}.spec", f"{t}.drafter", f"{t}.adaptive", f"{t}.rl",
                    f"{t}.multigpu", f"{t}.config", f"{t}.build")
     assert _offenders(g, f"{t}.decoding", above_model) == []
-    assert _offenders(g, f"{t}.kernels", (f"{t}.rollout", f"{t}.spec", *drafters)) == []
-    assert _offenders(g, f"{t}.rollout", drafters) == []
+    assert _offenders(g, f"{t}.kernels", (f"{t}.rollout", f"{t}.spec", f"{t}.adaptive", f"{t}.rl", *drafters)) == []
+    assert _offenders(g, f"{t}.rollout", (*drafters, f"{t}.rl")) == []
+    # the engine is driven by the SD controller it is given: rollout/ reads adaptive/'s Arm and AdaptiveSd and
+    # nothing else of it (adaptive/ itself imports no engine part, below)
+    assert {d for _, d in _offenders(g, f"{t}.rollout", (f"{t}.adaptive",))} <= {f"{t}.adaptive.arms",
+                                                                               f"{t}.adaptive.controller"}
     assert _offenders(g, f"{t}.spec", (f"{t}.rollout", f"{t}.drafter")) == []
     assert _offenders(g, f"{t}.adaptive", (f"{t}.rollout", f"{t}.spec", f"{t}.drafter", f"{t}.kernels")) == []
     helpers = [m for m in g if m.startswith(f"{t}.rollout.") and m != f"{t}.rollout.engine"]
     assert [m for m in helpers if f"{t}.rollout.engine" in g[m]] == []  # helpers take the EngineState
+
+
+def test_the_library_never_imports_the_service() -> None:
+    g = _graph((ROOT / "worker", ROOT / "backend"))
+    service = ("backend", "worker.tasks", "worker.celery_app", "worker.job_child", "worker.db_reporter",
+               "worker.registry", "worker.cli")
+    assert _offenders(g, "worker.tlt", service) == []

@@ -28,6 +28,7 @@ from worker.tlt.rollout.decode_step import (
     GREEDY,
     MIXED,
     DecodeStep,
+    Mode,
     choose_greedy,
     choose_sampled,
     process,
@@ -59,7 +60,7 @@ def _torch_step(logits: torch.Tensor, noise: torch.Tensor | None, rows: RowState
         tok, lp = choose_greedy(logits)
     else:
         assert noise is not None
-        mode = ("uniform", temp, 1.0, top_k)
+        mode = Mode("uniform", temp, 1.0, top_k)
         probs, lsm = process(logits, mode, rows.temp[:b], rows.top_p[:b], rows.top_k[:b])
         tok, lp = choose_sampled(probs, noise, lsm, rows.temp[:b])
     return rows.commit_no_sync(slice(0, b), tok[:, None], lp[:, None], torch.ones_like(tok))
@@ -262,7 +263,7 @@ def test_row_offset_commits_rows_from_row0(temp: float) -> None:
     if temp <= 0.0:
         tok, lp = choose_greedy(logits)
     else:
-        probs, lsm = process(logits, ("uniform", temp, 1.0, 5), *[torch.empty(0)] * 3)  # uniform: reads no row
+        probs, lsm = process(logits, Mode("uniform", temp, 1.0, 5), *[torch.empty(0)] * 3)  # uniform: reads no row
         tok, lp = choose_sampled(probs, noise, lsm, want.temp[2:4])
     n_want = want.commit_no_sync(slice(2, 4), tok[:, None], lp[:, None], torch.ones_like(tok))
     n_got = sample_commit(logits, noise if temp > 0 else None, rows, 2, temp, 5, row0=2, chunk_v=64)
@@ -298,7 +299,7 @@ def _decode(mode_params: RequestSampling, fused_sampler: bool, steps: int,
     reqs = [Request(p, RequestSampling(temperature=mode_params.temperature, top_k=mode_params.top_k,
                                       max_new_tokens=(2, 4, 9)[i])) for i, p in enumerate(prompts)]
     engine.prefill([(i, 0) for i in range(3)], reqs)
-    mode = sampling_mode([(mode_params.temperature, 1.0, mode_params.top_k)] * 3)
+    mode = sampling_mode([r.params for r in reqs])
     assert engine.step.samples_fused(mode) is fused_sampler
     for _ in range(steps):
         engine.decode_step(3)
@@ -326,16 +327,16 @@ def test_samples_fused_says_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> 
     model = tiny_target()  # vocabulary 320
     engine = Engine(model, eos_ids=(), config=EngineConfig(max_len=32, max_slots=2))
     on = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True)
-    assert on.samples_fused(GREEDY) and on.samples_fused(("uniform", 0.8, 1.0, 20))
-    assert on.samples_fused(("uniform", 0.8, 1.0, 0)) and on.samples_fused(("uniform", 0.8, 1.0, 320))
-    assert not on.samples_fused(("uniform", 0.8, 0.9, 20))  # top-p: torch
-    assert not on.samples_fused(("uniform", 0.8, 1.0, 300))  # k > MAX_TOP_K: torch
+    assert on.samples_fused(GREEDY) and on.samples_fused(Mode("uniform", 0.8, 1.0, 20))
+    assert on.samples_fused(Mode("uniform", 0.8, 1.0, 0)) and on.samples_fused(Mode("uniform", 0.8, 1.0, 320))
+    assert not on.samples_fused(Mode("uniform", 0.8, 0.9, 20))  # top-p: torch
+    assert not on.samples_fused(Mode("uniform", 0.8, 1.0, 300))  # k > MAX_TOP_K: torch
     assert not on.samples_fused(MIXED)
-    assert on.samples_fused(("uniform", 0.8, 1.0, 20), 512)
+    assert on.samples_fused(Mode("uniform", 0.8, 1.0, 20), 512)
     previous = configure(KernelConfig(sampler_max_batch=8))  # larger batches take the torch path
     try:
         assert on.samples_fused(GREEDY, 8) and not on.samples_fused(GREEDY, 9)
-        assert on.samples_fused(("uniform", 0.8, 1.0, 20), 8) and not on.samples_fused(("uniform", 0.8, 1.0, 20), 9)
+        assert on.samples_fused(Mode("uniform", 0.8, 1.0, 20), 8) and not on.samples_fused(Mode("uniform", 0.8, 1.0, 20), 9)
     finally:
         configure(previous)
     assert not DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True,

@@ -23,7 +23,7 @@ import torch
 
 from worker.tlt.adaptive import AdaptiveSd, BanditConfig, SwitchConfig, arms_table, make_bandit
 from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
-from worker.tlt.rollout.decode_step import GREEDY
+from worker.tlt.rollout.decode_step import GREEDY, Mode
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
@@ -135,7 +135,7 @@ def test_adaptive_warmup_captures_each_buckets_own_arms() -> None:
                  controller=ctl, proposers={"ngram": NGramProposer(), "small": SmallModelProposer(DRAFTER)})
     graphs = EagerVerifyGraphs()
     attach(eng, graphs)
-    mode = ("uniform", 1.0, 1.0, 0)
+    mode = Mode("uniform", 1.0, 1.0, 0)
     eng._warmup_verify(32, mode)
     keys = graphs.keys()
     want = {(eng.state.bucket(n), a.verify_tokens, min(a.depth, a.verify_tokens - 1), a.topk, a.drafter != "ngram")

@@ -77,8 +77,9 @@ def engine_config(spec: JobSpec, model: Transformer, capture_layers: tuple[int, 
 def request_sampling(spec: JobSpec, n: int = 1, greedy: bool = False) -> RequestSampling:
     """The rollout's sampling settings (greedy: the validation rollouts' temperature 0)."""
     a = spec.algorithm
-    return RequestSampling(temperature=0.0 if greedy else a.temperature, top_p=a.top_p, top_k=a.top_k,
-                           max_new_tokens=a.max_completion_length, n=n)
+    sampling = RequestSampling(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                               max_new_tokens=a.max_completion_length, n=n)
+    return sampling.greedy() if greedy else sampling
 
 
 def controller(spec: JobSpec, drafters: Sequence[DrafterKind]) -> AdaptiveSd:

@@ -18,6 +18,7 @@ Run the tests: `python -m pytest tests/spec/test_spec_sampling.py -q`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -49,6 +50,16 @@ class RowSampling:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:  # [B, ..., V] -> [B, ..., V]
         return processed_probs(logits, self.temperature, self.top_p, self.top_k)
+
+
+class DraftFilters(NamedTuple):
+    """What the host knows of a batch's RowSampling, for drafters that sample (DraftContext.filters; a key of the
+    drafters' captured graphs). A drafter skips a filter no row uses and takes one k and one T as numbers (torch.topk;
+    no per-row temperature and greedy handling), so per-row work runs only where settings differ."""
+
+    top_k: int = -1  # 0: no row filters by top-k; > 0: the rows' common k; -1: rows differ
+    top_p: bool = True  # some row filters by top-p
+    temperature: float = -1.0  # the rows' common temperature when it is > 0; -1: rows differ, or greedy rows
 
 
 def _per_row(value: Param, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal
-from worker.tlt.decoding.sampling import processed_probs, sample
+from worker.tlt.decoding.sampling import DraftFilters, processed_probs, sample
 from worker.tlt.decoding.uploads import HostStage, to_device_no_sync
 from worker.tlt.drafter.chain_graph import ChainGraph, batch_bucket, record_graph
 from worker.tlt.drafter.draft_window import DraftWindow
@@ -68,8 +68,8 @@ class EagleProposer:
         self.gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
         self.features = FeatureRing(self.config.context, drafter.feature_dim, self.device)
         # (batch bucket, depth, DraftContext.filters) -> captured chain draft
-        self._graphs: dict[tuple[int, int, tuple[int, bool, float]], ChainGraph] = {}
-        self._sampled: dict[tuple[int, int, tuple[int, bool, float]], object] = {}  # graph key -> ctx.sampling copied in
+        self._graphs: dict[tuple[int, int, DraftFilters], ChainGraph] = {}
+        self._sampled: dict[tuple[int, int, DraftFilters], object] = {}  # graph key -> ctx.sampling copied in
         self._stage = HostStage(self.device)  # a window load's packed inputs -> the device, one upload
         self._load_staged: torch.Tensor | None = None
         self._window: DraftWindow | None = None  # the graphs' inputs, kept on the device (made at the first capture)
@@ -189,8 +189,7 @@ class EagleProposer:
         top_p: torch.Tensor,  # [B] float32
         top_k: torch.Tensor,  # [B] int64
         k: int,  # tokens to draft (>= 1)
-        filters: tuple[int, bool, float] = (-1, True, -1.0),  # DraftContext.filters: (common top-k, 0 none, -1 per
-        #   row; any top-p; common temperature > 0 or -1)
+        filters: DraftFilters = DraftFilters(),  # DraftContext.filters (default: nothing known, per-row work)
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """k + 1 drafter forwards with fixed shapes, no host sync (graph-capturable).
         -> tokens [B, k+1], parents [B, k+1], counts [B], draft_probs [B, k+1, V] (DraftProposal fields)."""
@@ -379,7 +378,7 @@ class EagleProposer:
         return self._load_staged[:size]
 
     @torch.no_grad()
-    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float] = (0, False, -1.0)) -> int:
+    def capture(self, batches: Sequence[int], depth: int, filters: DraftFilters = DraftFilters(0, False)) -> int:
         """Capture the chain graphs of these batch sizes' buckets at `depth` ahead of time (so that no capture lands
         inside a timed rollout) for rows sampling with these filters (DraftContext.filters; default: no top-k, no
         top-p); returns how many were captured. No-op off CUDA."""
@@ -391,7 +390,7 @@ class EagleProposer:
             self._graphs[(bb, depth, filters)] = self._capture(bb, depth, filters)
         return len(todo)
 
-    def _capture(self, bb: int, k: int, filters: tuple[int, bool, float]) -> ChainGraph:
+    def _capture(self, bb: int, k: int, filters: DraftFilters) -> ChainGraph:
         """Capture the chain draft of `k` tokens for a batch bucket `bb`, reading its inputs from the draft window."""
         dev = self.device
         if self._window is None:

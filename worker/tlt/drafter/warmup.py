@@ -33,8 +33,8 @@ from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.reporting import Reporter
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec_translate import drafter_config
+from worker.tlt.rollout.types import EngineConfig, Request
+from worker.tlt.spec_translate import drafter_config, request_sampling
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ def warmup(
                             cuda_graphs=spec.rollout.cuda_graphs, seed=spec.seed),
         hidden_hook=capture if drafter.cfg.kind == "eagle1" else None,
     )
-    params = RequestSampling(temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k,
-                            max_new_tokens=alg.max_completion_length)
+    params = request_sampling(spec)
     n = alg.prompts_per_step
     for rnd in range(spec.max_steps):
         if reporter.should_stop():

@@ -107,7 +107,7 @@ class EngineRollout:
     def __call__(
         self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool, on_finish: FinishCallback | None = None
     ) -> tuple[list[Trajectory], dict[str, float]]:
-        params = replace(self.sampling, n=n, temperature=0.0 if greedy else self.sampling.temperature)
+        params = replace(self.sampling.greedy() if greedy else self.sampling, n=n)
         requests = [Request(list(p.ids), params) for p in prompts]
 
         def trajectory(s: SequenceResult) -> Trajectory:

@@ -8,12 +8,13 @@ trace a Generator argument, and inductor's own RNG would differ) -- by a graph, 
 each replay, never inside the graph; the compiled parts are the two deterministic halves around it: `head`
 (forward + logits processing) and `tail` (pick + log-prob + commit).
 
-Sampling mode (what the processing depends on; fixed per captured graph, part of its key):
+Sampling mode (`Mode`, from the rows' RequestSampling; what the processing depends on; fixed per captured graph,
+part of its key):
 - `GREEDY`: every active row has temperature 0: argmax, log-prob = log_softmax;
-- `("uniform", temperature, top_p, top_k)`: every active row shares one setting: scalar processing (top-k by
+- `Mode("uniform", temperature, top_p, top_k)`: every active row shares one setting: scalar processing (top-k by
   torch.topk, no sort);
-- `MIXED`: per-row settings read from RowState's temp / top_p / top_k tensors (fixed addresses); greedy rows
-  report log_softmax, as in plain greedy decoding.
+- `MIXED`: per-row settings read from RowState's temp / top_p / top_k tensors (fixed addresses, the RowSampling the
+  sampler reads); greedy rows report log_softmax, as in plain greedy decoding.
 
 With the fused forward on, GREEDY and uniform modes without top-p (and a top-k the kernels take) skip all of the
 above after the forward: kernels/sample_commit.py goes from the logits to the committed row state in two Triton
@@ -28,7 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -37,19 +38,29 @@ from worker.tlt.decoding.row_state import RowState
 from worker.tlt.decoding.sampling import exponential_noise, pick_with_noise, processed_probs, token_logprobs
 from worker.tlt.kernels import fused_available
 from worker.tlt.model.transformer import Transformer
-
-Mode = tuple[Any, ...]  # GREEDY | ("uniform", temperature, top_p, top_k) | MIXED
-GREEDY: Mode = ("greedy",)
-MIXED: Mode = ("mixed",)
+from worker.tlt.rollout.types import RequestSampling
 
 
-def sampling_mode(params: Sequence[tuple[float, float, int]]) -> Mode:
-    """The mode of a batch from its rows' (temperature, top_p, top_k) (module docstring)."""
-    if all(p[0] <= 0.0 for p in params):
+class Mode(NamedTuple):
+    """A batch's sampling mode (module docstring); hashable, a key of the captured graphs."""
+
+    kind: Literal["greedy", "uniform", "mixed"]
+    temperature: float = 0.0  # uniform: the rows' common setting (> 0)
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+GREEDY = Mode("greedy")
+MIXED = Mode("mixed")
+
+
+def sampling_mode(rows: Sequence[RequestSampling]) -> Mode:
+    """The mode of a batch from its rows' settings (module docstring)."""
+    if all(p.temperature <= 0.0 for p in rows):
         return GREEDY
-    first = params[0]
-    if all(p == first for p in params):
-        return ("uniform", *first)
+    first = rows[0]
+    if all((p.temperature, p.top_p, p.top_k) == (first.temperature, first.top_p, first.top_k) for p in rows):
+        return Mode("uniform", float(first.temperature), float(first.top_p), int(first.top_k))
     return MIXED
 
 
@@ -65,8 +76,8 @@ def process(
     top_p: torch.Tensor,  # [B]
     top_k: torch.Tensor,  # [B]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (probs [B, V] float32, log_softmax [B, V] for greedy rows or None)
-    if mode[0] == "uniform":
-        _, t, p, k = mode
+    if mode.kind == "uniform":
+        t, p, k = mode.temperature, mode.top_p, mode.top_k
         if p >= 1.0 and k <= 0:
             return torch.softmax(logits.float() / t, dim=-1), None  # = processed_probs without its filter passes
         return processed_probs(logits, t, p, k), None
@@ -194,10 +205,9 @@ class DecodeStep:
             return False
         if mode == GREEDY:
             return self._sampler_takes(0, self.vocab, batch)
-        if mode[0] != "uniform":
+        if mode.kind != "uniform":
             return False
-        temp, top_p, top_k = mode[1:]
-        return float(temp) > 0.0 and float(top_p) >= 1.0 and self._sampler_takes(int(top_k), self.vocab, batch)
+        return mode.temperature > 0.0 and mode.top_p >= 1.0 and self._sampler_takes(mode.top_k, self.vocab, batch)
 
     @property
     def vocab(self) -> int:
@@ -244,7 +254,7 @@ class DecodeStep:
             return self._sample_commit(logits, None, self.rows, batch, 0.0, 0, row0=row0)
         if noise is None:
             noise = exponential_noise(logits, self.gen)  # eager: the same draws as the torch path's
-        return self._sample_commit(logits, noise, self.rows, batch, float(mode[1]), int(mode[3]), row0=row0)
+        return self._sample_commit(logits, noise, self.rows, batch, mode.temperature, mode.top_k, row0=row0)
 
     def __call__(self, batch: int, tk: int, mode: Mode, noise: torch.Tensor | None = None) -> StepOut:
         """noise: the sampler's Exp(1) draws [B, V] for sampled modes; None draws them from the generator here

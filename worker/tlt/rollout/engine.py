@@ -53,7 +53,7 @@ from worker.tlt.decoding.row_state import RowState
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout import memory
 from worker.tlt.rollout.adaptive_loop import Pending, TailBudget, TailHook, adaptive_iteration
-from worker.tlt.rollout.decode_step import DecodeStep, Mode, StepOut, sampling_mode
+from worker.tlt.rollout.decode_step import MIXED, DecodeStep, Mode, StepOut, sampling_mode
 from worker.tlt.rollout.engine_state import EngineState, HiddenHook
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.hidden_rows import flush_hidden, stash_plain_step
@@ -208,8 +208,8 @@ class Engine:
         s = self.state
         if self.graphs is None or s.n_active:
             return 0.0
-        p = params or RequestSampling()
-        mode = sampling_mode([(float(p.temperature), float(p.top_p), int(p.top_k))])
+        rows = [params or RequestSampling()]
+        mode = sampling_mode(rows)
         t0 = time.perf_counter()
         wanted = batches if batches is not None else [b for b in self.config.batch_buckets if b <= max_batch]
         buckets = sorted({s.bucket(b) for b in [*wanted, max_batch]})
@@ -220,7 +220,7 @@ class Engine:
                     self.graphs.capture(b, tk, mode)
             if self.verify_graphs is not None:
                 self._warmup_verify(max_batch, mode)
-            self._warmup_drafts(max_batch, mode)
+            self._warmup_drafts(max_batch, rows)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
@@ -244,13 +244,14 @@ class Engine:
         top = max_batch if ctl.switch.config.mode == "on" else min(max_batch, ctl.switch.config.off_threshold)
         return [(n, a) for n in range(1, top + 1) for a in ctl.arms_for(n) if a.is_sd]
 
-    def _warmup_drafts(self, max_batch: int, mode: Mode) -> None:
+    def _warmup_drafts(self, max_batch: int, rows: Sequence[RequestSampling]) -> None:
         """Have the drafters capture the chain-draft graphs the SD arms will replay (`Proposer.capture`: per batch,
         depth and sampling filters), so that a drafter's first use of a shape in a later rollout does not capture
-        inside it. Mixed per-row settings: the filters are the rows' (seen only at draft time)."""
-        if mode[0] == "mixed":
+        inside it; the filters are those of rows sampled with `rows`' settings. Mixed per-row settings: nothing (the
+        filters are the rows' own, seen only at draft time)."""
+        if sampling_mode(rows) == MIXED:
             return
-        filters = row_filters([mode[1:]]) if mode[0] == "uniform" else (0, False, -1.0)  # greedy rows: no filter
+        filters = row_filters(rows)  # what draft_context computes for these rows
         plan: dict[str, dict[int, set[int]]] = {}  # drafter -> depth -> batches
         for n, a in self._sd_arms(max_batch):
             depth = min(a.depth, a.verify_tokens - 1)  # the proposer drafts min(depth, verify budget - 1) tokens
@@ -329,11 +330,11 @@ class Engine:
             st.move_rows(src, dst)
             hi = s.row_hi
             for h, mv in zip(holes, movers, strict=True):
-                s.row_seq[h], s.row_params[h] = s.row_seq[mv], s.row_params[mv]
+                s.row_seq[h], s.row_sampling[h] = s.row_seq[mv], s.row_sampling[mv]
                 hi[h], s.row_cap[h] = hi[mv], s.row_cap[mv]
                 s.row_known[h], s.row_plen[h] = s.row_known[mv], s.row_plen[mv]
         st.done[n_new:n] = True
-        del s.row_seq[n_new:], s.row_params[n_new:]
+        del s.row_seq[n_new:], s.row_sampling[n_new:]
         s.n_active = n_new
         s.rows_changed()
         if on_finish is not None:

@@ -5,7 +5,7 @@ speculative.py, spec_body.py, verify_graphs.py, hidden_rows.py, adaptive_loop.py
 the engine. Device side: the KV cache, the row state (decoding/), the generator and the decode step's forward. Host
 side, mirrors of rows 0..n_active-1 that let a step run without reading the device:
 
-- `row_seq` (request, sample) and `row_params` (temperature, top_p, top_k) per row; `histories`: request -> the
+- `row_seq` (request, sample) and `row_sampling` (its request's RequestSampling) per row; `histories`: request -> the
   per-sample token lists (prompt + emitted) that drafters read, filled lazily (`sync_histories`);
 - `row_hi` an upper bound of each row's length (picks the attention length), `row_cap` prompt + max_new_tokens,
   `row_known` emitted tokens already in `histories`, `row_plen` prompt lengths;
@@ -33,7 +33,7 @@ from worker.tlt.decoding.uploads import HostStage
 from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, sampling_mode
-from worker.tlt.rollout.types import EngineConfig, StepStats
+from worker.tlt.rollout.types import EngineConfig, RequestSampling, StepStats
 from worker.tlt.spec.proposer import DraftContext
 from worker.tlt.spec.stats import AcceptanceStats
 
@@ -86,7 +86,7 @@ class EngineState:
                                fused_max_seqs=config.fused_max_seqs)
         self.n_active = 0
         self.row_seq: list[tuple[int, int]] = []  # (request, sample) per active row
-        self.row_params: list[tuple[float, float, int]] = []  # (temperature, top_p, top_k) per active row
+        self.row_sampling: list[RequestSampling] = []  # per active row: its request's settings
         self._row_hi = np.zeros(slots, dtype=np.int64)  # see `row_hi`
         self.plain_steps = 0  # plain decode steps not yet added to _row_hi
         self._hi_max: int | None = None  # max of _row_hi over the active rows (None: recompute)
@@ -136,7 +136,7 @@ class EngineState:
         """After prefill / sync: recompute what plain steps cache (sampling mode, attention bound); speculative steps
         build a new DraftContext."""
         self.new_rows_version()
-        self.mode = sampling_mode(self.row_params) if self.row_params else GREEDY
+        self.mode = sampling_mode(self.row_sampling) if self.row_sampling else GREEDY
         _ = self.row_hi  # folds pending steps in and drops the cached maximum
 
     @property

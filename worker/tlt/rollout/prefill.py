@@ -106,7 +106,7 @@ def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence
         state.row_known[r0 + i] = 0
         st.eos[r0 + i] = torch.tensor(list(eos) + [-1] * (MAX_EOS - len(eos)), device=dev)
         state.row_seq.append((r, _))
-        state.row_params.append((float(p.temperature), float(p.top_p), int(p.top_k)))
+        state.row_sampling.append(p)
         state.row_hi[r0 + i] = plens[i]  # (folds pending plain steps into the old rows first)
         state.row_plen[r0 + i] = plens[i]
         state.row_cap[r0 + i] = plens[i] + p.max_new_tokens

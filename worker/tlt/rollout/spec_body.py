@@ -64,10 +64,9 @@ def fused_chain_verify(logits: torch.Tensor, mode: Mode, *, chain: bool, topk: i
     """Whether acceptance runs in kernels/chain_verify.py (3 Triton kernels) instead of processed_probs +
     verify_sampling (~10 torch kernels per depth, ~1 ms per step on an H200 at batch 8, depth 6): a chain sampled
     with one temperature and no top-k / top-p, on CUDA with triton (CPU keeps the torch path the tests compare to)."""
-    if not (chain and topk == 1 and logits.is_cuda and mode[0] == "uniform") or fused_available(logits.device):
+    if not (chain and topk == 1 and logits.is_cuda and mode.kind == "uniform") or fused_available(logits.device):
         return False
-    temp, top_p, top_k = mode[1:]
-    return float(temp) > 0.0 and float(top_p) >= 1.0 and (int(top_k) <= 0 or int(top_k) >= logits.shape[-1])
+    return mode.temperature > 0.0 and mode.top_p >= 1.0 and (mode.top_k <= 0 or mode.top_k >= logits.shape[-1])
 
 
 def verify_commit(state: EngineState, inp: SpecInputs, *, depth: int, topk: int, mode: Mode, tk: int,
@@ -101,11 +100,14 @@ def verify_commit(state: EngineState, inp: SpecInputs, *, depth: int, topk: int,
     elif fused_chain_verify(logits, mode, chain=chain, topk=topk):
         from worker.tlt.kernels.chain_verify import chain_verify  # triton: imported on the CUDA path only
 
-        res = chain_verify(logits, inp.tokens, inp.counts, inp.draft_probs, depth, float(mode[1]),
+        res = chain_verify(logits, inp.tokens, inp.counts, inp.draft_probs, depth, mode.temperature,
                            uniforms=inp.uniforms, noise=inp.noise, generator=state.gen)  # = the torch branch's draws
     else:
-        if mode[0] == "uniform":
-            temp, top_p, top_k = mode[1:]
+        temp: float | torch.Tensor
+        top_p: float | torch.Tensor
+        top_k: int | torch.Tensor
+        if mode.kind == "uniform":
+            temp, top_p, top_k = mode.temperature, mode.top_p, mode.top_k
         else:
             temp, top_p, top_k = st.temp[:r], st.top_p[:r], st.top_k[:r]
         probs = processed_probs(logits, temp, top_p, top_k)

@@ -30,22 +30,22 @@ import torch
 
 from worker.tlt.adaptive.arms import Arm
 from worker.tlt.decoding.draft_types import DraftProposal
-from worker.tlt.decoding.sampling import RowSampling
+from worker.tlt.decoding.sampling import DraftFilters, RowSampling
 from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.hidden_rows import emit_hidden
 from worker.tlt.rollout.spec_body import SpecInputs, SpecOut, verify_commit
-from worker.tlt.rollout.types import StepStats
+from worker.tlt.rollout.types import RequestSampling, StepStats
 from worker.tlt.rollout.verify_graphs import VerifyGraphs
 from worker.tlt.spec.proposer import DraftContext, Proposer
 
 
-def row_filters(params: Sequence[tuple[float, float, int]]) -> tuple[int, bool, float]:
-    """DraftContext.filters from the rows' host-side (temperature, top_p, top_k)."""
-    ks = {int(p[2]) for p in params}
+def row_filters(rows: Sequence[RequestSampling]) -> DraftFilters:
+    """DraftContext.filters from the rows' settings."""
+    ks = {int(p.top_k) for p in rows}
     k = ks.pop() if len(ks) == 1 else -1
-    ts = {float(p[0]) for p in params}
+    ts = {float(p.temperature) for p in rows}
     t = ts.pop() if len(ts) == 1 else -1.0
-    return k, any(p[1] < 1.0 for p in params), t if t > 0.0 else -1.0
+    return DraftFilters(k, any(p.top_p < 1.0 for p in rows), t if t > 0.0 else -1.0)
 
 
 def draft_context(state: EngineState, batch: int, nodes: int, depth: int,
@@ -72,7 +72,7 @@ def draft_context(state: EngineState, batch: int, nodes: int, depth: int,
         device=state.device,
         groups=state.histories,
         sampling=RowSampling(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
-        filters=row_filters(state.row_params[:batch]),
+        filters=row_filters(state.row_sampling[:batch]),
     )
     state.spec_ctx = (key, ctx, hists)
     return ctx, hists

@@ -7,7 +7,7 @@ Pure data; see `rollout/engine.py` for the engine itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 
@@ -21,6 +21,10 @@ class RequestSampling:
     max_new_tokens: int = 256  # cap on emitted tokens (the EOS token counts)
     eos_ids: tuple[int, ...] | None = None  # None = the engine's default (tokenizer EOS ids)
     n: int = 1  # samples per prompt (a GRPO group); they share one prefill
+
+    def greedy(self) -> RequestSampling:
+        """These settings decoded greedily (validation rollouts): temperature 0, the rest kept."""
+        return replace(self, temperature=0.0)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal
-from worker.tlt.decoding.sampling import RowSampling
+from worker.tlt.decoding.sampling import DraftFilters, RowSampling
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,7 @@ class DraftContext:
     # lists (no copy) and drafters index them incrementally. None: only the active histories are known.
     groups: Mapping[int, Sequence[Sequence[int]]] | None = None
     sampling: RowSampling | None = None  # the target's per-row settings, for drafters that sample
-    # the rows' sampling settings as the host knows them: (k, any row filters by top-p, T) with k = 0 when no row
-    # filters by top-k, the rows' common k, or -1 when rows differ; T the rows' common temperature when it is > 0,
-    # else -1 (rows differ, or greedy rows). A drafter skips a filter no row uses and takes one k and one T as numbers
-    # (torch.topk; no per-row temperature and greedy handling), so per-row work runs only where settings differ
-    filters: tuple[int, bool, float] = (-1, True, -1.0)
+    filters: DraftFilters = DraftFilters()  # what the host knows of `sampling`
     hidden: torch.Tensor | None = None  # [B, T, H] target hidden states at each row's last T positions (EAGLE)
     hidden_lens: torch.Tensor | None = None  # [B] int64 valid positions in `hidden` (right-aligned)
 
@@ -78,7 +74,7 @@ class Proposer(Protocol):
         """Forget per-rollout state (caches, indexes); called by the engine when a rollout ends."""
         ...
 
-    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float]) -> int:
+    def capture(self, batches: Sequence[int], depth: int, filters: DraftFilters) -> int:
         """Capture the graphs a chain draft of `depth` tokens will replay at these batch sizes, for rows whose
         sampling filters are `filters` (DraftContext.filters), ahead of a timed rollout -> how many were captured."""
         ...
@@ -108,7 +104,7 @@ class DrafterBase:
     def reset(self) -> None:
         return None
 
-    def capture(self, batches: Sequence[int], depth: int, filters: tuple[int, bool, float]) -> int:
+    def capture(self, batches: Sequence[int], depth: int, filters: DraftFilters) -> int:
         return 0
 
     def advance(self, tokens: torch.Tensor, hidden: torch.Tensor, emitted: torch.Tensor) -> bool:
