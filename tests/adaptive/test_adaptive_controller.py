@@ -74,3 +74,21 @@ def test_new_drafter_and_checkpoint() -> None:
     fresh = AdaptiveSd.from_spec(RolloutConfig(), ["ngram"])
     fresh.load_state_dict(state)
     assert fresh.bandit is not None and fresh.bandit.to_dict() == ctl.bandit.to_dict()
+
+
+def test_first_sd_step_of_an_arm_in_a_bucket_teaches_nothing() -> None:
+    """Its seconds include the graph captures: the bandit and the step costs skip it, the metrics count it."""
+    from worker.tlt.adaptive.step_costs import StepCostConfig
+
+    ctl = AdaptiveSd.from_spec(RolloutConfig(sd_on_below=8, sd_patience=1), ["ngram"], step_costs=StepCostConfig())
+    assert ctl.bandit is not None and ctl.costs is not None
+    arm = next(a for a in ctl.bandit.arms(ctl.scheme.bucket(4)) if a.is_sd)
+    ctl.record(4, arm, 8, 2.5)  # a first use: 2.5 s
+    first = ctl.costs.buckets[ctl.scheme.bucket(4)]
+    assert first.sd_n == 0 and not first.sd_recent and ctl.costs.observed_s == 2.5 and ctl.bandit.to_dict() == AdaptiveSd.from_spec(
+        RolloutConfig(sd_on_below=8, sd_patience=1), ["ngram"]).bandit.to_dict()  # type: ignore[union-attr]
+    assert ctl.metrics.sd_on_steps + ctl.metrics.full.tokens + ctl.metrics.tail.tokens > 0
+    ctl.record(4, arm, 8, 0.01)  # the same arm again: learned
+    assert ctl.costs.buckets[ctl.scheme.bucket(4)].sd_n == 1
+    ctl.record(12, arm, 24, 2.5)  # another bucket: a first use again
+    assert ctl.scheme.bucket(12) not in ctl.costs.buckets or ctl.costs.buckets[ctl.scheme.bucket(12)].sd_n == 0

@@ -55,7 +55,8 @@ def test_sd_stays_off_where_it_cannot_pay() -> None:
     ctl = controller(costs)
     runs = [rollout(ctl, SimEnv({"ngram": 0.3}, SMALL, seed=s), lengths) for s in range(3)]
     assert all(t <= off * 1.02 for t, _ in runs), (off, [t for t, _ in runs])
-    assert sum(runs[-1][1].values()) <= 2  # judged off: the third rollout barely drafts
+    # judged off: the third rollout barely drafts (a bucket is judged after its arms' first uses, which teach nothing)
+    assert sum(runs[-1][1].values()) <= 3
     assert all(v == 0.0 for k, v in costs.summary().items() if k.startswith("sd/pays/"))
 
 

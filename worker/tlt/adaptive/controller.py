@@ -52,6 +52,9 @@ class AdaptiveSd:
         self.fixed_arm = fixed_arm  # the arm of mode "on"
         self.scheme = scheme
         self.metrics = RolloutSdMetrics(on_below=switch.on_below, scheme=scheme)
+        # (arm, bucket) pairs this process has run: the first SD step of each captures its verify and draft graphs
+        # (seconds, next to ms steps), a one-time cost the bandit and the step costs must not learn from
+        self._warm: set[tuple[str, int]] = set()
 
     @classmethod
     def from_spec(cls, rollout: RolloutConfig, drafters: Sequence[DrafterKind],
@@ -95,15 +98,19 @@ class AdaptiveSd:
     def record(self, active: int, arm: Arm, emitted: int, seconds: float, accepted_per_pos: Sequence[int] = (),
                drafted_per_pos: Sequence[int] | None = None, accepted: int | None = None,
                sd_on: bool | None = None) -> None:
-        """What the step planned with `arm` did; feeds the bandit (switch-on steps only) and the metrics.
+        """What the step planned with `arm` did; feeds the bandit (switch-on steps only), the step costs and the
+        metrics. The first SD step of an arm in a bucket reaches the metrics only (it paid the graph captures).
 
         sd_on: the switch's state when that step was planned (default: its state now). An engine that plans several
         plain decode steps before it learns their emitted counts passes it, since the switch may have moved since."""
         on = self.switch.on if sd_on is None else sd_on
+        bucket = self.scheme.bucket(active)
+        learn = not arm.is_sd or (arm.name, bucket) in self._warm
+        self._warm.add((arm.name, bucket))
         if self.costs is not None:
-            self.costs.observe(active, arm.is_sd, emitted, seconds)
-        if on and self.bandit is not None:
-            self.bandit.observe(self.scheme.bucket(active), arm, emitted, seconds, active=active)
+            self.costs.observe(active, arm.is_sd, emitted, seconds, first_use=not learn)
+        if on and self.bandit is not None and learn:
+            self.bandit.observe(bucket, arm, emitted, seconds, active=active)
         self.metrics.observe_step(active=active, sd_on=on, arm=arm.name if on else None,
                                   verify_tokens=arm.verify_tokens, emitted=emitted, seconds=seconds,
                                   accepted_per_pos=accepted_per_pos, drafted_per_pos=drafted_per_pos,

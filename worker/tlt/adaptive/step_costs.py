@@ -97,8 +97,9 @@ class StepCosts:
         b.plain_s, b.plain_n = plain_s, max(b.plain_n, 1)
         b.ruled_out = best_emitted * plain_s <= sd_s * (1.0 + self.config.margin)
 
-    def observe(self, active: int, is_sd: bool, emitted: int, seconds: float) -> None:
-        """One step of `active` sequences: SD or plain, tokens emitted (all sequences), wall seconds."""
+    def observe(self, active: int, is_sd: bool, emitted: int, seconds: float, first_use: bool = False) -> None:
+        """One step of `active` sequences: SD or plain, tokens emitted (all sequences), wall seconds. `first_use`: an
+        SD arm's first step in this bucket (it captured graphs): charged to the probing budget, not measured."""
         cfg, b = self.config, self._b(self.scheme.bucket(active))
         self.observed_s += seconds
         if not is_sd:
@@ -115,6 +116,8 @@ class StepCosts:
             seconds = min(seconds, cfg.outlier * b.plain_s)
         if b.on is None and b.plain_n:
             self.probe_loss_s += max(0.0, seconds - per_seq * b.plain_s)
+        if first_use:
+            return
         b.sd_n += 1
         b.sd_recent.append(seconds)
         b.sd_emitted = _mean(b.sd_emitted, per_seq, b.sd_n, cfg.ema)
