@@ -277,11 +277,17 @@ def bench_decode(model: Transformer, tok: TokenizerLike, prompts: list[list[int]
 
 
 def kernel_configs(engine: Engine) -> str:
-    """How the engine's cached forward ran: torch, or the fused kernels with tuned or default launch configs."""
+    """How the engine's cached forward ran: torch, the large-model forward (cuBLAS GEMMs + Triton), or the fused
+    kernels with tuned or default launch configs."""
     if not engine.step.fused:
         return "torch forward"
+    from worker.tlt.kernels.gemm_forward import GEMM_MODEL_BYTES
     from worker.tlt.kernels.tuning import describe
+    from worker.tlt.model.roofline import weight_bytes
 
+    model = engine.model
+    if weight_bytes(model.args, model.head_weight.element_size()) > GEMM_MODEL_BYTES:
+        return "cuBLAS GEMMs + Triton glue and attention"
     return "fused kernels, " + describe(engine.device)
 
 
