@@ -965,6 +965,8 @@ export interface components {
             gpus: number;
             /** Offload Optimizer */
             offload_optimizer?: boolean | null;
+            /** Offload Ratio */
+            offload_ratio?: number | null;
             /** Queue */
             queue?: string | null;
             /**

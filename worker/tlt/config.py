@@ -211,13 +211,25 @@ class Resources(_Strict):
     # fp32 master weights, gradients and Adam moments in host memory, stepped by DeepSpeed's CPU Adam; None = only
     # when nothing fits on the GPU
     offload_optimizer: bool | None = None
+    # the share of that optimizer state on the host, the rest stepped on the GPU (DeepSpeed's partial offload, ZeRO-3
+    # only): 1 = all of it; None = 1 when offload_optimizer is asked for, else chosen by the plan when nothing fits
+    offload_ratio: float | None = Field(None, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _deepspeed_only(self) -> Resources:
-        if self.update_engine == "torch" and ((self.zero_stage or 0) > 0 or self.offload_optimizer):
-            raise ValueError("resources.zero_stage > 0 and offload_optimizer need update_engine deepspeed or auto")
+        if self.update_engine == "torch" and ((self.zero_stage or 0) > 0 or self.offload_optimizer
+                                              or self.offload_ratio is not None):
+            raise ValueError("resources.zero_stage > 0, offload_optimizer and offload_ratio need update_engine "
+                             "deepspeed or auto")
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("resources.offload_optimizer needs zero_stage >= 1 (DeepSpeed offloads ZeRO's partitions)")
+        if self.offload_ratio is not None and self.offload_optimizer is False:
+            raise ValueError("resources.offload_ratio needs offload_optimizer true or unset (it sizes the offload)")
+        if self.offload_ratio is not None and self.offload_ratio < 1 and self.zero_stage not in (None, 3):
+            raise ValueError(f"resources.offload_ratio {self.offload_ratio} < 1 needs zero_stage 3 or unset "
+                             f"(DeepSpeed splits the optimizer state between GPU and host at stage 3 only)")
+        if self.offload_ratio is not None and self.zero_stage == 0:
+            raise ValueError("resources.offload_ratio needs zero_stage >= 1 (DeepSpeed offloads ZeRO's partitions)")
         return self
 
 

@@ -1,7 +1,8 @@
 """The policy update on DeepSpeed's engine: ZeRO stages 0-3 (a bf16 model at stage 0 takes DeepSpeed's replicated
 path, which accumulates gradients in bf16; the plan uses stage 1 on one GPU instead), bf16 weights trained through fp32
-master weights, optimizer state offload to the host (DeepSpeed's CPU Adam, JIT-built on first use), and the weight
-flow from DeepSpeed's (possibly partitioned) parameters into the rollout engine.
+master weights, optimizer state offload to the host (DeepSpeed's CPU Adam, JIT-built on first use; at stage 3 a share
+of it, `resources.offload_ratio`, rl/partial_offload.py), and the weight flow from DeepSpeed's (possibly partitioned)
+parameters into the rollout engine.
 
     plan, ds = build_update(spec, model, device)           # before the rollout engine captures its CUDA graphs
                                                            # (every rank, after the process group exists, or alone)
@@ -46,6 +47,7 @@ import torch.distributed as dist
 from worker.tlt.config import AlgorithmConfig, JobSpec
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.optim import LOW_PRECISION, adamw_kwargs, trainable_params
+from worker.tlt.rl.partial_offload import gpu_share_state, load_gpu_share_state, sync_hyperparams
 from worker.tlt.rl.policy_forward import ResponseLogits
 from worker.tlt.rl.update_plan import UpdatePlan, count_params, plan_update
 
@@ -72,12 +74,21 @@ def plan_for(spec: JobSpec, model: Transformer, device: torch.device) -> UpdateP
                        deepspeed_installed=deepspeed_installed(), on_gpu=device.type == "cuda")
 
 
-def ds_config(plan: UpdatePlan, algo: AlgorithmConfig, low_precision: bool) -> dict[str, Any]:
+SUB_GROUPS = 40  # ZeRO-3 partial offload: optimizer sub-groups per rank, the grain of the GPU / host split
+
+
+def ds_config(plan: UpdatePlan, algo: AlgorithmConfig, low_precision: bool, n_params: int = 0) -> dict[str, Any]:
     """DeepSpeed's config for `plan`: one sample per micro-step (the trainer's micro-batches are token-budgeted,
-    the accumulation boundary is set per step), global-norm clipping, fp32 gradient accumulation under bf16."""
+    the accumulation boundary is set per step), global-norm clipping, fp32 gradient accumulation under bf16.
+    Partial offload splits the optimizer's sub-groups (DeepSpeed's default holds 1e9 elements: 7 for a 7B model),
+    so `n_params` (the trained parameters) sizes them to about SUB_GROUPS per rank."""
     zero: dict[str, Any] = {"stage": plan.zero_stage}
     if plan.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.pin_host}
+        if plan.offload_ratio < 1:
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            zero["offload_optimizer"]["ratio"] = plan.offload_ratio
+            zero["sub_group_size"] = max(1, -(-n_params // (world * SUB_GROUPS)))
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -139,8 +150,9 @@ class DeepSpeedUpdate:
         else:
             base = torch.optim.AdamW(params, **adamw_kwargs(params, algo))
         before = [p.data_ptr() for p in params]
+        n = sum(p.numel() for p in params)
         self.engine, _, _, _ = deepspeed.initialize(model=self.forward_module, optimizer=base,
-                                                    config=ds_config(plan, algo, low))
+                                                    config=ds_config(plan, algo, low, n))
         if plan.zero_stage == 3:  # the head is used outside the layer modules' calls (tied: the embedding)
             deepspeed.zero.register_external_parameter(self.forward_module, self.train_model.head_weight)
         self.moved_storage = plan.zero_stage < 3 and before != [p.data_ptr() for p in params]
@@ -158,6 +170,7 @@ class DeepSpeedUpdate:
 
     def step(self) -> float:
         """The optimizer step (clipped by the global norm); returns that norm before clipping."""
+        sync_hyperparams(self.engine.optimizer, self.base_optimizer)  # partial offload: the GPU share's optimizer
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else 0.0
@@ -180,9 +193,16 @@ class DeepSpeedUpdate:
         """DeepSpeed's checkpoints of a run: root/deepspeed/step-N (one tag per checkpoints/step-N)."""
         return root / "deepspeed"
 
+    def _gpu_share_file(self, root: Path, step: int) -> Path:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return self.checkpoint_dir(root) / f"step-{step}" / f"gpu_optimizer_share_rank{rank}.pt"
+
     def save(self, root: Path, step: int) -> None:
-        """Every rank writes its shard of the optimizer (fp32 master weights, moments) under the tag step-N."""
+        """Every rank writes its shard of the optimizer (fp32 master weights, moments) under the tag step-N; with
+        partial offload also the Adam state of the GPU share, which DeepSpeed's checkpoint leaves out."""
         self.engine.save_checkpoint(str(self.checkpoint_dir(root)), tag=f"step-{step}", save_latest=False)
+        if self.plan.offload_optimizer and self.plan.offload_ratio < 1:
+            torch.save(gpu_share_state(self.engine.optimizer), self._gpu_share_file(root, step))
 
     def load(self, root: Path, step: int) -> None:
         """Every rank reads its shard back; the engine's weights follow (stage 3: gathered into its copy)."""
@@ -190,6 +210,9 @@ class DeepSpeedUpdate:
                                               load_optimizer_states=True, load_lr_scheduler_states=False)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint step-{step} under {self.checkpoint_dir(root)}")
+        share = self._gpu_share_file(root, step)
+        if share.exists() or (self.plan.offload_optimizer and self.plan.offload_ratio < 1):
+            load_gpu_share_state(self.engine.optimizer, torch.load(share, weights_only=True))
         self.sync_engine_weights()
 
 
