@@ -59,7 +59,10 @@ def _one_rank(rank: int, init_method: str, out_dir: str) -> None:
                            "sub_groups": len(zero.fp32_partitioned_groups_flat), "lr": []}
     for b, seqs in enumerate((first, second)):
         scheduled = trainer.optimizer.param_groups[0]["lr"]  # the rate of this update (the schedule steps after it)
+        trainer.model.eval()  # as the rollout engine leaves it
+        trainer.ds.train_model.eval()
         trainer.update(seqs)
+        out[f"train_mode/{b}"] = trainer.ds.train_model.training
         trainer.sync_weights()
         out[f"params/{b}"] = params_of(trainer.model)
         out["lr"].append((backup_optimizer(zero).param_groups[0]["lr"], scheduled))
@@ -96,6 +99,11 @@ def test_partial_offload_splits_the_state_and_matches_the_torch_update(result: d
     trainer.close()
     (gpu0, cpu0), (gpu1, cpu1) = result["lr"]
     assert gpu0 == cpu0 and gpu1 == cpu1 and gpu0 != gpu1  # the GPU share followed the schedule as it moved
+
+
+def test_the_zero3_copy_trains_in_train_mode(result: dict[str, Any]) -> None:
+    """Gradient checkpointing engages only in train mode: the copy must not keep the rollout engine's eval mode."""
+    assert result["train_mode/0"] and result["train_mode/1"]
 
 
 def test_partial_offload_resumes_exactly(result: dict[str, Any]) -> None:

@@ -181,6 +181,8 @@ class GRPOTrainer:
         on the device until one read at the end, so the host queues micro-batches without waiting for the GPU."""
         lr = self.optimizer.param_groups[0]["lr"]
         self.model.train()
+        if self.ds is not None:  # ZeRO-3 trains a copy, built while the rollout engine held the model in eval mode:
+            self.ds.train_model.train()  # without this, gradient checkpointing never engages (a 7B forward OOMs)
         names = ("loss", "entropy", "kl", "clip", "tokens", "lp_diff", "lp_diff_max", "lp_sum_train", "lp_sum_roll",
                  "lp_tokens", "grad_norm")
         acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in names}  # float64 sums
