@@ -47,22 +47,12 @@ def test_gemm_forward_chain_verify_at_real_heads(name: str) -> None:
     _check(model, tree_batch([3, 21], [-1, 0, 1, 2, 3, 4, 5, 6], 40, seed=1), 40)
 
 
-def test_fused_entry_routes_large_models_here(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_models_over_the_limit_take_this_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     model = model_of("qwen2")
-    bt = decode_batch([4, 9], 40, seed=1)
-
-    def no_fused(*args: object, **kwargs: object) -> torch.Tensor:
-        raise AssertionError("fused kernel launched")
-
-    monkeypatch.setattr(forward, "qkv_rope_cache", no_fused)
+    assert forward.cached_forward(model).func is forward.fused_forward_hidden  # type: ignore[attr-defined]
     monkeypatch.setattr(forward, "GEMM_MODEL_BYTES", 0)  # every model counts as large
-    out = forward.fused_forward_hidden(model, bt.ids, bt.pos, random_cache(model, 2, seed=1, t=40),
-                                       attn_mask=bt.mask)
-    want = gemm_forward_hidden(model, bt.ids, bt.pos, random_cache(model, 2, seed=1, t=40), attn_mask=bt.mask)
-    assert torch.equal(out[0], want[0])
-    monkeypatch.setattr(forward, "GEMM_MODEL_BYTES", 1 << 30)
-    with pytest.raises(AssertionError, match="fused kernel launched"):
-        forward.fused_forward_hidden(model, bt.ids, bt.pos, random_cache(model, 2, seed=1, t=40), attn_mask=bt.mask)
+    chosen = forward.cached_forward(model)
+    assert chosen.func is gemm_forward_hidden and chosen.args == (model,)  # type: ignore[attr-defined]
 
 
 def test_pad_rows_runs_every_gemm_at_one_m(monkeypatch: pytest.MonkeyPatch) -> None:

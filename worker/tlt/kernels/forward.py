@@ -10,7 +10,7 @@ in five Triton kernels per layer instead of ~25 torch kernels:
 The embedding and the final norm stay in torch; the head is `linear_residual` without a residual. Same inputs and
 outputs as forward_hidden with a cache, for the small token counts of decode / verify and of small prefill chunks
 (rollout/prefill.py: up to FUSED_PREFILL_TOKENS; larger chunks, and calls over EngineConfig.fused_max_seqs sequences,
-keep torch: rollout/decode_step.py). Models over GEMM_MODEL_BYTES take kernels/gemm_forward.py instead (cuBLAS
+keep torch: rollout/decode_step.py). `cached_forward` picks kernels/gemm_forward.py instead for models over GEMM_MODEL_BYTES (cuBLAS
 GEMMs, Triton between them) at any batch. Inference only: runs under no_grad, no host
 sync and no data-dependent allocation, so a CUDA graph can capture it. On CPU it runs in Triton's interpreter
 (TRITON_INTERPRET=1 set before this package is imported). Tests: `python -m pytest tests/kernels -q`.
@@ -18,6 +18,8 @@ sync and no data-dependent allocation, so a CUDA graph can capture it. On CPU it
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -31,6 +33,14 @@ from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
 
 # The kernels tile the tokens by 16 rows and every tile reads the weights again: free while the weights stay in L2
 # (SmolLM2, 270 MB, batch 64 on an H200: 51,151 tok/s fused vs 23,820 torch), not above (kernels/gemm_forward.py).
+
+
+def cached_forward(model: Transformer) -> Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]]:
+    """The engine's cached forward for `model` (Transformer.forward_hidden's arguments but the model): the fused
+    kernels, or kernels/gemm_forward.py's for a model over GEMM_MODEL_BYTES."""
+    if weight_bytes(model.args, model.head_weight.element_size()) > GEMM_MODEL_BYTES:
+        return functools.partial(gemm_forward_hidden, model)
+    return functools.partial(fused_forward_hidden, model)
 
 
 @torch.no_grad()
@@ -47,14 +57,9 @@ def fused_forward_hidden(
     layers: tuple[int, ...] = (),
     compute_logits: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-    """(logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache;
-    kernels/gemm_forward.py's for a model over GEMM_MODEL_BYTES."""
+    """(logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache."""
     args = model.args
     b, s = input_ids.shape
-    if weight_bytes(args, model.head_weight.element_size()) > GEMM_MODEL_BYTES:
-        return gemm_forward_hidden(model, input_ids, positions, cache, cache_rows=cache_rows, write_idx=write_idx,
-                                   attn_mask=attn_mask, logits_at=logits_at, layers=layers,
-                                   compute_logits=compute_logits)
     m, hdim = b * s, args.dim
     row0 = cache_rows.start if cache_rows is not None and cache_rows.start is not None else 0
     pos = positions.reshape(m).contiguous()

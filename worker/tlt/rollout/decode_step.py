@@ -26,7 +26,6 @@ Run the tests: `python -m pytest tests/engine/test_engine_decode_step.py -q`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -151,9 +150,9 @@ class DecodeStep:
         self._sample_commit: Callable[..., torch.Tensor] | None = None
         self._sampler_takes: Callable[[int, int, int], bool] = lambda top_k, vocab, batch: False
         if fused:
-            from worker.tlt.kernels.forward import fused_forward_hidden  # imports triton: only when asked for
+            from worker.tlt.kernels.forward import cached_forward  # imports triton: only when asked for
 
-            self._fused_forward = functools.partial(fused_forward_hidden, model)
+            self._fused_forward = cached_forward(model)
         # the fused sampler where Triton runs on the logits' device: CUDA, or CPU in Triton's interpreter (tests)
         if fused and fused_sampler and fused_available(model.head_weight.device) is None:
             from worker.tlt.kernels.sample_commit import sample_commit, supported
