@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 import torch
 
-from worker.tlt.adaptive.arms import Arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import Arm
 from worker.tlt.rollout.engine_state import EngineState, StepRunner
 from worker.tlt.rollout.types import StepStats
 

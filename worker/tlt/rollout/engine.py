@@ -46,8 +46,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from worker.tlt.adaptive.arms import Arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import Arm
 from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.model.transformer import Transformer
