@@ -29,11 +29,12 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from worker.tlt.adaptive.arms import NO_SD, ONE_GPU_BUCKETS, TLT_BUCKETS, arms_table
+from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, TLT_BUCKETS, arms_table
 from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, BanditKind, WindowBandit, make_bandit
 from worker.tlt.adaptive.metrics import RolloutSdMetrics
 from worker.tlt.adaptive.sim import SimCostModel, SimEnv, SimTrace, response_lengths, run_bucket, simulate_rollout
 from worker.tlt.adaptive.switch import SwitchConfig
+from worker.tlt.decoding.arms import NO_SD
 
 # Batch range per bucket while SD is on (the switch turns SD off at >= 48 active with on_below 32).
 BATCH_RANGES = {0: (1, 1), 1: (2, 4), 2: (5, 20), 3: (21, 47)}

@@ -43,10 +43,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.bench import chat_prompts, gsm8k_questions
 from worker.tlt.config import ModelSource
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import ByteTokenizer, preset, random_model

@@ -27,12 +27,13 @@ from typing import Any
 
 import torch
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, DrafterKind, chain_arm
+from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.step_costs import StepCostConfig
 from worker.tlt.adaptive.switch import SwitchConfig
 from worker.tlt.bench import BenchReporter, chat_prompts, fmt, gsm8k_questions, ratio, summarize, warm_up
 from worker.tlt.config import JobSpec, ModelSource, RolloutConfig
+from worker.tlt.decoding.arms import DrafterKind, chain_arm
 from worker.tlt.drafter.export import load_exported
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.drafter.warmup import warmup

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.tlt.adaptive.arms import ARM_PRESETS, NO_SD, TLT_BUCKETS, Arm, BucketScheme, arms_table, default_arms
+from worker.tlt.adaptive.arms import ARM_PRESETS, TLT_BUCKETS, BucketScheme, arms_table, default_arms
+from worker.tlt.decoding.arms import NO_SD, Arm
 
 
 def test_tlt_buckets_and_budgets() -> None:

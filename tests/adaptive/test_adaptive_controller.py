@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from worker.tlt.adaptive.arms import NO_SD
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.sim import SimEnv, response_lengths, simulate_rollout
 from worker.tlt.config import RolloutConfig
+from worker.tlt.decoding.arms import NO_SD
 
 
 def drive(ctl: AdaptiveSd, env: SimEnv, lengths: list[int]) -> None:

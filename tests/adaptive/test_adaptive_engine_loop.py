@@ -12,10 +12,11 @@ from collections.abc import Sequence
 import pytest
 from scipy.stats import chisquare
 
-from worker.tlt.adaptive.arms import NO_SD, Arm, arms_table
+from worker.tlt.adaptive.arms import arms_table
 from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.switch import SwitchConfig, SwitchMode
+from worker.tlt.decoding.arms import NO_SD, Arm
 from worker.tlt.decoding.sampling import DraftFilters
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 
-from worker.tlt.adaptive.arms import NO_SD, ONE_GPU_BUCKETS, arms_table
+from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, arms_table
 from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.sim import SimCostModel, SimEnv, response_lengths
 from worker.tlt.adaptive.step_costs import StepCostConfig, StepCosts
 from worker.tlt.adaptive.switch import SwitchConfig
+from worker.tlt.decoding.arms import NO_SD
 
 SMALL = SimCostModel(target_fixed_s=0.63e-3, target_sat_tokens=4096, sd_overhead_s=1.5e-3, noise=0.05)
 WIDE = SimCostModel(target_fixed_s=5e-3, target_sat_tokens=1024, sd_overhead_s=0.2e-3, noise=0.05)

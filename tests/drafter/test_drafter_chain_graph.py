@@ -218,8 +218,8 @@ def test_graphed_chain_in_the_engine_is_lossless(draft_vocab: int) -> None:
     """Chain drafts from captured graphs inside the engine's speculative steps: greedy output == plain decoding
     (fp32, so both paths round alike); then bf16 target + bf16 drafter (how OnlineDrafter serves on GPU) sampled at
     T=1 finish with a sane acceptance. Also with a draft vocabulary (the fused race over its 150 ids)."""
-    from worker.tlt.adaptive.arms import chain_arm
     from worker.tlt.adaptive.controller import AdaptiveSd
+    from worker.tlt.decoding.arms import chain_arm
     from worker.tlt.rollout.engine import Engine
     from worker.tlt.rollout.types import EngineConfig, Request
     from worker.tlt.rollout.types import RequestSampling as ReqParams

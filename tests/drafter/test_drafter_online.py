@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine

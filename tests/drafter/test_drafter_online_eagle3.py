@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
+from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.drafter.model import eagle3_layers
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model.transformer import Transformer

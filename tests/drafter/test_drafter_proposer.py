@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.adaptive.arms import chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import chain_arm, tree_arm
 from worker.tlt.decoding.sampling import DraftFilters, RowSampling
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.model.transformer import Transformer

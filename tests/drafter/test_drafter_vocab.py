@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.drafter.test_drafter_proposer import PROMPTS, _ctx, trained  # noqa: F401 (the module fixture)
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.drafter.eager_graphs import record_eagerly
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.drafter.draft_window import DraftWindow
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter

@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.model import preset, random_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy

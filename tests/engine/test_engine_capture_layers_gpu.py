@@ -12,9 +12,9 @@ from collections import defaultdict
 import pytest
 import torch
 
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.model import preset, random_model
 from worker.tlt.rollout.engine import Engine

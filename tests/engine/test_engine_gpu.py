@@ -16,10 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.bench import chat_prompts, gsm8k_questions
 from worker.tlt.config import ModelSource
+from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.model.load import load_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
 from worker.tlt.rollout.engine import Engine

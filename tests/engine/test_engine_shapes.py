@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tests.kernels.cases import REAL_HEADS
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.model.args import ModelArgs, shape
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.load import build_model, load_hf_state_dict, random_model

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.kernels.cases import Batch, clone_cache, decode_batch, random_cache, tree_batch
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.kernels.settings import KernelConfig, configure
 from worker.tlt.model.args import shape
 from worker.tlt.model.load import random_model

@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
-from worker.tlt.adaptive.arms import chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
 from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.kernels import chain_verify as cv

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.args import preset
 from worker.tlt.rollout.engine import Engine

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from tests.kernels.cases import Batch, clone_cache, decode_batch, random_cache, tree_batch
-from worker.tlt.adaptive.arms import Arm, chain_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import Arm, chain_arm
 from worker.tlt.kernels import tuning
 from worker.tlt.kernels.settings import KernelConfig, configure
 from worker.tlt.model.args import preset

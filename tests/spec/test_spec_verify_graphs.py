@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from worker.tlt.adaptive import AdaptiveSd, BanditConfig, SwitchConfig, arms_table, make_bandit
-from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
+from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.rollout.decode_step import GREEDY, Mode
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.engine_state import EngineState

@@ -38,11 +38,12 @@ from pathlib import Path
 
 import torch
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, chain_arm
+from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.step_costs import StepCostConfig
 from worker.tlt.adaptive.switch import SwitchConfig
 from worker.tlt.config import BUILTIN_MODELS, JobSpec, ModelSource, RolloutConfig
+from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.model.load import load_model
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer

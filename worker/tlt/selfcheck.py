@@ -33,9 +33,9 @@ from collections import Counter
 
 import torch
 
-from worker.tlt.adaptive.arms import Arm, chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import BUILTIN_MODELS, ModelSource
+from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import load_model, random_model

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from worker.tlt.adaptive.arms import DrafterKind
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.step_costs import StepCostConfig
 from worker.tlt.config import CPU_KV_CACHE_GB, JobSpec
+from worker.tlt.decoding.arms import DrafterKind
 from worker.tlt.decoding.kv_cache import slots_for_budget
 from worker.tlt.drafter.online_config import OnlineDrafterConfig
 from worker.tlt.model.args import ModelArgs

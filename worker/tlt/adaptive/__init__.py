@@ -1,7 +1,8 @@
 """Adaptive control of speculative decoding in the rollout engine (pure Python, no torch).
 
 - switch.py: `SdSwitch`, SD on/off from the active batch size with hysteresis;
-- arms.py: `Arm` (drafter x depth x top-k x verify tokens), presets, `BucketScheme`, `default_arms()`;
+- arms.py: arm presets, `BucketScheme`, `default_arms()` (the `Arm` type, drafter x depth x top-k x verify
+  tokens, is decoding/arms.py's, below the engine);
 - bandit.py: per-bucket bandits choosing the arm (BEG-MAB epsilon-greedy, sliding UCB1, Gaussian Thompson);
 - metrics.py: `RolloutSdMetrics`, the sd/* and perf/tokens_per_s_* metrics of a rollout;
 - controller.py: `AdaptiveSd`, the three above wired for the engine's loop (plan / record per step);
@@ -12,10 +13,8 @@ Per decode step the engine does `arm = ctl.plan(active)`, runs the step with it,
 """
 
 from worker.tlt.adaptive.arms import (
-    NO_SD,
     ONE_GPU_BUCKETS,
     TLT_BUCKETS,
-    Arm,
     BucketScheme,
     arms_table,
     default_arms,
@@ -27,7 +26,7 @@ from worker.tlt.adaptive.metrics import RolloutSdMetrics, per_position_counts
 from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
 
 __all__ = [
-    "NO_SD", "ONE_GPU_BUCKETS", "TLT_BUCKETS", "Arm", "BucketScheme", "arms_table", "default_arms", "verify_lengths", "AdaptiveSd",
+    "ONE_GPU_BUCKETS", "TLT_BUCKETS", "BucketScheme", "arms_table", "default_arms", "verify_lengths", "AdaptiveSd",
     "BanditConfig", "WindowBandit", "bandit_from_dict", "make_bandit",
     "RolloutSdMetrics", "per_position_counts", "SdSwitch", "SwitchConfig",
 ]

@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from worker.tlt.adaptive.arms import Arm
+from worker.tlt.decoding.arms import Arm
 
 log = logging.getLogger(__name__)
 

@@ -21,20 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from worker.tlt.adaptive.arms import (
-    NO_SD,
-    ONE_GPU_BUCKETS,
-    TLT_BUCKETS,
-    Arm,
-    BucketScheme,
-    DrafterKind,
-    arms_table,
-    fixed_arm,
-)
+from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, TLT_BUCKETS, BucketScheme, arms_table
 from worker.tlt.adaptive.bandit import BanditConfig, WindowBandit, bandit_from_dict, make_bandit
 from worker.tlt.adaptive.metrics import RolloutSdMetrics
 from worker.tlt.adaptive.step_costs import CostSwitch, StepCostConfig, StepCosts
 from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
+from worker.tlt.decoding.arms import NO_SD, Arm, DrafterKind, fixed_arm
 
 if TYPE_CHECKING:
     from worker.tlt.config import RolloutConfig

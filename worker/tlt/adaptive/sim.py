@@ -27,10 +27,11 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from worker.tlt.adaptive.arms import NO_SD, TLT_BUCKETS, Arm, BucketScheme
+from worker.tlt.adaptive.arms import TLT_BUCKETS, BucketScheme
 from worker.tlt.adaptive.bandit import WindowBandit
 from worker.tlt.adaptive.metrics import RolloutSdMetrics
 from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
+from worker.tlt.decoding.arms import NO_SD, Arm
 
 
 @dataclass(frozen=True)

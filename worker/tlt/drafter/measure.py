@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from worker.tlt.adaptive.arms import NO_SD, Arm, chain_arm, tree_arm
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import DatasetSource, ModelSource
 from worker.tlt.data.dataset import load_examples, split_examples
 from worker.tlt.data.prompts import render_examples
+from worker.tlt.decoding.arms import NO_SD, Arm, chain_arm, tree_arm
 from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.drafter.export import export_drafter
 from worker.tlt.drafter.model import EagleConfig, EagleDrafter

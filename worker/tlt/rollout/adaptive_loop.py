@@ -1,5 +1,6 @@
-"""The adaptive engine's per-iteration loop: plan an arm with the `AdaptiveSd` controller, run a speculative step
-with that arm's drafter or a window of plain decode steps, record what happened, and give the tail hook its share.
+"""The adaptive engine's per-iteration loop: plan an arm with the SD controller (rollout/controller.py), run a
+speculative step with that arm's drafter or a window of plain decode steps, record what happened, and give the tail
+hook its share.
 
 `Engine.generate` calls `adaptive_iteration` once per loop iteration when it holds a controller (between its
 admission of waiting requests and `sync()`). Per decode step the controller is asked exactly once (`plan(active)`):
@@ -29,8 +30,8 @@ from collections.abc import Callable
 
 import torch
 
-from worker.tlt.adaptive.arms import Arm
-from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import Arm
+from worker.tlt.rollout.controller import SdController
 from worker.tlt.rollout.engine_state import EngineState, StepRunner
 from worker.tlt.rollout.types import StepStats
 
@@ -66,12 +67,12 @@ class TailBudget:
         self.calls += 1
 
 
-def _plan(ctl: AdaptiveSd, active: int) -> tuple[Arm, bool]:
+def _plan(ctl: SdController, active: int) -> tuple[Arm, bool]:
     arm = ctl.plan(active)
     return arm, ctl.switch.on
 
 
-def adaptive_iteration(state: EngineState, runner: StepRunner, ctl: AdaptiveSd, steps: list[StepStats],
+def adaptive_iteration(state: EngineState, runner: StepRunner, ctl: SdController, steps: list[StepStats],
                        pending: Pending | None, tail: TailBudget) -> Pending | None:
     """One iteration of the adaptive loop over rows 0..state.n_active-1 (module docstring), stepping with `runner`
     (the engine); returns the arm planned for the next iteration, if the controller already chose one."""

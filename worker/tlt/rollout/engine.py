@@ -20,12 +20,13 @@ rollout/engine_state.py, and none imports the engine):
 - `sync()`: finished sequences leave (results copied out, `generate(..., on_finish=cb)` calls cb(result) for each
   right then), rows are compacted so active sequences stay in rows 0..n-1, and waiting requests join in the freed
   rows.
-Speculative decoding: `Engine(..., controller=AdaptiveSd, proposers={"ngram": ..., "eagle": ...})` asks the
-controller for an arm every decode step and runs plain decoding or a speculative step with that arm's drafter,
-depth, top-k and verify width (rollout/adaptive_loop.py); SD switches on and off mid-generation without
-re-prefilling, and stays exactly lossless (the verifier is the same for every arm). Fixed SD is a controller with one
-arm (`AdaptiveSd.fixed(arm)`); without a controller the engine decodes plainly. The KV headroom is sized at
-construction for the widest arm. `GenerationOutput.sd_metrics` carries the controller's RolloutSdMetrics summary;
+Speculative decoding: `Engine(..., controller=ctl, proposers={"ngram": ..., "eagle": ...})` asks the controller
+(an `SdController`, rollout/controller.py; adaptive/controller.py's `AdaptiveSd` in practice) for an arm every decode
+step and runs plain decoding or a speculative step with that arm's drafter, depth, top-k and verify width
+(rollout/adaptive_loop.py); SD switches on and off mid-generation without re-prefilling, and stays exactly lossless
+(the verifier is the same for every arm). Fixed SD is a controller with one arm (`AdaptiveSd.fixed(arm)`); without
+a controller the engine decodes plainly. The KV headroom is sized at construction for the widest arm.
+`GenerationOutput.sd_metrics` carries the controller's metrics summary;
 `tail_hook(budget_s)` runs between tail steps within a bounded credit.
 Randomness comes from one explicit torch.Generator (EngineConfig.seed). Sampling and acceptance use the processed
 distribution of decoding/sampling.py; log-probs are of emitted tokens under it (greedy rows: log_softmax of the
@@ -46,13 +47,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from worker.tlt.adaptive.arms import Arm
-from worker.tlt.adaptive.controller import AdaptiveSd
+from worker.tlt.decoding.arms import Arm
 from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout import memory
 from worker.tlt.rollout.adaptive_loop import Pending, TailBudget, TailHook, adaptive_iteration
+from worker.tlt.rollout.controller import SdController
 from worker.tlt.rollout.decode_step import MIXED, DecodeStep, Mode, StepOut, sampling_mode
 from worker.tlt.rollout.engine_state import EngineState, HiddenHook
 from worker.tlt.rollout.graphs import DecodeGraphs
@@ -84,7 +85,7 @@ class Engine:
         eos_ids: Sequence[int],
         config: EngineConfig | None = None,
         hidden_hook: HiddenHook | None = None,
-        controller: AdaptiveSd | None = None,
+        controller: SdController | None = None,
         proposers: Mapping[str, Proposer] | None = None,
         tail_hook: TailHook | None = None,
         clock: Callable[[], float] = time.perf_counter,

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from worker.tlt.adaptive.arms import Arm
+from worker.tlt.decoding.arms import Arm
 from worker.tlt.decoding.kv_cache import KVCache, slots_for_budget
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.decoding.uploads import HostStage

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from worker.tlt.adaptive.arms import Arm
+from worker.tlt.decoding.arms import Arm
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.sampling import DraftFilters, RowSampling
 from worker.tlt.rollout.engine_state import EngineState
