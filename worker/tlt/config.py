@@ -245,18 +245,21 @@ class JobSpec(_Strict):
 
 # Named presets (the README's demo job and the benchmarks use these).
 PRESETS: dict[str, dict] = {
-    # What `tlt up --demo` (the quick start) submits, on 2 CPU cores. The real SmolLM2 on toy-count, whose
-    # per-character reward has variance in every group from step 1 (GSM8K at a CPU-sized length clips every response
-    # and rewards nothing). 8 responses, SD on below 8 active: the switch turns on as soon as the first response ends,
-    # and the bandit picks plain decoding, the n-gram arm or the EAGLE-1 drafter; the drafter spot-trains and is
-    # exported. Its spot steps are the dearest part of a CPU step (~30 s each on a 2-core machine at load 12: a
-    # soft-CE over 49k tokens): 2 per RL step. README "Quick start" has what a measured run showed.
+    # What `tlt up --demo` (the quick start) submits, on 2 CPU cores: the real SmolLM2 on toy-count, rewarded half by
+    # the task's target-letter share, half by brevity. SmolLM2 answers "Write the letter b many times" with prose
+    # whose toy_count reward barely varies (0.35-0.40: no signal); brevity varies from the first step, and once the
+    # answers are short the letter part has variance too. Measured (README "Quick start"): reward/mean 0.35 -> 0.86
+    # in 8 steps at lr 5e-5 (AdamW); 1e-4 got there in 5 steps but cut the answers to ~2 tokens after one step, so SD
+    # had no tail to run in; 2e-5 wandered and fell to empty answers at step 8. 8 responses, SD on below 8 active:
+    # the switch turns on as soon as the first response ends (while the answers are still long: steps 1-5), and the
+    # bandit picks plain decoding, the n-gram arm or the EAGLE-1 drafter; the drafter spot-trains and is exported.
+    # Its spot steps are the dearest part of a late CPU step (3-6 s each on a near-idle 2-core machine): 2 per RL step.
     "demo-cpu": {
         "name": "demo-smollm2-toy-count",
         "model": {"builtin": "smollm2-135m-instruct"},
         "dataset": {"builtin": "toy-count", "validation_size": 0, "system_prompt": None},
-        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40, "learning_rate": 3e-5,
-                      "temperature": 0.8, "reward_funcs": ["toy_count"]},
+        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40, "learning_rate": 5e-5,
+                      "temperature": 0.8, "reward_funcs": ["toy_count", "brevity"], "reward_weights": [0.5, 0.5]},
         "rollout": {"speculative": "adaptive", "sd_on_below": 8, "sd_patience": 2},
         "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 2},
         "max_steps": 8,
