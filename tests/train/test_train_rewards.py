@@ -1,4 +1,5 @@
-"""Reward functions: math answer extraction and normalisation, format reward, overlong penalty, the registry.
+"""Reward functions: math answer extraction and normalisation, format and brevity rewards, overlong penalty, the
+registry.
 
 Run: python -m pytest tests/train/test_train_rewards.py -q
 """
@@ -12,7 +13,7 @@ import pytest
 from worker.tlt.data.toy import toy_count_reward
 from worker.tlt.rewards.math import extract_answer, last_boxed, math_accuracy
 from worker.tlt.rewards.registry import BUILTIN_REWARDS, resolve, score_all
-from worker.tlt.rewards.shaping import format_reward, overlong_penalty
+from worker.tlt.rewards.shaping import BREVITY_CHARS, brevity_reward, format_reward, overlong_penalty
 
 GSM_TRUTH = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
 
@@ -59,6 +60,16 @@ def test_format_reward() -> None:
     assert format_reward("\\boxed{12}", "") == 1.0
     assert format_reward("the answer is 12", "") == 0.0
     assert format_reward("#### twelve", "") == 0.0
+
+
+def test_brevity_reward_falls_with_length_and_scores_nothing_as_zero() -> None:
+    assert brevity_reward("b", "b") == pytest.approx(1 - 1 / BREVITY_CHARS)
+    assert brevity_reward("  bbbb \n", "b") == pytest.approx(1 - 4 / BREVITY_CHARS)  # surrounding blanks not counted
+    assert brevity_reward("x" * (BREVITY_CHARS // 2), "") == pytest.approx(0.5)
+    assert brevity_reward("x" * BREVITY_CHARS, "") == 0.0
+    assert brevity_reward("x" * (3 * BREVITY_CHARS), "") == 0.0  # floored, never negative
+    assert brevity_reward("", "b") == 0.0 and brevity_reward(" \n", "b") == 0.0  # an empty answer is not a short one
+    assert brevity_reward("ab", "x") == brevity_reward("ab", "y")  # the ground truth plays no part
 
 
 def test_overlong_penalty_dapo_shape() -> None:

@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 
 from worker.tlt.data.toy import toy_count_reward
 from worker.tlt.rewards.math import math_accuracy
-from worker.tlt.rewards.shaping import format_reward
+from worker.tlt.rewards.shaping import brevity_reward, format_reward
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ RewardFn = Callable[[str, str], float]
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "math_accuracy": math_accuracy,  # GSM8K ####, \boxed{}, last number; exact rational comparison
     "format": format_reward,  # final answer marked with #### or \boxed{}
+    "brevity": brevity_reward,  # shorter non-empty responses score higher (0 from 160 characters on)
     "toy_count": toy_count_reward,  # the toy-count task: fraction of the target letter
 }
 
