@@ -111,3 +111,16 @@ def test_download_keeps_a_real_mtime(use_api: TltClient, cp_backend: Any, tmp_pa
     now = time.time()
     for f in (out / "policy" / "config.json", out / "policy" / "sub" / "w.bin", out / "policy" / "sub"):
         assert abs(os.stat(f).st_mtime - now) < 120, f  # the artifact's creation time, not 1970
+
+
+def test_demo_summary_shows_first_last_and_highest() -> None:
+    from worker.cli.up import demo_summary
+
+    history = {"series": [
+        {"name": "reward/mean", "points": [{"step": 1, "value": 0.35}, {"step": 7, "value": 0.81},
+                                           {"step": 8, "value": 0.5}]},
+        {"name": "sd/accept_len", "points": [{"step": 1, "value": None}]},  # never reported: no line
+        {"name": "loss", "points": [{"step": 1, "value": 1.0}]},  # not a summary metric
+    ]}
+    (line,) = demo_summary(history)
+    assert "step 1: 0.350" in line and "step 8: 0.500" in line and "highest 0.810 at step 7" in line

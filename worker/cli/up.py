@@ -149,12 +149,14 @@ DEMO_SUMMARY = {  # metric -> what the demo's closing lines call it
 
 
 def demo_summary(history: dict[str, Any]) -> list[str]:
-    """One line per DEMO_SUMMARY metric the job reported: its first and last step's values."""
+    """One line per DEMO_SUMMARY metric the job reported: its first and last step's values and its highest (a step
+    of 8 responses can dip: the last alone would hide where the run went)."""
     out = []
     for series in history.get("series", []):
         pts = [p for p in series["points"] if p["value"] is not None]
         if series["name"] in DEMO_SUMMARY and pts:
             first, last = pts[0], pts[-1]
+            top = max(pts, key=lambda p: p["value"])
             out.append(f"  {DEMO_SUMMARY[series['name']]:<40} step {first['step']}: {first['value']:.3f}  ->  "
-                       f"step {last['step']}: {last['value']:.3f}")
+                       f"step {last['step']}: {last['value']:.3f}  (highest {top['value']:.3f} at step {top['step']})")
     return out
