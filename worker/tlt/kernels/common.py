@@ -66,6 +66,16 @@ def default_config(kernel: str, n: int, k: int) -> Config:
     return Config(block_n=bn, block_k=bk, num_warps=4, num_stages=2, prefetch=fits)
 
 
+def flat_call(positions: torch.Tensor, cache_rows: slice | None, write_idx: torch.Tensor | None,
+              attn_mask: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A cached forward's inputs as its kernels read them: (first cache row, RoPE positions [M], write columns [M]
+    (default: the positions), mask [B, S, Tk] contiguous), M = B * S tokens."""
+    row0 = cache_rows.start if cache_rows is not None and cache_rows.start is not None else 0
+    pos = positions.reshape(-1).contiguous()
+    widx = pos if write_idx is None else write_idx.reshape(-1).contiguous()
+    return row0, pos, widx, attn_mask.contiguous()
+
+
 _PDL: dict[torch.device, bool] = {}
 
 

@@ -25,6 +25,7 @@ from typing import cast
 import torch
 
 from worker.tlt.kernels.attention import cache_attention
+from worker.tlt.kernels.common import flat_call
 from worker.tlt.kernels.gemm_forward import GEMM_MODEL_BYTES, gemm_forward_hidden
 from worker.tlt.kernels.linear import linear_residual, norm_gate_up
 from worker.tlt.kernels.qkv_rope import qkv_rope_cache
@@ -61,10 +62,7 @@ def fused_forward_hidden(
     args = model.args
     b, s = input_ids.shape
     m, hdim = b * s, args.dim
-    row0 = cache_rows.start if cache_rows is not None and cache_rows.start is not None else 0
-    pos = positions.reshape(m).contiguous()
-    widx = pos if write_idx is None else write_idx.reshape(m).contiguous()
-    mask = attn_mask.contiguous()
+    row0, pos, widx, mask = flat_call(positions, cache_rows, write_idx, attn_mask)
     x = model.model.embed_tokens(input_ids).reshape(m, hdim)
     eps = args.norm_eps
     captured: dict[int, torch.Tensor] = {}

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.tlt.kernels.attention import cache_attention
+from worker.tlt.kernels.common import flat_call
 from worker.tlt.kernels.glue import add_rms_norm, rope_cache, silu_mul
 from worker.tlt.kernels.settings import current
 from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
@@ -68,10 +69,7 @@ def gemm_forward_hidden(
     args = model.args
     b, s = input_ids.shape
     m, hdim = b * s, args.dim
-    row0 = cache_rows.start if cache_rows is not None and cache_rows.start is not None else 0
-    pos = positions.reshape(m).contiguous()
-    widx = pos if write_idx is None else write_idx.reshape(m).contiguous()
-    mask = attn_mask.contiguous()
+    row0, pos, widx, mask = flat_call(positions, cache_rows, write_idx, attn_mask)
     eps = args.norm_eps
     blocks = cast(list[DecoderLayer], model.model.layers)
     x = model.model.embed_tokens(input_ids).reshape(m, hdim)
