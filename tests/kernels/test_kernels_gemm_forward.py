@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernels.cases import ARCHS, REAL_HEADS, clone_cache, decode_batch, model_of, random_cache, tree_batch
+from tests.kernels.cases import REAL_HEADS, clone_cache, decode_batch, model_of, random_cache, tree_batch
 from worker.tlt.kernels import forward, gemm_forward
 from worker.tlt.kernels.gemm_forward import gemm_forward_hidden
 from worker.tlt.kernels.settings import KernelConfig, configure
@@ -33,7 +33,8 @@ def _check(model, bt, t, logits_at=None, row0=0):  # type: ignore[no-untyped-def
         torch.testing.assert_close(new, want, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", list(ARCHS))
+# GQA with plain heads, and q/k norm; biases and RoPE scaling come with the real-head configs below
+@pytest.mark.parametrize("name", ["llama-g2", "qwen3"])
 @pytest.mark.parametrize("kind", ["decode", "tree"])
 def test_gemm_forward_equals_torch(name: str, kind: str) -> None:
     lens, t = [5, 131, 12], 160
