@@ -97,9 +97,11 @@ def _both(d: EagleDrafter, c: Call) -> tuple[tuple[torch.Tensor, DraftKV], tuple
     return ref, fs.fused_drafter_step(d, *c.args, kv_f, c.mask, c.write_at)
 
 
-def test_fused_step_equals_torch_step_on_every_chain_call(tiny_target: Transformer,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows: 8 valid entries at positions 31..38, 3 valid (positions clamp to 0 on the left), none (root only)."""
+@pytest.mark.parametrize("kernels", ["fused", "gemm"])
+def test_fused_step_equals_torch_step_on_every_chain_call(tiny_target: Transformer, monkeypatch: pytest.MonkeyPatch,
+                                                          kernels: str) -> None:
+    """Rows: 8 valid entries at positions 31..38, 3 valid (positions clamp to 0 on the left), none (root only).
+    "gemm": the step a drafter of a large target's width runs (cuBLAS GEMMs between the glue kernels)."""
     d = _drafter(tiny_target)
     d.fused = False
     w, k = 8, 3
@@ -109,6 +111,11 @@ def test_fused_step_equals_torch_step_on_every_chain_call(tiny_target: Transform
     assert [(c.args[0].shape[1], c.write_at, c.mask.shape[2]) for c in calls] == [(w, 0, w), (1, w, w + 1),
                                                                                    (1, w + 1, w + 2)]
     assert not bool(calls[0].mask.all()) and bool(calls[0].args[2].max() == 38)  # padded, ragged context
+    if kernels == "gemm":
+        from worker.tlt.kernels import gemm_forward
+
+        monkeypatch.setattr(gemm_forward, "GEMM_LAYER_BYTES", 0)  # the tiny drafter counts as large
+        monkeypatch.setattr(_fused_module(), "linear_residual", None)  # so no fused GEMM may run
     for c in calls:
         (out_t, kv_t), (out_f, kv_f) = _both(d, c)
         assert out_f.shape == out_t.shape and out_f.dtype == out_t.dtype

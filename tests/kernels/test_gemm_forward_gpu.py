@@ -123,9 +123,9 @@ def test_pad_rows_make_rows_batch_invariant(qwen7b_heads: Transformer, padded: N
 
 def test_engine_greedy_sd_equals_plain_bf16(qwen7b_heads: Transformer, padded: None,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker.tlt.kernels import forward
+    from worker.tlt.kernels import gemm_forward
 
-    monkeypatch.setattr(forward, "GEMM_MODEL_BYTES", 0)  # this 4-layer model takes the large-model forward too
+    monkeypatch.setattr(gemm_forward, "GEMM_LAYER_BYTES", 0)  # this 4-layer model takes the large-model forward too
     reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=32)) for p in random_prompts(6, seed=3)]
 
     def tokens(sd: bool) -> list[list[int]]:

@@ -1,6 +1,6 @@
 """The large-model cached forward (cuBLAS GEMMs + kernels/glue.py + cache attention) equals
 `Transformer.forward_hidden` in fp32 (logits, final hidden, captured layer inputs, K/V written) for decode and tree
-verify at every tiny family and at real head shapes; the fused entry routes models over GEMM_MODEL_BYTES to it; and KernelConfig.gemm_pad_rows runs each GEMM at one fixed M.
+verify at every tiny family and at real head shapes; the fused entry routes models of large layers to it; and KernelConfig.gemm_pad_rows runs each GEMM at one fixed M.
 Triton's interpreter on CPU (bf16 rounding, batch invariance and the engine: test_gemm_forward_gpu.py). Run: python -m pytest tests/kernels/test_kernels_gemm_forward.py -q"""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_gemm_forward_chain_verify_at_real_heads(name: str) -> None:
 def test_models_over_the_limit_take_this_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     model = model_of("qwen2")
     assert forward.cached_forward(model).func is forward.fused_forward_hidden  # type: ignore[attr-defined]
-    monkeypatch.setattr(forward, "GEMM_MODEL_BYTES", 0)  # every model counts as large
+    monkeypatch.setattr(gemm_forward, "GEMM_LAYER_BYTES", 0)  # every model counts as large
     chosen = forward.cached_forward(model)
     assert chosen.func is gemm_forward_hidden and chosen.args == (model,)  # type: ignore[attr-defined]
 

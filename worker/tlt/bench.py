@@ -282,12 +282,11 @@ def kernel_configs(engine: Engine) -> str:
     kernels with tuned or default launch configs."""
     if not engine.step.fused:
         return "torch forward"
-    from worker.tlt.kernels.gemm_forward import GEMM_MODEL_BYTES
+    from worker.tlt.kernels.gemm_forward import prefers_gemm
     from worker.tlt.kernels.tuning import describe
-    from worker.tlt.model.roofline import weight_bytes
 
     model = engine.model
-    if weight_bytes(model.args, model.head_weight.element_size()) > GEMM_MODEL_BYTES:
+    if prefers_gemm(model.args, model.head_weight.element_size()):
         return "cuBLAS GEMMs + Triton glue and attention"
     return "fused kernels, " + describe(engine.device)
 

@@ -10,6 +10,10 @@ draft's context forward and its one-token steps) on the target's fused Triton ke
   a   = x + o_proj(o)                    linear_residual
   out = a + down(silu(g) * u)            norm_gate_up (post_attention_layernorm), linear_residual
 
+A drafter layer of a large target (`prefers_gemm`: a 7B-class width) runs the large-model forward's pieces instead
+(kernels/gemm_forward.py): cuBLAS for fc, q|k|v, o, gate|up and down, with rope_cache, cache_attention, add_rms_norm
+and silu_mul between them.
+
 The drafter layer has the target's shapes and DraftKV's [B, Hkv, T, D] buffers are a KV cache of B slots (row0 = 0),
 so the target's kernels run it unchanged. The attention kernel reads, for entry s, only the columns up to its own
 (write_at + s) and skips those its mask row forbids: exact for the causal masks chain drafting builds, never for a
@@ -26,9 +30,12 @@ from typing import Protocol
 
 import torch
 from torch import nn
-
 from worker.tlt.drafter.draft_kv import DraftKV
+import torch.nn.functional as F
+
 from worker.tlt.kernels.attention import cache_attention
+from worker.tlt.kernels.gemm_forward import prefers_gemm
+from worker.tlt.kernels.glue import add_rms_norm, rope_cache, silu_mul
 from worker.tlt.kernels.linear import linear_residual, norm_gate_up
 from worker.tlt.kernels.qkv_rope import qkv_rope_cache
 from worker.tlt.model.args import ModelArgs
@@ -96,10 +103,18 @@ def fused_drafter_step(
     if embed.dtype != dt:
         raise ValueError(f"the fused drafter step reads the target's embedding as is: {embed.dtype}, not {dt}")
     hid = hidden.reshape(m, h).to(dt)
-    x = linear_residual(hid, drafter.fc.weight, None, gather=(embed, tokens.reshape(m)))  # [M, H]
-    pos = positions.reshape(m).contiguous()  # [M] (qkv_rope_cache clamps them into the target's table)
+    pos = positions.reshape(m).contiguous()  # [M] (the RoPE kernels clamp them into the target's table)
     widx = _write_columns(write_at, s, b, tokens.device)  # [M] cache column of each entry
     at, mlp = drafter.self_attn, drafter.mlp
+    if prefers_gemm(a, drafter.fc.weight.element_size()):
+        x = F.linear(torch.cat([F.embedding(tokens.reshape(m), embed), hid], dim=-1), drafter.fc.weight)
+        q = rope_cache(F.linear(x, at.qkv_proj.weight, at.qkv_proj.bias), None, None, t.rope_cos, t.rope_sin, pos,
+                       widx, past.k, past.v, s=s, row0=0, n_heads=a.n_heads, eps=a.norm_eps)
+        o = cache_attention(q, past.k, past.v, mask, widx, row0=0)
+        h1, y = add_rms_norm(F.linear(o, at.o_proj.weight), x, drafter.post_attention_layernorm.weight, a.norm_eps)
+        out = torch.addmm(h1, silu_mul(F.linear(y, mlp.gate_up_proj.weight)), mlp.down_proj.weight.t())
+        return out.view(b, s, h), past
+    x = linear_residual(hid, drafter.fc.weight, None, gather=(embed, tokens.reshape(m)))  # [M, H]
     q = qkv_rope_cache(x, None, at.qkv_proj.weight, at.qkv_proj.bias, None, None, t.rope_cos, t.rope_sin, pos, widx,
                        past.k, past.v, s=s, row0=0, n_heads=a.n_heads, eps=a.norm_eps)  # [M, Hq * D]
     o = cache_attention(q, past.k, past.v, mask, widx, row0=0)  # [M, Hq * D]

@@ -10,7 +10,7 @@ in five Triton kernels per layer instead of ~25 torch kernels:
 The embedding and the final norm stay in torch; the head is `linear_residual` without a residual. Same inputs and
 outputs as forward_hidden with a cache, for the small token counts of decode / verify and of small prefill chunks
 (rollout/prefill.py: up to FUSED_PREFILL_TOKENS; larger chunks, and calls over EngineConfig.fused_max_seqs sequences,
-keep torch: rollout/decode_step.py). `cached_forward` picks kernels/gemm_forward.py instead for models over GEMM_MODEL_BYTES (cuBLAS
+keep torch: rollout/decode_step.py). `cached_forward` picks kernels/gemm_forward.py instead for models of large layers (`prefers_gemm`: cuBLAS
 GEMMs, Triton between them) at any batch. Inference only: runs under no_grad, no host
 sync and no data-dependent allocation, so a CUDA graph can capture it. On CPU it runs in Triton's interpreter
 (TRITON_INTERPRET=1 set before this package is imported). Tests: `python -m pytest tests/kernels -q`.
@@ -26,10 +26,9 @@ import torch
 
 from worker.tlt.kernels.attention import cache_attention
 from worker.tlt.kernels.common import flat_call
-from worker.tlt.kernels.gemm_forward import GEMM_MODEL_BYTES, gemm_forward_hidden
+from worker.tlt.kernels.gemm_forward import gemm_forward_hidden, prefers_gemm
 from worker.tlt.kernels.linear import linear_residual, norm_gate_up
 from worker.tlt.kernels.qkv_rope import qkv_rope_cache
-from worker.tlt.model.roofline import weight_bytes
 from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
 
 # The kernels tile the tokens by 16 rows and every tile reads the weights again: free while the weights stay in L2
@@ -38,8 +37,8 @@ from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
 
 def cached_forward(model: Transformer) -> Callable[..., tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]]:
     """The engine's cached forward for `model` (Transformer.forward_hidden's arguments but the model): the fused
-    kernels, or kernels/gemm_forward.py's for a model over GEMM_MODEL_BYTES."""
-    if weight_bytes(model.args, model.head_weight.element_size()) > GEMM_MODEL_BYTES:
+    kernels, or kernels/gemm_forward.py's for a model of large layers."""
+    if prefers_gemm(model.args, model.head_weight.element_size()):
         return functools.partial(gemm_forward_hidden, model)
     return functools.partial(fused_forward_hidden, model)
 

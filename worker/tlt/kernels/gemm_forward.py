@@ -1,5 +1,5 @@
-"""`gemm_forward_hidden`: the engine's cached forward for models too large for the fused kernels to pay (weights over
-`GEMM_MODEL_BYTES`): cuBLAS for the five weight matrices, and between them the few Triton kernels of kernels/glue.py
+"""`gemm_forward_hidden`: the engine's cached forward for models too large for the fused kernels to pay (layers over
+`GEMM_LAYER_BYTES`: `prefers_gemm`): cuBLAS for the five weight matrices, and between them the few Triton kernels of kernels/glue.py
 and the cache attention of kernels/attention.py: nine launches per layer (eleven with cuBLAS's split-K reductions;
 an H200 step of Qwen2.5-7B: 311 kernels) where the torch forward takes ~23 (599):
 
@@ -32,11 +32,20 @@ from worker.tlt.kernels.attention import cache_attention
 from worker.tlt.kernels.common import flat_call
 from worker.tlt.kernels.glue import add_rms_norm, rope_cache, silu_mul
 from worker.tlt.kernels.settings import current
+from worker.tlt.model.args import ModelArgs
+from worker.tlt.model.roofline import layer_bytes
 from worker.tlt.model.transformer import DecoderLayer, LayerCache, Transformer
 
-# Above this many weight bytes the engine's cached forward is this one (kernels/forward.py routes): at 7B it ran
-# 5.9 ms (fused) vs 4.9 ms (torch) per decode step on an H200, at SmolLM2-135M the fused kernels win (weights in L2).
-GEMM_MODEL_BYTES = 1 << 30
+# The fused kernels re-read a layer's weights per 16-row tile: free while they stay in L2 (SmolLM2-135M, 7 MB a
+# layer: 51,151 tok/s fused vs 23,820 torch at batch 64 on an H200), not above: at Qwen2.5-1.5B (94 MB a layer) batch
+# 1 ran 403 tok/s fused vs 592 here, at 7B 5.9 ms vs 4.9 ms (torch) per step, and an EAGLE drafter layer at a 7B
+# width (466 MB) spent 1.1 ms per draft token in them against ~0.25 ms of GEMV-bound cuBLAS.
+GEMM_LAYER_BYTES = 32 << 20
+
+
+def prefers_gemm(args: ModelArgs, dtype_bytes: int) -> bool:
+    """Whether a model (or a drafter layer) of `args` runs this module's GEMMs rather than the fused kernels."""
+    return layer_bytes(args, dtype_bytes) > GEMM_LAYER_BYTES
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -66,13 +66,17 @@ def gpu_bandwidth(device: torch.device, override_tbps: float | None = None) -> t
     return measured_bandwidth(device), f"measured copy ({name})"
 
 
+def layer_bytes(args: ModelArgs, dtype_bytes: int = 2) -> int:
+    """Bytes of one decoder layer's weights (q|k|v with its bias, o, gate|up, down, the norms)."""
+    h, d, hq, hkv, i = args.dim, args.hd, args.n_heads, args.n_kv_heads, args.intermediate_size
+    qkv = h * (hq + 2 * hkv) * d + ((hq + 2 * hkv) * d if args.qkv_bias else 0)
+    return dtype_bytes * (qkv + hq * d * h + 3 * h * i + 2 * h + (2 * d if args.qk_norm else 0))
+
+
 def weight_bytes(args: ModelArgs, dtype_bytes: int = 2) -> int:
     """Bytes of weights one decode step reads: every layer, the final norm and the head (the embedding table is
     gathered by row: not counted; a tied head reads it whole as the head)."""
-    h, d, hq, hkv, i = args.dim, args.hd, args.n_heads, args.n_kv_heads, args.intermediate_size
-    qkv = h * (hq + 2 * hkv) * d + ((hq + 2 * hkv) * d if args.qkv_bias else 0)
-    layer = qkv + hq * d * h + 3 * h * i + 2 * h + (2 * d if args.qk_norm else 0)
-    return dtype_bytes * (args.n_layers * layer + h + args.vocab_size * h)
+    return args.n_layers * layer_bytes(args, dtype_bytes) + dtype_bytes * (args.dim + args.vocab_size * args.dim)
 
 
 def kv_bytes(args: ModelArgs, batch: int, context: int, dtype_bytes: int = 2) -> int:
