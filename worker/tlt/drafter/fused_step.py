@@ -29,10 +29,10 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-from torch import nn
-from worker.tlt.drafter.draft_kv import DraftKV
 import torch.nn.functional as F
+from torch import nn
 
+from worker.tlt.drafter.draft_kv import DraftKV
 from worker.tlt.kernels.attention import cache_attention
 from worker.tlt.kernels.gemm_forward import prefers_gemm
 from worker.tlt.kernels.glue import add_rms_norm, rope_cache, silu_mul
