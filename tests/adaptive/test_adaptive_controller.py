@@ -85,7 +85,7 @@ def test_first_sd_step_of_an_arm_in_a_bucket_teaches_nothing() -> None:
     arm = next(a for a in ctl.bandit.arms(ctl.scheme.bucket(4)) if a.is_sd)
     ctl.record(4, arm, 8, 2.5)  # a first use: 2.5 s
     first = ctl.costs.buckets[ctl.scheme.bucket(4)]
-    assert first.sd_n == 0 and not first.sd_recent and ctl.costs.observed_s == 2.5 and ctl.bandit.to_dict() == AdaptiveSd.from_spec(
+    assert first.sd_n == 0 and not first.arms and ctl.costs.observed_s == 2.5 and ctl.bandit.to_dict() == AdaptiveSd.from_spec(
         RolloutConfig(sd_on_below=8, sd_patience=1), ["ngram"]).bandit.to_dict()  # type: ignore[union-attr]
     assert ctl.metrics.sd_on_steps + ctl.metrics.full.tokens + ctl.metrics.tail.tokens > 0
     ctl.record(4, arm, 8, 0.01)  # the same arm again: learned

@@ -107,6 +107,23 @@ def test_judged_bucket_hysteresis_and_reprobe() -> None:
     assert costs.sd_pays(b)  # probed again: a learned drafter may have improved
 
 
+def test_a_bucket_is_judged_by_its_best_arm() -> None:
+    """A slow arm (an eager tree at a large width: 40 plain steps) mixed with one that pays (3 tokens per sequence for
+    1.5 plain steps) turns SD on; the summary's gain is the paying arm's."""
+    cfg = StepCostConfig(min_plain=1, probe_steps=4, probe_budget=1.0)
+    costs = StepCosts(cfg, ONE_GPU_BUCKETS)
+    b = ONE_GPU_BUCKETS.bucket(4)
+    costs.observe(4, False, 4, 0.01)
+    for _ in range(2):
+        costs.observe(4, True, 4 * 2, 0.4, arm="eagle-d6k4v24")
+        costs.observe(4, True, 4 * 3, 0.015, arm="eagle-c3")
+    assert costs.buckets[b].on is True and costs.sd_pays(b)
+    assert math.isclose(costs.summary()["sd/gain/3-4"], 2.0)
+    for _ in range(30):  # the good arm turns useless too: now no arm pays
+        costs.observe(4, True, 4, 0.015, arm="eagle-c3")
+    assert not costs.sd_pays(b)
+
+
 def test_one_slow_first_use_does_not_rule_sd_out() -> None:
     """A first SD step that compiles (hundreds of plain steps long) counts as at most `outlier` plain steps."""
     cfg = StepCostConfig(min_plain=1, probe_steps=3, probe_budget=1.0)

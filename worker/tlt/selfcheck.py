@@ -15,6 +15,9 @@ sampling_pvalue_min, negative_control_pvalue, passed, ...):
    tokens 2-3 is compared with the exact one (enumerated from the target) by a chi-square test, for plain decoding,
    SD chains with sampled drafts and SD trees. A negative control (samples tested against a different temperature)
    must be rejected, which shows the test has power.
+Real models load in fp32 by default (`--dtype`): what is checked is the algorithm, and in bf16 two forwards of the same
+logits (the engine's kernels, the reference's torch forward) part at near-ties, so a top-k boundary moves and a
+sampled pair the reference calls impossible fails the test without any SD involved.
 passed: every sequence identical in fp32 (identical_token_fraction >= 0.95 in bf16/fp16, where batch shapes change
 rounding), every sampling p-value >= 1e-4, the negative control's p-value < 1e-4, and no check skipped.
 Progress: one line per check on stderr as it ends (its result, its seconds, the total). `--budget-s S` starts no new
@@ -201,7 +204,7 @@ def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int],
 
 
 def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str, seed: int,
-        progress: Progress | None = None) -> dict:
+        progress: Progress | None = None, dtype: torch.dtype | None = torch.float32) -> dict:
     t0 = time.perf_counter()
     progress = progress or Progress(quiet=True)
     if model_name == "tiny":
@@ -216,7 +219,7 @@ def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str
     else:
         source = ModelSource(builtin=model_name) if model_name in BUILTIN_MODELS else (
             ModelSource(gguf=model_name) if model_name.endswith(".gguf") else ModelSource(hf_dir=model_name))
-        target, tok = load_model(source, device)
+        target, tok = load_model(source, device, dtype=dtype)
         drafter = perturbed_copy(target, noise=0.05)
         eos, vocab = tok.eos_ids, min(tok.vocab_size, target.args.vocab_size)
         small, small_drafter = target, drafter
@@ -249,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=4000, help="samples per sampling setting and variant")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                    help="the real model's dtype (auto: the source's); exactness is checked in float32")
     ap.add_argument("--json", action="store_true", help="print the JSON summary on one line")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting new checks after this many seconds (those left are listed as skipped, and "
@@ -262,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         a.device = "cpu"
     progress = Progress(a.budget_s, quiet=a.quiet)
     report = run(a.model, a.prompts, a.max_new_tokens, a.samples, "cpu" if a.model == "tiny" else a.device, a.seed,
-                 progress=progress)
+                 progress=progress, dtype=None if a.dtype == "auto" else getattr(torch, a.dtype))
     text = json.dumps(report, indent=None if a.json else 2)
     sys.stdout.write(text + "\n")
     return 0 if report["passed"] else 1

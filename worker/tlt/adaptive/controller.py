@@ -100,7 +100,7 @@ class AdaptiveSd:
         learn = not arm.is_sd or (arm.name, bucket) in self._warm
         self._warm.add((arm.name, bucket))
         if self.costs is not None:
-            self.costs.observe(active, arm.is_sd, emitted, seconds, first_use=not learn)
+            self.costs.observe(active, arm.is_sd, emitted, seconds, first_use=not learn, arm=arm.name)
         if on and self.bandit is not None and learn:
             self.bandit.observe(bucket, arm, emitted, seconds, active=active)
         self.metrics.observe_step(active=active, sd_on=on, arm=arm.name if on else None,

@@ -47,30 +47,38 @@ class StepCostConfig:
 
 
 @dataclass
+class ArmCosts:
+    """One SD arm's measured steps in a bucket."""
+
+    # seconds of its last steps; their median is its step cost (one slow step moves a mean, not a median)
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=5))
+    emitted: float = 0.0  # tokens emitted per sequence per step
+    n: int = 0
+
+    def gain(self, plain_s: float) -> float:
+        """Its tokens/s per sequence over plain decoding's."""
+        return self.emitted * plain_s / statistics.median(self.recent)
+
+
+@dataclass
 class BucketCosts:
-    """Running means of one bucket."""
+    """Running means of one bucket. SD is judged by its best arm: the bandit that picks the arm learns which one
+    that is, so arms that cannot pay (a slow tree at a large width, a weak chain) must not hide one that does."""
 
     plain_s: float = 0.0  # seconds per plain step
     plain_n: int = 0
-    # seconds of the last SD steps; their median is the SD step cost (one slow first use moves a mean, not a median)
-    sd_recent: deque[float] = field(default_factory=lambda: deque(maxlen=5))
-    sd_emitted: float = 0.0  # tokens emitted per sequence per SD step
-    sd_n: int = 0  # SD steps since the last (re)probe started
+    arms: dict[str, ArmCosts] = field(default_factory=dict)  # by arm name, since the last (re)probe started
+    sd_n: int = 0  # SD steps since the last (re)probe started, all arms
     on: bool | None = None  # None: not judged yet
     plain_since_judged: int = 0
     ruled_out: bool = False  # warm-up costs say no draft can pay here
 
-    @property
-    def sd_s(self) -> float:
-        """Seconds per SD step (0 until one is measured)."""
-        return statistics.median(self.sd_recent) if self.sd_recent else 0.0
-
     def gain(self) -> float | None:
-        """SD tokens/s per sequence over plain's (None until both are measured)."""
-        sd_s = self.sd_s
-        if self.plain_n == 0 or self.sd_n == 0 or sd_s <= 0.0:
+        """The best arm's SD tokens/s per sequence over plain's (None until plain and an SD step are measured). A
+        lucky step can turn a bucket on; its arm's running mean turns it off again (hysteresis in `observe`)."""
+        if self.plain_n == 0 or self.sd_n == 0:
             return None
-        return self.sd_emitted * self.plain_s / sd_s
+        return max(a.gain(self.plain_s) for a in self.arms.values())
 
 
 def _mean(old: float, new: float, n: int, ema: float) -> float:
@@ -97,9 +105,11 @@ class StepCosts:
         b.plain_s, b.plain_n = plain_s, max(b.plain_n, 1)
         b.ruled_out = best_emitted * plain_s <= sd_s * (1.0 + self.config.margin)
 
-    def observe(self, active: int, is_sd: bool, emitted: int, seconds: float, first_use: bool = False) -> None:
-        """One step of `active` sequences: SD or plain, tokens emitted (all sequences), wall seconds. `first_use`: an
-        SD arm's first step in this bucket (it captured graphs): charged to the probing budget, not measured."""
+    def observe(self, active: int, is_sd: bool, emitted: int, seconds: float, first_use: bool = False,
+                arm: str = "sd") -> None:
+        """One step of `active` sequences: SD (with the arm named `arm`) or plain, tokens emitted (all sequences),
+        wall seconds. `first_use`: an SD arm's first step in this bucket (it captured graphs): charged to the probing
+        budget, not measured."""
         cfg, b = self.config, self._b(self.scheme.bucket(active))
         self.observed_s += seconds
         if not is_sd:
@@ -109,7 +119,7 @@ class StepCosts:
                 b.plain_since_judged += 1
                 if b.plain_since_judged >= cfg.reprobe_every:  # drafts may have improved: measure SD afresh
                     b.on, b.sd_n, b.plain_since_judged = None, 0, 0
-                    b.sd_recent.clear()
+                    b.arms.clear()
             return
         per_seq = emitted / max(active, 1)
         if b.plain_n:
@@ -119,8 +129,10 @@ class StepCosts:
         if first_use:
             return
         b.sd_n += 1
-        b.sd_recent.append(seconds)
-        b.sd_emitted = _mean(b.sd_emitted, per_seq, b.sd_n, cfg.ema)
+        a = b.arms.setdefault(arm, ArmCosts())
+        a.n += 1
+        a.recent.append(seconds)
+        a.emitted = _mean(a.emitted, per_seq, a.n, cfg.ema)
         gain = b.gain()
         if gain is None:
             return
