@@ -92,3 +92,36 @@ def test_first_sd_step_of_an_arm_in_a_bucket_teaches_nothing() -> None:
     assert ctl.costs.buckets[ctl.scheme.bucket(4)].sd_n == 1
     ctl.record(12, arm, 24, 2.5)  # another bucket: a first use again
     assert ctl.scheme.bucket(12) not in ctl.costs.buckets or ctl.costs.buckets[ctl.scheme.bucket(12)].sd_n == 0
+
+
+def test_an_arm_that_cannot_pay_leaves_its_bucket_and_larger_ones() -> None:
+    """An eager EAGLE tree at a 7B-class width measured 0.5 s per step against 5 ms plain steps: even at full
+    acceptance (depth + 1 tokens per sequence) it cannot pay, so after one measured step the bandit no longer has it
+    in that bucket nor in larger ones (a smaller batch keeps it), also after the drafters change."""
+    from worker.tlt.adaptive.step_costs import StepCostConfig
+
+    ctl = AdaptiveSd.from_spec(RolloutConfig(sd_on_below=64), ["ngram", "eagle"], step_costs=StepCostConfig())
+    assert ctl.bandit is not None
+    b = ctl.scheme.bucket(4)
+    tree = next(a for a in ctl.bandit.arms(b) if a.topk > 1)
+    chain = next(a for a in ctl.bandit.arms(b) if a.is_sd and a.topk == 1)
+    below = [ctl.scheme.bucket(n) for n in (1, 2)]
+
+    def trees(x: int) -> int:  # the tree's shape in bucket x (its verify width, and so its name, is the bucket's)
+        return sum((a.drafter, a.depth, a.topk) == (tree.drafter, tree.depth, tree.topk) for a in ctl.bandit.arms(x))
+
+    assert all(trees(x) == 1 for x in below)
+    for _ in range(4):
+        ctl.record(4, NO_SD, 4, 0.005)
+    ctl.record(4, chain, 8, 0.007)  # first uses: captures, not measured
+    ctl.record(4, tree, 8, 0.65)
+    ctl.record(4, chain, 8, 0.007)  # 2 tokens per sequence for 1.4 plain steps: may pay
+    assert tree.name in {a.name for a in ctl.bandit.arms(b)}
+    ctl.record(4, tree, 8, 0.5)  # > 7 tokens' worth of plain steps
+    for x in range(b, ctl.scheme.num_buckets):
+        assert trees(x) == 0 and NO_SD in ctl.bandit.arms(x)
+    assert chain in ctl.bandit.arms(b)
+    assert all(trees(x) == 1 for x in below)
+    ctl.set_drafters(["ngram", "eagle"])
+    assert trees(b) == 0 and trees(b + 1) == 0 and all(trees(x) == 1 for x in below)
+    assert all(ctl.plan(4) != tree for _ in range(50))

@@ -47,6 +47,10 @@ class AdaptiveSd:
         # (arm, bucket) pairs this process has run: the first SD step of each captures its verify and draft graphs
         # (seconds, next to ms steps), a one-time cost the bandit and the step costs must not learn from
         self._warm: set[tuple[str, int]] = set()
+        # arm shapes (drafter, depth, topk) taken out of a bucket's bandit because a measured step cost more than
+        # plain decoding could emit in the time at full acceptance (an eager tree at a 7B-class width: 0.5 s against
+        # a 5 ms plain step); by shape, since a tree's verify width (its name) changes from bucket to bucket
+        self._hopeless: dict[int, set[tuple[str, int, int]]] = {}
 
     @classmethod
     def from_spec(cls, rollout: RolloutConfig, drafters: Sequence[DrafterKind],
@@ -101,12 +105,32 @@ class AdaptiveSd:
         self._warm.add((arm.name, bucket))
         if self.costs is not None:
             self.costs.observe(active, arm.is_sd, emitted, seconds, first_use=not learn, arm=arm.name)
+            if arm.is_sd and learn and self.costs.cannot_pay(active, arm.name, arm.depth + 1):
+                self._drop(bucket, arm)
         if on and self.bandit is not None and learn:
             self.bandit.observe(bucket, arm, emitted, seconds, active=active)
         self.metrics.observe_step(active=active, sd_on=on, arm=arm.name if on else None,
                                   verify_tokens=arm.verify_tokens, emitted=emitted, seconds=seconds,
                                   accepted_per_pos=accepted_per_pos, drafted_per_pos=drafted_per_pos,
                                   accepted=accepted)
+
+    def _drop(self, bucket: int, arm: Arm) -> None:
+        """Take `arm`'s shape out of this bucket and every larger one (drafting costs grow with the batch, acceptance
+        does not)."""
+        for b in range(bucket, self.scheme.num_buckets):
+            self._hopeless.setdefault(b, set()).add(_shape(arm))
+        self._prune_bandit()
+
+    def _prune_bandit(self) -> None:
+        if self.bandit is None:
+            return
+        for b, shapes in self._hopeless.items():
+            try:
+                arms = self.bandit.arms(b)
+            except KeyError:  # a table without this bucket
+                continue
+            if any(_shape(a) in shapes for a in arms):
+                self.bandit.set_arms(b, [a for a in arms if _shape(a) not in shapes])
 
     def all_arms(self) -> list[Arm]:
         """Every arm this controller can plan (the fixed arm and each bucket's bandit arms), e.g. to size the
@@ -135,6 +159,7 @@ class AdaptiveSd:
         if self.bandit is not None:
             for b, arms in arms_table(drafters, self.scheme).items():
                 self.bandit.set_arms(b, arms)
+            self._prune_bandit()  # what could not pay still cannot: its cost is the drafter's shape, not its weights
 
     def state_dict(self) -> dict:
         """For the checkpoint: the bandit's state (the switch and metrics are per rollout)."""
@@ -143,3 +168,7 @@ class AdaptiveSd:
     def load_state_dict(self, d: dict) -> None:
         if d.get("bandit") is not None and self.bandit is not None:
             self.bandit = bandit_from_dict(d["bandit"])
+
+
+def _shape(arm: Arm) -> tuple[str, int, int]:
+    return arm.drafter, arm.depth, arm.topk
