@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
 from worker.tlt.selfcheck import main
 
 
@@ -36,3 +39,21 @@ def test_selfcheck_budget_skips_and_does_not_pass(capsys) -> None:
     assert "sampling chain2/T1.0/p1.0/k0" in report["skipped_for_budget"]
     assert list(report["sampling_pvalues"]) == ["plain/T1.0/p1.0/k0"]
     assert "selfcheck sampling negative control" in captured.err
+
+
+def test_real_models_are_checked_in_fp32_unless_asked(monkeypatch, capsys) -> None:
+    """In bf16 the engine's kernels and the reference forward part at near-ties (a top-k boundary moves), so a real
+    model loads in fp32 by default; `--dtype auto` keeps the source's dtype."""
+    from worker.tlt import selfcheck
+
+    asked: list[object] = []
+
+    def loader(source, device, dtype=None):  # type: ignore[no-untyped-def]
+        asked.append(dtype)
+        raise RuntimeError("stop after the load")
+
+    monkeypatch.setattr(selfcheck, "load_model", loader)
+    for flags, want in (([], torch.float32), (["--dtype", "auto"], None), (["--dtype", "bfloat16"], torch.bfloat16)):
+        with pytest.raises(RuntimeError, match="stop after the load"):
+            main(["--model", "smollm2-135m-instruct", "--device", "cpu", "--quiet", *flags])
+        assert asked.pop() == want
