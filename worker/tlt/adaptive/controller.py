@@ -47,7 +47,7 @@ class AdaptiveSd:
         # (arm, bucket) pairs this process has run: the first SD step of each captures its verify and draft graphs
         # (seconds, next to ms steps), a one-time cost the bandit and the step costs must not learn from
         self._warm: set[tuple[str, int]] = set()
-        # arm shapes (drafter, depth, topk) taken out of a bucket's bandit because a measured step cost more than
+        # arm shapes (drafter, depth, topk) taken out of a bucket's bandit because their measured steps cost more than
         # plain decoding could emit in the time at full acceptance (an eager tree at a 7B-class width: 0.5 s against
         # a 5 ms plain step); by shape, since a tree's verify width (its name) changes from bucket to bucket
         self._hopeless: dict[int, set[tuple[str, int, int]]] = {}

@@ -143,11 +143,13 @@ class StepCosts:
             b.on = False
 
     def cannot_pay(self, active: int, arm: str, most_tokens: int) -> bool:
-        """Whether the arm named `arm`, whose steps emit at most `most_tokens` per sequence, measured a step (median)
-        as long as that many plain steps in this bucket: then no acceptance can make it pay."""
+        """Whether the arm named `arm`, whose steps emit at most `most_tokens` per sequence, measured its steps
+        (median, two at least: one step can hit a pause) as long as that many plain steps in this bucket: then no
+        acceptance can make it pay."""
         b = self._b(self.scheme.bucket(active))
         a = b.arms.get(arm)
-        return a is not None and b.plain_n > 0 and statistics.median(a.recent) >= most_tokens * b.plain_s
+        return (a is not None and a.n >= 2 and b.plain_n > 0
+                and statistics.median(a.recent) >= most_tokens * b.plain_s)
 
     def sd_pays(self, bucket: int) -> bool:
         """Whether this bucket's next step should be speculative (judged on, or a probe the budget allows)."""
