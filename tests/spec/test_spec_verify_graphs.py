@@ -128,7 +128,8 @@ def test_warmup_captures_every_shape() -> None:
 
 def test_adaptive_warmup_captures_each_buckets_own_arms() -> None:
     """The adaptive engine's warm-up captures, per batch bucket, only the arms of the batches in that bucket (a wide
-    small-batch tree is not captured at batch 32), and a learned drafter's arms with its q in sampled modes."""
+    small-batch tree is not captured at batch 32), a learned drafter's chains with its q in sampled modes and its
+    trees without (top-k trees are deterministic drafts); a sampled rollout then captures nothing new."""
     table = arms_table(["ngram", "small"])
     ctl = AdaptiveSd(SwitchConfig(mode="adaptive", on_below=16), make_bandit(table, BanditConfig()))
     eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=32),
@@ -138,12 +139,32 @@ def test_adaptive_warmup_captures_each_buckets_own_arms() -> None:
     mode = Mode("uniform", 1.0, 1.0, 0)
     eng._warmup_verify(32, mode)
     keys = graphs.keys()
-    want = {(eng.state.bucket(n), a.verify_tokens, min(a.depth, a.verify_tokens - 1), a.topk, a.drafter != "ngram")
+    want = {(eng.state.bucket(n), a.verify_tokens, min(a.depth, a.verify_tokens - 1), a.topk,
+             a.drafter != "ngram" and a.topk == 1)
             for n in range(1, 25) for a in ctl.arms_for(n) if a.is_sd}  # off_at default: 1.5 x on_below = 24
     assert {(k[0], k[1], k[2], k[3], k[5]) for k in keys} == want
+    assert any(k[3] > 1 for k in keys)  # trees are among them
     widest = max(a.verify_tokens for a in ctl.arms_for(1))
     assert widest > max(a.verify_tokens for a in ctl.arms_for(24))
     assert not any(k[0] == eng.state.bucket(24) and k[1] == widest for k in keys)
+
+
+@pytest.mark.parametrize("arm", [tree_arm("small", 3, 2, 6), chain_arm("small", 3)], ids=lambda a: a.name)
+def test_sampled_rollout_replays_what_warmup_captured(arm: Arm) -> None:
+    """A learned drafter's chain sends q and its top-k tree does not: the warm-up captures each shape's verify graph
+    as the rollout will replay it, so a sampled rollout captures nothing new (a capture at a 7B width: ~0.5 s)."""
+    eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=4),
+                 controller=AdaptiveSd.fixed(arm), proposers={"small": SmallModelProposer(DRAFTER)})
+    graphs = EagerVerifyGraphs()
+    attach(eng, graphs)
+    eng._warmup_verify(4, Mode("uniform", 1.0, 1.0, 0))
+    keys = graphs.keys()
+    assert {k[5] for k in keys} == {arm.topk == 1}
+    reqs = [Request(p * 2, RequestSampling(temperature=1.0, max_new_tokens=10 + 3 * i))
+            for i, p in enumerate(random_prompts(4, seed=5))]
+    out = eng.generate(reqs)
+    assert any(s.kind == "spec" for s in out.steps)
+    assert graphs.keys() == keys  # nothing captured during the rollout
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------

@@ -55,6 +55,13 @@ class Arm:
         return self.topk == 1
 
     @property
+    def drafts_with_q(self) -> bool:
+        """Whether its drafts come with the drafter's distribution q for the verifier (sampled rows): a learned
+        drafter's chain. Trees and n-gram drafts are deterministic (draft_probs None), which the verify graph of
+        their shape is captured without."""
+        return self.drafter in ("eagle", "small") and self.topk == 1
+
+    @property
     def num_drafted(self) -> int:
         """Drafted tokens per sequence (verify width minus the root); 0 for plain decoding."""
         return self.verify_tokens - 1

@@ -227,12 +227,12 @@ class Engine:
 
     def _warmup_verify(self, max_batch: int, mode: Mode) -> None:
         """Capture the verify graphs of every SD shape this engine can run, per batch bucket: the controller's arms of
-        the batches in that bucket, up to the batch at which its switch turns SD off again. Learned drafters send
-        their q (sampled modes), the n-gram drafter does not."""
+        the batches in that bucket, up to the batch at which its switch turns SD off again. Learned drafters' chains
+        send their q (sampled modes); trees and the n-gram drafter do not (Arm.drafts_with_q)."""
         assert self.verify_graphs is not None
         plan: dict[int, set[tuple[int, int, int, bool]]] = {}
         for n, a in self._sd_arms(max_batch):
-            plan.setdefault(self.state.bucket(n), set()).add((a.verify_tokens, a.depth, a.topk, a.drafter != "ngram"))
+            plan.setdefault(self.state.bucket(n), set()).add((a.verify_tokens, a.depth, a.topk, a.drafts_with_q))
         if any(plan.values()):
             self.verify_graphs.warmup(self.state, {b: sorted(shapes) for b, shapes in plan.items()}, mode)
 
