@@ -149,18 +149,19 @@ def test_adaptive_warmup_captures_each_buckets_own_arms() -> None:
     assert not any(k[0] == eng.state.bucket(24) and k[1] == widest for k in keys)
 
 
+@pytest.mark.parametrize("top_k", [0, 5])
 @pytest.mark.parametrize("arm", [tree_arm("small", 3, 2, 6), chain_arm("small", 3)], ids=lambda a: a.name)
-def test_sampled_rollout_replays_what_warmup_captured(arm: Arm) -> None:
+def test_sampled_rollout_replays_what_warmup_captured(arm: Arm, top_k: int) -> None:
     """A learned drafter's chain sends q and its top-k tree does not: the warm-up captures each shape's verify graph
     as the rollout will replay it, so a sampled rollout captures nothing new (a capture at a 7B width: ~0.5 s)."""
     eng = Engine(TARGET, eos_ids=(257,), config=EngineConfig(max_len=96, max_slots=4),
                  controller=AdaptiveSd.fixed(arm), proposers={"small": SmallModelProposer(DRAFTER)})
     graphs = EagerVerifyGraphs()
     attach(eng, graphs)
-    eng._warmup_verify(4, Mode("uniform", 1.0, 1.0, 0))
+    eng._warmup_verify(4, Mode("uniform", 1.0, 1.0, top_k))
     keys = graphs.keys()
     assert {k[5] for k in keys} == {arm.topk == 1}
-    reqs = [Request(p * 2, RequestSampling(temperature=1.0, max_new_tokens=10 + 3 * i))
+    reqs = [Request(p * 2, RequestSampling(temperature=1.0, top_k=top_k, max_new_tokens=10 + 3 * i))
             for i, p in enumerate(random_prompts(4, seed=5))]
     out = eng.generate(reqs)
     assert any(s.kind == "spec" for s in out.steps)
