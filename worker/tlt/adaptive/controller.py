@@ -10,7 +10,8 @@
 Speculative modes (the job spec's `rollout.speculative`): "off" never drafts; "on" drafts every step with the fixed
 arm of the spec (draft_depth, draft_topk, verify_tokens: a chain, or a tree when draft_topk > 1, for every drafter)
 -- a baseline, no bandit; "adaptive" switches SD by the active batch (SdSwitch), or by measured step costs
-(CostSwitch, adaptive/step_costs.py), and lets the bandit pick the arm per bucket, "none" included. Fixed SD is this
+(CostSwitch, adaptive/step_costs.py), and lets the bandit pick the arm per bucket, "none" included; with step costs,
+an arm shape measured too slow to pay at any acceptance leaves its bucket's bandit and the larger buckets'. Fixed SD is this
 controller with one arm (`AdaptiveSd.fixed(arm)`): the engine has one SD path.
 
 Run the tests: `python -m pytest tests/adaptive/test_adaptive_controller.py -q`.

@@ -11,8 +11,10 @@ about one plain step, so it pays wherever drafts are accepted, well above TLT's 
     costs.observe(active, is_sd, emitted, seconds)       # the controller's record() feeds every step
     costs.prime(bucket, plain_s=..., sd_s=..., best_emitted=...)  # optional: costs measured at warm-up
 
-A bucket is judged once it holds `min_plain` plain and `probe_steps` SD steps (2 in a clear case): on when SD's
-tokens/s per sequence beats plain's by `margin`, and it stays on until SD falls below plain (hysteresis). An
+A bucket is judged once it holds `min_plain` plain and `probe_steps` SD steps (2 in a clear case): on when its best
+SD arm's tokens/s per sequence beats plain's by `margin` (each arm's steps are kept apart: the bandit picks the arm),
+and it stays on until that falls below plain (hysteresis). `cannot_pay` names an arm whose steps cost more than
+plain decoding could emit at its full acceptance; the controller then drops that arm shape. An
 unjudged bucket follows a judged neighbour where the ordering decides (SD's gain falls as the batch grows), else
 probes SD only while the time lost to probing stays under `probe_budget` of all observed time (plus one step), so a
 model where SD cannot pay loses at most about that fraction. A bucket judged off is probed again after `reprobe_every` plain steps
