@@ -48,10 +48,11 @@ class AdaptiveSd:
         # (arm, bucket) pairs this process has run: the first SD step of each captures its verify and draft graphs
         # (seconds, next to ms steps), a one-time cost the bandit and the step costs must not learn from
         self._warm: set[tuple[str, int]] = set()
-        # arm shapes (drafter, depth, topk) taken out of a bucket's bandit because their measured steps cost more than
-        # plain decoding could emit in the time at full acceptance (an eager tree at a 7B-class width: 0.5 s against
-        # a 5 ms plain step); by shape, since a tree's verify width (its name) changes from bucket to bucket
-        self._hopeless: dict[int, set[tuple[str, int, int]]] = {}
+        # arm shape (drafter, depth, topk) -> the smallest bucket from which it is out of the bandit, because its
+        # measured steps there cost more than plain decoding could emit in the time at full acceptance (a tree at a
+        # 7B-class width: 0.5 s against a 5 ms plain step); by shape, since a tree's verify width (its name) changes
+        # from bucket to bucket
+        self._hopeless: dict[tuple[str, int, int], int] = {}
 
     @classmethod
     def from_spec(cls, rollout: RolloutConfig, drafters: Sequence[DrafterKind],
@@ -118,20 +119,21 @@ class AdaptiveSd:
     def _drop(self, bucket: int, arm: Arm) -> None:
         """Take `arm`'s shape out of this bucket and every larger one (drafting costs grow with the batch, acceptance
         does not)."""
-        for b in range(bucket, self.scheme.num_buckets):
-            self._hopeless.setdefault(b, set()).add(_shape(arm))
+        shape = _shape(arm)
+        self._hopeless[shape] = min(bucket, self._hopeless.get(shape, bucket))
         self._prune_bandit()
 
     def _prune_bandit(self) -> None:
         if self.bandit is None:
             return
-        for b, shapes in self._hopeless.items():
+        for b in range(self.scheme.num_buckets):
             try:
                 arms = self.bandit.arms(b)
             except KeyError:  # a table without this bucket
                 continue
-            if any(_shape(a) in shapes for a in arms):
-                self.bandit.set_arms(b, [a for a in arms if _shape(a) not in shapes])
+            kept = [a for a in arms if self._hopeless.get(_shape(a), b + 1) > b]
+            if len(kept) < len(arms):
+                self.bandit.set_arms(b, kept)
 
     def all_arms(self) -> list[Arm]:
         """Every arm this controller can plan (the fixed arm and each bucket's bandit arms), e.g. to size the

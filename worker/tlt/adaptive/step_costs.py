@@ -57,9 +57,14 @@ class ArmCosts:
     emitted: float = 0.0  # tokens emitted per sequence per step
     n: int = 0
 
+    @property
+    def step_s(self) -> float:
+        """Seconds per step: the median of the last ones."""
+        return statistics.median(self.recent)
+
     def gain(self, plain_s: float) -> float:
         """Its tokens/s per sequence over plain decoding's."""
-        return self.emitted * plain_s / statistics.median(self.recent)
+        return self.emitted * plain_s / self.step_s
 
 
 @dataclass
@@ -151,7 +156,7 @@ class StepCosts:
         b = self._b(self.scheme.bucket(active))
         a = b.arms.get(arm)
         return (a is not None and a.n >= 2 and b.plain_n > 0
-                and statistics.median(a.recent) >= most_tokens * b.plain_s)
+                and a.step_s >= most_tokens * b.plain_s)
 
     def sd_pays(self, bucket: int) -> bool:
         """Whether this bucket's next step should be speculative (judged on, or a probe the budget allows)."""
