@@ -25,10 +25,12 @@ NCCL_NVLS_ENABLE defaults to 0: NVLink SHARP multicast is unavailable on the sha
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import queue
 import socket
+import sys
 from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -107,10 +109,22 @@ def train_rank(rank: int, world: int, local_rank: int, device_type: str, spec: J
 def rank_main(rank: int, world: int, master_port: int, device_type: str, spec_data: dict, run_dir: str,
               resume: bool, channel: Any, stop: Event) -> None:
     """Entry point of one spawned rank (module-level: spawn imports it by name)."""
+    faulthandler.enable()  # a rank killed by a signal (a C++ abort in a collective) prints its Python stack
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     train_rank(rank, world, rank, device_type, JobSpec.model_validate(spec_data), Path(run_dir), resume,
                lambda is_main: QueueReporter(channel, stop, forward=is_main))
+    channel.close()
+    channel.join_thread()  # what rank 0 reported has reached the job process
+    leave(0)
+
+
+def leave(code: int) -> None:
+    """End a rank whose work is on disk without interpreter teardown: there the destructors of communication threads
+    (gloo's, DeepSpeed's) can abort a process that finished cleanly, and the job would fail after its last step."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def relay(procs: mp.ProcessContext, channel: Any, stop: Event, reporter: Reporter) -> None:
@@ -201,4 +215,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    leave(main())
