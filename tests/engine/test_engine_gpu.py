@@ -139,6 +139,8 @@ def test_prefill_graphs_replay_small_chunks(smollm2) -> None:
     captured = len(graphs.prefill_graphs)
     again = run(graphs)
     assert captured >= 1 and len(graphs.prefill_graphs) == captured  # the second run replayed every small chunk
+    n, seconds = graphs.graph_set.captured()  # what selfcheck reports per check
+    assert n >= captured + len(graphs.graphs) and seconds >= graphs.prefill_graphs.capture_seconds > 0
     for got in (first, again):
         assert [t for t, _ in got] == [t for t, _ in want]
         assert [x for _, lp in got for x in lp] == pytest.approx([x for _, lp in want for x in lp], abs=1e-6)

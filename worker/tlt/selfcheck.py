@@ -96,6 +96,12 @@ def _engine(target: Transformer, eos: tuple[int, ...], cfg: EngineConfig, arm: A
     return Engine(target, eos_ids=eos, config=cfg, controller=AdaptiveSd.fixed(arm), proposers={arm.drafter: proposer})
 
 
+def _graphs_note(engine: Engine) -> str:
+    """How much of a check's time went to CUDA graph captures (on a fresh GPU, mostly first-use kernel compiles)."""
+    n, seconds = engine.graph_set.captured()
+    return f"; {n} graphs captured in {seconds:.1f} s" if n else ""
+
+
 def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[int]], max_new: int,
                  eos: tuple[int, ...], slot_counts: tuple[int, ...], naive: int = 4,
                  progress: Progress | None = None) -> dict:
@@ -104,10 +110,10 @@ def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[i
     t = time.perf_counter()
     max_len = max(len(p) for p in prompts) + max_new + 1
     reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=max_new)) for p in prompts]
-    plain = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts))).generate(reqs)
-    ref = [s.tokens for s in plain.sequences]
+    plain_engine = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)))
+    ref = [s.tokens for s in plain_engine.generate(reqs).sequences]
     naive_ok = all(naive_greedy(target, prompts[i], max_new, eos) == ref[i] for i in range(min(naive, len(prompts))))
-    progress.done("greedy plain vs naive recompute", "match" if naive_ok else "MISMATCH", t)
+    progress.done("greedy plain vs naive recompute", ("match" if naive_ok else "MISMATCH") + _graphs_note(plain_engine), t)
     seqs = identical = ref_tokens = common = 0
     per_variant: dict[str, float] = {}
     for name, arm, proposer in _spec_variants(drafter):
@@ -129,7 +135,8 @@ def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[i
                 common += k
             identical += same
             per_variant[key] = engine.accept_stats.mean_accept_len if engine.accept_stats.steps else 0.0
-            progress.done(f"greedy {key}", f"{same}/{len(ref)} identical, accept length {per_variant[key]:.2f}", t)
+            progress.done(f"greedy {key}", f"{same}/{len(ref)} identical, accept length {per_variant[key]:.2f}"
+                          + _graphs_note(engine), t)
     return {
         "sequences": seqs,
         "identical_sequences": identical,
@@ -192,14 +199,15 @@ def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int],
                 continue
             t = time.perf_counter()
             cfg = EngineConfig(max_len=len(prompt) + 4, max_slots=min(slots, samples), seed=1000 * si + vi)
-            out = _engine(target, (), cfg, arm, proposer).generate([Request(prompt, params)])
+            engine = _engine(target, (), cfg, arm, proposer)
+            out = engine.generate([Request(prompt, params)])
             pairs = [(s.tokens[1], s.tokens[2]) for s in out.sequences]
             pvals[key] = _pvalue(pairs, law)
             if si == 0 and vi == 0:  # negative control: the same samples against another temperature's law
                 wrong = exact_pair_law(target, prompt, temp * 1.25, top_p, top_k)
                 negative = _pvalue(pairs, wrong)
                 progress.done("sampling negative control", f"p = {negative:.2g} (must be < {NEG_MAX:g})", t)
-            progress.done(f"sampling {key}", f"p = {pvals[key]:.3g} over {samples} samples", t)
+            progress.done(f"sampling {key}", f"p = {pvals[key]:.3g} over {samples} samples" + _graphs_note(engine), t)
     return {"sampling_pvalues": pvals, "sampling_pvalue_min": min(pvals.values()), "negative_control_pvalue": negative}
 
 

@@ -43,9 +43,16 @@ class EngineGraphs:
     verify: VerifyGraphs | None = None
     prefill: PrefillGraphs | None = None
 
+    def _sets(self) -> list[DecodeGraphs | VerifyGraphs | PrefillGraphs]:
+        return [g for g in (self.decode, self.verify, self.prefill) if g is not None]
+
     def clear(self) -> int:
         """Drop every graph with its static buffers -> the bytes they had cost; the sets stay empty after."""
-        return sum(g.clear() for g in (self.decode, self.verify, self.prefill) if g is not None)
+        return sum(g.clear() for g in self._sets())
+
+    def captured(self) -> tuple[int, float]:
+        """(graphs held, seconds spent capturing them: first-use kernel compiles of their warm-up runs included)."""
+        return sum(len(g) for g in self._sets()), sum(g.capture_seconds for g in self._sets())
 
 
 def kv_released(cache: KVCache) -> bool:

@@ -15,6 +15,7 @@ engine's one memory pool. They bake in the cache's addresses: `clear()` drops th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -33,6 +34,7 @@ class PrefillGraphs:
         self.limit = limit
         self._graphs: dict[Key, Entry] = {}
         self._refused: set[Key] = set()
+        self.capture_seconds = 0.0  # wall time of all captures (their kernels warmed up by the eager run before)
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -58,11 +60,13 @@ class PrefillGraphs:
             return out
         out = body(row0, ids, plen)
         if len(self._graphs) < self.limit and key not in self._refused:
+            t0 = time.perf_counter()
             try:
                 self._graphs[key] = self._capture(body, row0, ids, plen)
             except RuntimeError as e:  # e.g. an op that syncs with the host: this shape stays eager
                 self._refused.add(key)
                 log.warning("prefill graph %s not captured (%s): eager", key, e)
+            self.capture_seconds += time.perf_counter() - t0
         return out
 
     def _capture(self, body: ChunkForward, row0: int, ids: torch.Tensor, plen: torch.Tensor) -> Entry:
