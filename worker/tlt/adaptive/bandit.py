@@ -141,6 +141,10 @@ class WindowBandit:
         self.step_loss: float | None = None  # running mean of one SD step's loss over all buckets
 
     # ---- public interface -------------------------------------------------------------------------------------
+    def buckets(self) -> list[int]:
+        """The buckets the table has arms for."""
+        return sorted(self._buckets)
+
     def arms(self, bucket: int) -> list[Arm]:
         return list(self._state(bucket).arms)
 

@@ -126,11 +126,8 @@ class AdaptiveSd:
     def _prune_bandit(self) -> None:
         if self.bandit is None:
             return
-        for b in range(self.scheme.num_buckets):
-            try:
-                arms = self.bandit.arms(b)
-            except KeyError:  # a table without this bucket
-                continue
+        for b in self.bandit.buckets():
+            arms = self.bandit.arms(b)
             kept = [a for a in arms if self._hopeless.get(_shape(a), b + 1) > b]
             if len(kept) < len(arms):
                 self.bandit.set_arms(b, kept)
@@ -140,11 +137,8 @@ class AdaptiveSd:
         engine's KV headroom for the widest verify."""
         arms = [NO_SD, self.fixed_arm]
         if self.bandit is not None:
-            for b in range(self.scheme.num_buckets):
-                try:
-                    arms += self.bandit.arms(b)
-                except KeyError:  # a table without this bucket
-                    continue
+            for b in self.bandit.buckets():
+                arms += self.bandit.arms(b)
         return arms
 
     def arms_for(self, active: int) -> list[Arm]:
