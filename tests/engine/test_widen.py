@@ -14,6 +14,7 @@ from worker.tlt.bench import gsm8k_questions, model_source
 from worker.tlt.config import WIDENED_MODELS, JobSpec
 from worker.tlt.model.args import preset, shape
 from worker.tlt.model.load import build_model, gguf_args, load_gguf_state_dict, smollm2_gguf_path
+from worker.tlt.model.gguf_reader import read_gguf
 from worker.tlt.model.tokenizer import Tokenizer
 from worker.tlt.model.transformer import Transformer, rope_inv_freq
 from worker.tlt.model.widen import WIDENED_BUILTINS, Widening, parse_name, plan, plan_into, widen_state_dict
@@ -24,10 +25,8 @@ from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 @pytest.fixture(scope="module")
 def pair() -> tuple[Transformer, Transformer, Widening, Tokenizer]:
     """SmolLM2 and its @test widening from one dequantisation of the GGUF."""
-    from gguf import GGUFReader
-
     path = smollm2_gguf_path()
-    reader = GGUFReader(str(path))
+    reader = read_gguf(path)
     args = gguf_args(reader)
     sd = load_gguf_state_dict(reader, args)
     wd = plan("test", args)

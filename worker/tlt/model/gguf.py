@@ -1,6 +1,6 @@
 """Reading GGUF checkpoints: the model arguments (`gguf_args`) and the HF-named state dict (`load_gguf_state_dict`,
 dequantised with the `gguf` package; llama.cpp's Q/K row permutation for Llama's rope is undone), and where the
-builtin SmolLM2 GGUF lives (`smollm2_gguf_path`). model/load.py and model/widen.py build models from them.
+builtin SmolLM2 GGUF lives (`smollm2_gguf_path`), from a file read by model/gguf_reader.py. model/load.py and model/widen.py build models from them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from worker.tlt.model.args import ModelArgs
+from worker.tlt.model.gguf_reader import GgufFile
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,11 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+def _gguf_field(reader: GgufFile, key: str, default: Any = None) -> Any:
+    return reader.fields.get(key, default)
 
 
-def gguf_args(reader: Any) -> ModelArgs:
+def gguf_args(reader: GgufFile) -> ModelArgs:
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "qwen3"):
         raise ValueError(f"unsupported GGUF architecture {arch!r}")
@@ -79,7 +79,7 @@ _GGUF_NAMES = {
 }
 
 
-def load_gguf_state_dict(reader: Any, args: ModelArgs) -> dict[str, torch.Tensor]:
+def load_gguf_state_dict(reader: GgufFile, args: ModelArgs) -> dict[str, torch.Tensor]:
     from gguf import dequantize
 
     sd: dict[str, torch.Tensor] = {}

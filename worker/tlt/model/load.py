@@ -20,6 +20,7 @@ from worker.tlt.config import ModelSource
 from worker.tlt.model.args import ModelArgs, preset
 from worker.tlt.model.build import build_model
 from worker.tlt.model.gguf import gguf_args, load_gguf_state_dict, smollm2_gguf_path
+from worker.tlt.model.gguf_reader import read_gguf
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.tokenizer import ByteTokenizer, Tokenizer, TokenizerLike
 from worker.tlt.model.transformer import Transformer
@@ -71,9 +72,7 @@ def load_hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_gguf(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> tuple[Transformer, Tokenizer]:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+    reader = read_gguf(path)
     args = gguf_args(reader)
     model = build_model(args, load_gguf_state_dict(reader, args), device, dtype)
     return model, Tokenizer.from_gguf(str(path), extra_eos=args.eos_token_ids)

@@ -40,10 +40,12 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str, extra_eos: tuple[int, ...] = ()) -> Tokenizer:
-        from transformers import AutoTokenizer
+        # The fast-tokenizer class reads only the tokenizer's metadata; AutoTokenizer first loads the whole file's
+        # config through a slow GGUF parse to pick that same class (seconds per load).
+        from transformers import PreTrainedTokenizerFast
 
         d, f = os.path.split(os.path.abspath(path))
-        return cls(AutoTokenizer.from_pretrained(d, gguf_file=f), extra_eos)
+        return cls(PreTrainedTokenizerFast.from_pretrained(d, gguf_file=f), extra_eos)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))

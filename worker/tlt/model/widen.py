@@ -185,13 +185,12 @@ def parse_name(name: str) -> str:
 
 def load_widened(name: str, device: torch.device | str, dtype: torch.dtype) -> tuple[Transformer, Tokenizer]:
     """The widened model built on `device` from SmolLM2's GGUF weights (no file written), and SmolLM2's tokenizer."""
-    from gguf import GGUFReader
-
     from worker.tlt.model.build import build_model
     from worker.tlt.model.gguf import gguf_args, load_gguf_state_dict, smollm2_gguf_path
+    from worker.tlt.model.gguf_reader import read_gguf
 
     path = smollm2_gguf_path()
-    reader = GGUFReader(str(path))
+    reader = read_gguf(path)
     small_args = gguf_args(reader)
     wd = plan(parse_name(name), small_args)
     model = build_model(wd.args, widen_state_dict(wd, load_gguf_state_dict(reader, small_args), device, dtype),
