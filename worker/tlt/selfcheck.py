@@ -53,6 +53,9 @@ from worker.tlt.spec.stat_tests import chi_square_pvalue
 
 log = logging.getLogger(__name__)
 P_MIN, NEG_MAX = 1e-4, 1e-4
+# sequences the sampling check keeps resident: its samples run in waves of this many (continuous batching admits the
+# next as rows finish), within the engine's largest batch bucket
+SAMPLING_SLOTS = 512
 
 
 class Progress:
@@ -240,7 +243,8 @@ def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str
     report: dict = {"model": model_name, "device": str(target.head_weight.device),
                     "dtype": str(target.head_weight.dtype).replace("torch.", "")}
     report.update(greedy_check(target, drafter, prompts, max_new, eos, slot_counts, progress=progress))
-    report.update(sampling_check(small, small_drafter, s_prompt, samples, settings, slots=8192, progress=progress))
+    report.update(sampling_check(small, small_drafter, s_prompt, samples, settings, slots=SAMPLING_SLOTS,
+                                  progress=progress))
     fp32 = target.head_weight.dtype == torch.float32
     greedy_ok = (report["identical_sequences"] == report["sequences"] if fp32
                  else report["identical_token_fraction"] >= 0.95) and report["naive_reference_matches"]
