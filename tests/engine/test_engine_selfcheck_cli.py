@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from worker.tlt.selfcheck import main
+from worker.tlt.selfcheck import _greedy_plan, main
 
 
 def test_selfcheck_tiny_passes(capsys) -> None:
@@ -57,3 +57,11 @@ def test_real_models_are_checked_in_fp32_unless_asked(monkeypatch, capsys) -> No
         with pytest.raises(RuntimeError, match="stop after the load"):
             main(["--model", "smollm2-135m-instruct", "--device", "cpu", "--quiet", *flags])
         assert asked.pop() == want
+
+
+def test_greedy_plan_covers_every_variant_and_slot_count() -> None:
+    variants = [(name, None, None) for name in ("chain4", "chain8", "tree", "ngram", "ngram-tree")]
+    plan = _greedy_plan(variants, (1, 8, 12))  # type: ignore[arg-type]
+    assert [(n, s) for n, _, _, s in plan[:3]] == [("chain4", 1), ("chain4", 8), ("chain4", 12)]
+    assert {n for n, *_ in plan} == {v[0] for v in variants} and len(plan) == 3 + 4
+    assert {s for *_, s in plan[3:]} == {1, 8, 12}  # the other variants spread over every slot count

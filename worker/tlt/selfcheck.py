@@ -9,6 +9,7 @@ sampling_pvalue_min, negative_control_pvalue, passed, ...):
 1. Greedy: SD (small-model chains of several lengths, top-k trees, the n-gram drafter) must emit exactly the tokens
    of plain greedy decoding, for every sequence, over random prompts and several batch shapes (slot counts: the
    continuous batcher mixes admission and retirement). A few are also checked against a naive full-recompute decoder.
+   The first chain runs at every slot count, each other variant at one of them.
    identical_token_fraction = common-prefix tokens / reference tokens (1.0 unless a sequence diverges).
 2. Sampling: the engine's first three emitted tokens (the first from prefill, the next two from one decode / SD
    step) are sampled many times for several temperature / top-p / top-k settings, and the empirical joint law of
@@ -91,6 +92,16 @@ def _spec_variants(drafter: Transformer) -> list[tuple[str, Arm, Proposer]]:
     ]
 
 
+def _greedy_plan(variants: list[tuple[str, Arm, Proposer]],
+                 slot_counts: tuple[int, ...]) -> list[tuple[str, Arm, Proposer, int]]:
+    """The first variant at every slot count, each other at one slot count in turn (the largest first: fewest engine
+    steps): every batch shape and every kind of draft is checked, in fewer engine runs than the full grid (on a GPU
+    each run pays its own graph captures)."""
+    first, *rest = variants
+    plan = [(*first, slots) for slots in slot_counts]
+    return plan + [(*v, slot_counts[-1 - i % len(slot_counts)]) for i, v in enumerate(rest)]
+
+
 def _engine(target: Transformer, eos: tuple[int, ...], cfg: EngineConfig, arm: Arm | None,
             proposer: Proposer | None) -> Engine:
     """Plain decoding (arm None) or SD with one arm at every step."""
@@ -108,7 +119,8 @@ def _graphs_note(engine: Engine) -> str:
 def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[int]], max_new: int,
                  eos: tuple[int, ...], slot_counts: tuple[int, ...], naive: int = 4,
                  progress: Progress | None = None) -> dict:
-    """SD vs plain greedy over every (variant, slot count); the plain run is checked against naive recompute."""
+    """SD vs plain greedy for each (variant, slot count) of `_greedy_plan`; the plain run is checked against naive
+    recompute."""
     progress = progress or Progress(quiet=True)
     t = time.perf_counter()
     max_len = max(len(p) for p in prompts) + max_new + 1
@@ -119,27 +131,26 @@ def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[i
     progress.done("greedy plain vs naive recompute", ("match" if naive_ok else "MISMATCH") + _graphs_note(plain_engine), t)
     seqs = identical = ref_tokens = common = 0
     per_variant: dict[str, float] = {}
-    for name, arm, proposer in _spec_variants(drafter):
-        for slots in slot_counts:
-            key = f"{name}/slots{slots}"
-            if progress.over_budget(f"greedy {key}"):
-                continue
-            t = time.perf_counter()
-            engine = _engine(target, eos, EngineConfig(max_len=max_len, max_slots=slots), arm, proposer)
-            out = engine.generate(reqs)
-            same = 0
-            for got, want in zip((s.tokens for s in out.sequences), ref, strict=True):
-                seqs += 1
-                same += got == want
-                ref_tokens += len(want)
-                k = 0
-                while k < min(len(got), len(want)) and got[k] == want[k]:
-                    k += 1
-                common += k
-            identical += same
-            per_variant[key] = engine.accept_stats.mean_accept_len if engine.accept_stats.steps else 0.0
-            progress.done(f"greedy {key}", f"{same}/{len(ref)} identical, accept length {per_variant[key]:.2f}"
-                          + _graphs_note(engine), t)
+    for name, arm, proposer, slots in _greedy_plan(_spec_variants(drafter), slot_counts):
+        key = f"{name}/slots{slots}"
+        if progress.over_budget(f"greedy {key}"):
+            continue
+        t = time.perf_counter()
+        engine = _engine(target, eos, EngineConfig(max_len=max_len, max_slots=slots), arm, proposer)
+        out = engine.generate(reqs)
+        same = 0
+        for got, want in zip((s.tokens for s in out.sequences), ref, strict=True):
+            seqs += 1
+            same += got == want
+            ref_tokens += len(want)
+            k = 0
+            while k < min(len(got), len(want)) and got[k] == want[k]:
+                k += 1
+            common += k
+        identical += same
+        per_variant[key] = engine.accept_stats.mean_accept_len if engine.accept_stats.steps else 0.0
+        progress.done(f"greedy {key}", f"{same}/{len(ref)} identical, accept length {per_variant[key]:.2f}"
+                      + _graphs_note(engine), t)
     return {
         "sequences": seqs,
         "identical_sequences": identical,
