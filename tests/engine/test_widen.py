@@ -13,8 +13,8 @@ import torch
 from worker.tlt.bench import gsm8k_questions, model_source
 from worker.tlt.config import WIDENED_MODELS, JobSpec
 from worker.tlt.model.args import preset, shape
-from worker.tlt.model.load import build_model, gguf_args, load_gguf_state_dict, smollm2_gguf_path
 from worker.tlt.model.gguf_reader import read_gguf
+from worker.tlt.model.load import build_model, gguf_args, load_gguf_state_dict, smollm2_gguf_path
 from worker.tlt.model.tokenizer import Tokenizer
 from worker.tlt.model.transformer import Transformer, rope_inv_freq
 from worker.tlt.model.widen import WIDENED_BUILTINS, Widening, parse_name, plan, plan_into, widen_state_dict
