@@ -60,3 +60,21 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
     bad.write_bytes(b"PK\x03\x04 not a gguf")
     with pytest.raises(ValueError, match="not a GGUF file"):
         read_gguf(bad)
+
+
+def test_smollm2_tokenizer_matches_autotokenizer() -> None:
+    """The GGUF tokenizer comes from the fast-tokenizer class directly (no whole-file config parse): it must be the
+    tokenizer AutoTokenizer resolves for the file, on chat templates and on awkward text."""
+    from transformers import AutoTokenizer
+
+    from worker.tlt.model.gguf import smollm2_gguf_path
+    from worker.tlt.model.tokenizer import Tokenizer
+
+    path = smollm2_gguf_path()
+    ours = Tokenizer.from_gguf(str(path))
+    auto = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ünïcödé  spaces\n\n12,345.6 ✓"}]
+    assert ours.apply_chat_template(chat) == auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    for text in (ours.apply_chat_template(chat), "  leading and trailing  ", "x" * 300, "<|im_end|>\n<|im_start|>"):
+        assert ours.encode(text) == auto.encode(text, add_special_tokens=False)
+    assert (ours.eos_ids[0], ours.pad_id, ours.vocab_size) == (auto.eos_token_id, auto.pad_token_id, len(auto))
