@@ -1,6 +1,7 @@
-"""Reading GGUF checkpoints: the model arguments (`gguf_args`) and the HF-named state dict (`load_gguf_state_dict`,
-dequantised with the `gguf` package; llama.cpp's Q/K row permutation for Llama's rope is undone), and where the
-builtin SmolLM2 GGUF lives (`smollm2_gguf_path`), from a file read by model/gguf_reader.py. model/load.py and model/widen.py build models from them.
+"""GGUF checkpoints read by model/gguf_reader.py: the model arguments (`gguf_args`) and the HF-named state dict
+(`load_gguf_state_dict`, dequantised with the `gguf` package; llama.cpp's Q/K row permutation for Llama's rope is
+undone), and where the builtin SmolLM2 GGUF lives (`smollm2_gguf_path`). model/load.py and model/widen.py build
+models from them.
 """
 
 from __future__ import annotations

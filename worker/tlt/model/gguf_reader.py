@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+_BOOL, _STRING, _ARRAY = 7, 8, 9
 _PLAIN_TYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
                 "I32": np.int32, "I64": np.int64}
 
@@ -55,7 +55,7 @@ class _Cursor:
             return self.string()
         if vtype == _ARRAY:
             item_type, n = self.scalar("<I"), self.scalar("<Q")
-            if item_type in _SCALARS and item_type != 7:  # numeric arrays in one read
+            if item_type in _SCALARS and item_type != _BOOL:  # numeric arrays in one read (bools stay Python bools)
                 dtype = np.dtype(_SCALARS[item_type])
                 arr = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.pos)
                 self.pos += n * dtype.itemsize
