@@ -17,6 +17,7 @@ from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.switch import SwitchConfig, SwitchMode
 from worker.tlt.decoding.arms import NO_SD, Arm
+from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.sampling import DraftFilters
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
@@ -25,7 +26,7 @@ from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_ta
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
 from worker.tlt.selfcheck import exact_pair_law
 from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.proposer import Proposer
+from worker.tlt.spec.proposer import DraftContext, Proposer
 from worker.tlt.spec.small_model import SmallModelProposer
 
 TARGET = tiny_target()
@@ -222,9 +223,21 @@ class ChainSpy(SmallModelProposer):
         super().__init__(DRAFTER)
         self.captured: list[tuple[list[int], int, DraftFilters]] = []
 
+        self.trees: list[tuple[int, int, int, int]] = []  # (batch, topk, depth, nodes) of each tree drafted
+        self.resets = 0
+
     def capture(self, batches: Sequence[int], depth: int, filters: DraftFilters) -> int:
         self.captured.append((list(batches), depth, filters))
         return len(batches)
+
+    def propose(self, ctx: DraftContext) -> DraftProposal:
+        if ctx.topk > 1:
+            self.trees.append((ctx.batch_size, ctx.topk, ctx.max_depth, ctx.max_nodes))
+        return super().propose(ctx)
+
+    def reset(self) -> None:
+        self.resets += 1
+        super().reset()
 
 
 def test_warmup_captures_every_chain_arm_the_switch_can_reach() -> None:
@@ -248,6 +261,13 @@ def test_warmup_captures_every_chain_arm_the_switch_can_reach() -> None:
     assert {d: set(b) for b, d, _ in spy.captured} == want
     assert {f for _, _, f in spy.captured} == {(50, True, 1.0)}
     assert max(max(b) for b, _, _ in spy.captured) <= off_at < 16
+    # tree arms draft eagerly: one warm-up draft per (batch bucket, shape) pays their first-use costs, then the
+    # drafter forgets the warm-up rows
+    want_trees = {(eng.state.bucket(n), a.topk, a.depth, a.verify_tokens)
+                  for n in range(1, off_at + 1) for a in ctl.arms_for(n) if a.drafter == "small" and a.topk > 1}
+    assert want_trees, "the arms table has small-model tree arms"
+    assert sorted(spy.trees) == sorted(want_trees) and spy.resets == 1
     spy.captured.clear()
+    spy.trees.clear()
     eng._warmup_drafts(16, [RequestSampling(temperature=1.0), RequestSampling(temperature=0.5)])
-    assert spy.captured == []
+    assert spy.captured == [] and spy.trees == []

@@ -60,7 +60,7 @@ from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.hidden_rows import flush_hidden, stash_plain_step
 from worker.tlt.rollout.prefill import prefill
 from worker.tlt.rollout.prefill_graphs import PrefillGraphs
-from worker.tlt.rollout.speculative import row_filters, speculative_step
+from worker.tlt.rollout.speculative import row_filters, speculative_step, warmup_context
 from worker.tlt.rollout.types import (
     EngineConfig,
     GenerationOutput,
@@ -254,13 +254,21 @@ class Engine:
             return
         filters = row_filters(rows)  # what draft_context computes for these rows
         plan: dict[str, dict[int, set[int]]] = {}  # drafter -> depth -> batches
+        trees: dict[str, set[tuple[int, int, int, int]]] = {}  # drafter -> (batch bucket, topk, depth, nodes)
         for n, a in self._sd_arms(max_batch):
             depth = min(a.depth, a.verify_tokens - 1)  # the proposer drafts min(depth, verify budget - 1) tokens
             if a.topk == 1 and depth > 0:
                 plan.setdefault(a.drafter, {}).setdefault(depth, set()).add(n)
+            elif a.topk > 1:
+                trees.setdefault(a.drafter, set()).add((self.state.bucket(n), a.topk, a.depth, a.verify_tokens))
         for drafter, by_depth in plan.items():
             for depth, batches in sorted(by_depth.items()):
                 self.proposers[drafter].capture(sorted(batches), depth, filters)
+        for drafter, shapes in trees.items():  # eager drafts: their first use compiles kernels (~1.7 s at a 7B width)
+            proposer = self.proposers[drafter]
+            for batch, topk, depth, nodes in sorted(shapes):
+                proposer.propose(warmup_context(batch, topk, depth, nodes, rows[0], filters, self.state.device))
+            proposer.reset()  # forget the warm-up rows
 
     # ------------------------------------------------------------------------------------------------- phases
     @torch.no_grad()

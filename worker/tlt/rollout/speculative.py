@@ -78,6 +78,17 @@ def draft_context(state: EngineState, batch: int, nodes: int, depth: int,
     return ctx, hists
 
 
+def warmup_context(batch: int, topk: int, depth: int, nodes: int, params: RequestSampling, filters: DraftFilters,
+                   device: torch.device) -> DraftContext:
+    """A DraftContext of `batch` two-token rows (sequence ids (-1 - row, 0): none of a rollout's) for an arm's shape,
+    sampled with `params`: what the engine's warm-up drafts once per eager (tree) shape, so that the first-use costs
+    of the drafter's kernels do not land in a timed rollout."""
+    return DraftContext(
+        histories=[[0, 0] for _ in range(batch)], prompt_lens=[1] * batch, group_ids=[-1 - i for i in range(batch)],
+        sample_ids=[0] * batch, max_nodes=nodes, max_depth=depth, topk=topk, device=device,
+        sampling=RowSampling.uniform(batch, params.temperature, params.top_p, params.top_k, device), filters=filters)
+
+
 def speculative_step(state: EngineState, batch: int, arm: Arm, proposer: Proposer,
                      graphs: VerifyGraphs | None) -> StepStats:
     """Engine.speculative_step (module docstring): draft with `proposer` in `arm`'s shape, verify (replaying
