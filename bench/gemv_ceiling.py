@@ -1,12 +1,13 @@
-"""How close a decode step's GEMMs can come to the HBM limit on this GPU: the bandwidth HBM gives a pure read and a
-copy, and cuBLAS's bandwidth on each weight matrix of a named architecture's decode step at M rows, for the weight
-as the engine stores it ([N, K], `F.linear`) and transposed ([K, N], `x @ W^T` contiguous). Each GEMM cycles over
-enough copies of its weight that none is read from L2 (a real step reads 28+ layers' weights once each).
+"""How close a decode step's GEMMs can come to the HBM limit on this GPU: the bandwidth of a kernel that only reads,
+on 1 GiB and on each weight matrix of a named architecture's decode step (its own size: what one kernel per matrix
+can reach), and cuBLAS's bandwidth on each matrix at M rows, for the weight as the engine stores it ([N, K],
+`F.linear`) and transposed ([K, N] contiguous, `x @ W`). Each timing cycles over enough copies of its tensor that none
+is read from L2 (a real step reads 28+ layers' weights once each).
 
     python bench/gemv_ceiling.py --model qwen2.5-7b --rows 1,8,64
 
-Then, per M, the GEMM time of one step (every layer's five matrices and the head) at cuBLAS's measured speed and at
-the read ceiling, and the tokens/s those bound with nothing else in the step.
+Then, per M, the GEMM time of one step (every layer's four matrices and the head) at cuBLAS's measured speed and with
+every matrix at its read ceiling, and the tokens/s those bound with nothing else in the step.
 """
 
 from __future__ import annotations
@@ -40,22 +41,31 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, 0))
 
 
-def read_tbps(x: torch.Tensor) -> float:
-    """The best read bandwidth (TB/s) over a few launch shapes of the read kernel on `x` (flat bf16)."""
-    n = x.numel()
-    best = 0.0
-    for block, iters in ((1024, 8), (2048, 8), (4096, 4), (4096, 16), (8192, 8)):
-        out = torch.empty(triton.cdiv(n, block * iters), device=x.device, dtype=torch.float32)
-        launch = functools.partial(_read_kernel[(out.numel(),)], x, out, n, BLOCK=block, ITERS=iters)
-        us = time_us(launch, launches=4, replays=10)
-        best = max(best, x.numel() * x.element_size() / us / 1e6)
+READ_SHAPES = ((1024, 8), (2048, 8), (4096, 4), (4096, 16), (8192, 8), (1024, 2), (2048, 2), (4096, 1))
+
+
+def read_us(xs: list[torch.Tensor]) -> float:
+    """Microseconds per tensor to read each of `xs` (flat bf16, read one after another, as a step reads its
+    matrices) with the read kernel's best launch shape."""
+    best = float("inf")
+    for block, iters in READ_SHAPES:
+        launches = []
+        for x in xs:
+            out = torch.empty(triton.cdiv(x.numel(), block * iters), device=x.device, dtype=torch.float32)
+            launches.append(functools.partial(_read_kernel[(out.numel(),)], x, out, x.numel(), BLOCK=block,
+                                              ITERS=iters))
+
+        def run(fns: list = launches) -> None:
+            for fn in fns:
+                fn()
+
+        best = min(best, time_us(run, launches=2, replays=10) / len(xs))
     return best
 
 
-def copy_tbps(x: torch.Tensor) -> float:
-    y = torch.empty_like(x)
-    us = time_us(lambda: y.copy_(x), launches=4, replays=10)
-    return 2 * x.numel() * x.element_size() / us / 1e6
+def cold_copies(numel: int, dev: torch.device) -> int:
+    """How many copies of a `numel` bf16 tensor, read in turn, keep each read out of L2."""
+    return max(2, -(-4 * L2_BYTES // (2 * numel)))
 
 
 def matrices(a: ModelArgs) -> dict[str, tuple[int, int, int]]:
@@ -68,7 +78,7 @@ def matrices(a: ModelArgs) -> dict[str, tuple[int, int, int]]:
 
 def gemm_us(n: int, k: int, m: int, transposed: bool, dev: torch.device) -> float:
     """cuBLAS microseconds per x[m, k] @ W^T with W [n, k] bf16 (stored [k, n] when `transposed`), L2-cold."""
-    copies = max(2, -(-4 * L2_BYTES // (2 * n * k)))
+    copies = cold_copies(n * k, dev)
     ws = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) if transposed
           else torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -90,41 +100,52 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
     args = shape(a.model, vocab_size=a.vocab)
-    x = torch.randn(1 << 29, device=dev, dtype=torch.bfloat16)  # 1 GiB
-    read, copy = read_tbps(x), copy_tbps(x)
-    del x
+    big = 1 << 29  # 1 GiB of bf16
+    read = 2 * big / read_us([torch.empty(big, device=dev, dtype=torch.bfloat16)]) / 1e6
     gpu = torch.cuda.get_device_name(dev)
-    print(f"{gpu}: read {read:.2f} TB/s, copy {copy:.2f} TB/s", flush=True)
+    print(f"{gpu}: read {read:.2f} TB/s (1 GiB)", flush=True)
     rows = [int(r) for r in a.rows.split(",")]
-    res: dict = {"gpu": gpu, "torch": torch.__version__, "model": a.model, "read_tbps": read, "copy_tbps": copy,
+    res: dict = {"gpu": gpu, "torch": torch.__version__, "model": a.model, "read_tbps": read, "matrices": {},
                  "gemms": []}
     for name, (n, k, count) in matrices(args).items():
+        xs = [torch.empty(n * k, device=dev, dtype=torch.bfloat16) for _ in range(cold_copies(n * k, dev))]
+        r_us = read_us(xs)
+        del xs
+        res["matrices"][name] = {"n": n, "k": k, "count": count, "read_us": r_us, "read_tbps": 2 * n * k / r_us / 1e6}
+        print(f"{name} [{n}x{k}] read: {r_us:.1f} us, {2 * n * k / r_us / 1e6:.2f} TB/s", flush=True)
         for m in rows:
             for transposed in (False, True):
                 us = gemm_us(n, k, m, transposed, dev)
                 tbps = 2 * n * k / us / 1e6
-                res["gemms"].append({"matrix": name, "n": n, "k": k, "count": count, "m": m,
-                                     "layout": "[K, N]" if transposed else "[N, K]", "us": us, "tbps": tbps})
-                print(f"{name} [{n}x{k}] m={m} {'KN' if transposed else 'NK'}: {us:.1f} us, {tbps:.2f} TB/s",
-                      flush=True)
+                res["gemms"].append({"matrix": name, "m": m, "layout": "[K, N]" if transposed else "[N, K]",
+                                     "us": us, "tbps": tbps})
+                print(f"{name} m={m} {'KN' if transposed else 'NK'}: {us:.1f} us, {tbps:.2f} TB/s", flush=True)
+    mats = res["matrices"]
     lines = [f"# GEMV ceiling at {a.model} (vocabulary {a.vocab}) — {gpu}, torch {torch.__version__}, bf16", "",
-             f"`python bench/gemv_ceiling.py --model {a.model} --rows {a.rows}`. HBM read (a Triton kernel summing "
-             f"1 GiB, best launch shape): **{read:.2f} TB/s**; copy (read + write): {copy:.2f} TB/s; datasheet "
-             "4.8 TB/s. cuBLAS per weight matrix, L2-cold (each timed over copies of the weight larger than 4x L2):",
-             "", "| matrix | N x K | rows M | layout | us | TB/s | % of read |", "|---|---|---|---|---|---|---|"]
+             f"`python bench/gemv_ceiling.py --model {a.model} --rows {a.rows}`. HBM read ceiling: a Triton kernel "
+             f"that only reads (sums) its input, best of {len(READ_SHAPES)} launch shapes: **{read:.2f} TB/s** on "
+             "1 GiB (datasheet 4.8 TB/s), and below on each weight matrix's own size, which is what a kernel per "
+             "matrix can reach. Everything L2-cold: each timing cycles over copies of the matrix larger than 4x L2.",
+             "", "| matrix | N x K | MB | read us | read TB/s | per step |", "|---|---|---|---|---|---|"]
+    for name, v in mats.items():
+        lines.append(f"| {name} | {v['n']} x {v['k']} | {2 * v['n'] * v['k'] / 1e6:.0f} | {v['read_us']:.1f} | "
+                     f"{v['read_tbps']:.2f} | {v['count']} |")
+    lines += ["", "cuBLAS (`F.linear` on [N, K]; `x @ W` on [K, N] contiguous):", "",
+              "| matrix | rows M | layout | us | TB/s | % of this matrix's read |", "|---|---|---|---|---|---|"]
     for g in res["gemms"]:
-        lines.append(f"| {g['matrix']} | {g['n']} x {g['k']} | {g['m']} | {g['layout']} | {g['us']:.1f} | "
-                     f"{g['tbps']:.2f} | {100 * g['tbps'] / read:.0f}% |")
-    lines += ["", "One step's GEMMs (every layer's matrices and the head), best layout per matrix:", "",
-              "| rows M | weight GB | cuBLAS ms | at the read ceiling ms | tok/s bound, cuBLAS | tok/s bound, read "
-              "ceiling |", "|---|---|---|---|---|---|"]
+        lines.append(f"| {g['matrix']} | {g['m']} | {g['layout']} | {g['us']:.1f} | {g['tbps']:.2f} | "
+                     f"{100 * mats[g['matrix']]['read_us'] / g['us']:.0f}% |")
+    lines += ["", "One step's GEMMs (every layer's matrices and the head; cuBLAS: the faster layout per matrix):", "",
+              "| rows M | weight GB | cuBLAS ms | every matrix at its read ceiling ms | tok/s bound, cuBLAS | "
+              "tok/s bound, read ceiling |", "|---|---|---|---|---|---|"]
+    gb = sum(2 * v["n"] * v["k"] * v["count"] for v in mats.values()) / 1e9
+    ceil_ms = sum(v["read_us"] * v["count"] for v in mats.values()) / 1e3
     for m in rows:
         best: dict[str, float] = {}
         for g in res["gemms"]:
             if g["m"] == m:
-                best[g["matrix"]] = min(best.get(g["matrix"], 1e18), g["us"] * g["count"])
-        gb = sum(2 * n * k * c for n, k, c in matrices(args).values()) / 1e9
-        cublas_ms, ceil_ms = sum(best.values()) / 1e3, gb / read
+                best[g["matrix"]] = min(best.get(g["matrix"], 1e18), g["us"] * mats[g["matrix"]]["count"])
+        cublas_ms = sum(best.values()) / 1e3
         res.setdefault("steps", []).append({"m": m, "weight_gb": gb, "cublas_ms": cublas_ms, "ceiling_ms": ceil_ms})
         lines.append(f"| {m} | {gb:.2f} | {cublas_ms:.3f} | {ceil_ms:.3f} | {1e3 * m / cublas_ms:,.0f} | "
                      f"{1e3 * m / ceil_ms:,.0f} |")
