@@ -13,8 +13,8 @@ import torch
 from worker.tlt.bench import gsm8k_questions, model_source
 from worker.tlt.config import WIDENED_MODELS, JobSpec
 from worker.tlt.model.args import preset, shape
-from worker.tlt.model.gguf_reader import read_gguf
-from worker.tlt.model.load import build_model, gguf_args, load_gguf_state_dict, smollm2_gguf_path
+from worker.tlt.model.gguf import gguf_checkpoint
+from worker.tlt.model.load import build_model, smollm2_gguf_path
 from worker.tlt.model.tokenizer import Tokenizer
 from worker.tlt.model.transformer import Transformer, rope_inv_freq
 from worker.tlt.model.widen import WIDENED_BUILTINS, Widening, parse_name, plan, plan_into, widen_state_dict
@@ -25,14 +25,11 @@ from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 @pytest.fixture(scope="module")
 def pair() -> tuple[Transformer, Transformer, Widening, Tokenizer]:
     """SmolLM2 and its @test widening from one dequantisation of the GGUF."""
-    path = smollm2_gguf_path()
-    reader = read_gguf(path)
-    args = gguf_args(reader)
-    sd = load_gguf_state_dict(reader, args)
+    args, sd, tok = gguf_checkpoint(smollm2_gguf_path())
     wd = plan("test", args)
     wide = build_model(wd.args, widen_state_dict(wd, sd, "cpu", torch.float32), "cpu", torch.float32)
     small = build_model(args, sd, "cpu", torch.float32)
-    return small, wide, wd, Tokenizer.from_gguf(str(path), extra_eos=args.eos_token_ids)
+    return small, wide, wd, tok
 
 
 def _prompts(tok: Tokenizer, n: int) -> list[list[int]]:

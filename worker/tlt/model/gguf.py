@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from worker.tlt.model.args import ModelArgs
-from worker.tlt.model.gguf_reader import GgufFile
+from worker.tlt.model.gguf_reader import GgufFile, read_gguf
+from worker.tlt.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +106,10 @@ def load_gguf_state_dict(reader: GgufFile, args: ModelArgs) -> dict[str, torch.T
             continue
         sd[name] = torch.from_numpy(np.array(arr, dtype=np.float32, copy=True))
     return sd
+
+
+def gguf_checkpoint(path: str | Path) -> tuple[ModelArgs, dict[str, torch.Tensor], Tokenizer]:
+    """One parse of a GGUF file: its model arguments, its dequantised state dict and its tokenizer."""
+    reader = read_gguf(path)
+    args = gguf_args(reader)
+    return args, load_gguf_state_dict(reader, args), Tokenizer.from_gguf(str(path), extra_eos=args.eos_token_ids)

@@ -19,8 +19,7 @@ import torch
 from worker.tlt.config import ModelSource
 from worker.tlt.model.args import ModelArgs, preset
 from worker.tlt.model.build import build_model
-from worker.tlt.model.gguf import gguf_args, load_gguf_state_dict, smollm2_gguf_path
-from worker.tlt.model.gguf_reader import read_gguf
+from worker.tlt.model.gguf import gguf_checkpoint, smollm2_gguf_path
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.tokenizer import ByteTokenizer, Tokenizer, TokenizerLike
 from worker.tlt.model.transformer import Transformer
@@ -72,10 +71,8 @@ def load_hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_gguf(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> tuple[Transformer, Tokenizer]:
-    reader = read_gguf(path)
-    args = gguf_args(reader)
-    model = build_model(args, load_gguf_state_dict(reader, args), device, dtype)
-    return model, Tokenizer.from_gguf(str(path), extra_eos=args.eos_token_ids)
+    args, state_dict, tokenizer = gguf_checkpoint(path)
+    return build_model(args, state_dict, device, dtype), tokenizer
 
 
 def load_model(source: ModelSource, device: torch.device | str = "cpu",

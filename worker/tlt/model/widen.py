@@ -186,13 +186,8 @@ def parse_name(name: str) -> str:
 def load_widened(name: str, device: torch.device | str, dtype: torch.dtype) -> tuple[Transformer, Tokenizer]:
     """The widened model built on `device` from SmolLM2's GGUF weights (no file written), and SmolLM2's tokenizer."""
     from worker.tlt.model.build import build_model
-    from worker.tlt.model.gguf import gguf_args, load_gguf_state_dict, smollm2_gguf_path
-    from worker.tlt.model.gguf_reader import read_gguf
+    from worker.tlt.model.gguf import gguf_checkpoint, smollm2_gguf_path
 
-    path = smollm2_gguf_path()
-    reader = read_gguf(path)
-    small_args = gguf_args(reader)
+    small_args, state_dict, tokenizer = gguf_checkpoint(smollm2_gguf_path())
     wd = plan(parse_name(name), small_args)
-    model = build_model(wd.args, widen_state_dict(wd, load_gguf_state_dict(reader, small_args), device, dtype),
-                        device, dtype)
-    return model, Tokenizer.from_gguf(str(path), extra_eos=small_args.eos_token_ids)
+    return build_model(wd.args, widen_state_dict(wd, state_dict, device, dtype), device, dtype), tokenizer
