@@ -90,6 +90,11 @@ def gemm_us(n: int, k: int, m: int, transposed: bool, dev: torch.device) -> floa
     return time_us(run, launches=2, replays=10) / copies
 
 
+def cell(name: str) -> str:
+    """A matrix name as a markdown table cell (q|k|v's bars escaped)."""
+    return name.replace("|", "\\|")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-7b", help="a named architecture (model/args.py SHAPES)")
@@ -128,12 +133,12 @@ def main(argv: list[str] | None = None) -> int:
              "matrix can reach. Everything L2-cold: each timing cycles over copies of the matrix larger than 4x L2.",
              "", "| matrix | N x K | MB | read us | read TB/s | per step |", "|---|---|---|---|---|---|"]
     for name, v in mats.items():
-        lines.append(f"| {name} | {v['n']} x {v['k']} | {2 * v['n'] * v['k'] / 1e6:.0f} | {v['read_us']:.1f} | "
+        lines.append(f"| {cell(name)} | {v['n']} x {v['k']} | {2 * v['n'] * v['k'] / 1e6:.0f} | {v['read_us']:.1f} | "
                      f"{v['read_tbps']:.2f} | {v['count']} |")
     lines += ["", "cuBLAS (`F.linear` on [N, K]; `x @ W` on [K, N] contiguous):", "",
               "| matrix | rows M | layout | us | TB/s | % of this matrix's read |", "|---|---|---|---|---|---|"]
     for g in res["gemms"]:
-        lines.append(f"| {g['matrix']} | {g['m']} | {g['layout']} | {g['us']:.1f} | {g['tbps']:.2f} | "
+        lines.append(f"| {cell(g['matrix'])} | {g['m']} | {g['layout']} | {g['us']:.1f} | {g['tbps']:.2f} | "
                      f"{100 * mats[g['matrix']]['read_us'] / g['us']:.0f}% |")
     lines += ["", "One step's GEMMs (every layer's matrices and the head; cuBLAS: the faster layout per matrix):", "",
               "| rows M | weight GB | cuBLAS ms | every matrix at its read ceiling ms | tok/s bound, cuBLAS | "
