@@ -63,7 +63,7 @@ def read_us(xs: list[torch.Tensor]) -> float:
     return best
 
 
-def cold_copies(numel: int, dev: torch.device) -> int:
+def cold_copies(numel: int) -> int:
     """How many copies of a `numel` bf16 tensor, read in turn, keep each read out of L2."""
     return max(2, -(-4 * L2_BYTES // (2 * numel)))
 
@@ -78,7 +78,7 @@ def matrices(a: ModelArgs) -> dict[str, tuple[int, int, int]]:
 
 def gemm_us(n: int, k: int, m: int, transposed: bool, dev: torch.device) -> float:
     """cuBLAS microseconds per x[m, k] @ W^T with W [n, k] bf16 (stored [k, n] when `transposed`), L2-cold."""
-    copies = cold_copies(n * k, dev)
+    copies = cold_copies(n * k)
     ws = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) if transposed
           else torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"gpu": gpu, "torch": torch.__version__, "model": a.model, "read_tbps": read, "matrices": {},
                  "gemms": []}
     for name, (n, k, count) in matrices(args).items():
-        xs = [torch.empty(n * k, device=dev, dtype=torch.bfloat16) for _ in range(cold_copies(n * k, dev))]
+        xs = [torch.empty(n * k, device=dev, dtype=torch.bfloat16) for _ in range(cold_copies(n * k))]
         r_us = read_us(xs)
         del xs
         res["matrices"][name] = {"n": n, "k": k, "count": count, "read_us": r_us, "read_tbps": 2 * n * k / r_us / 1e6}

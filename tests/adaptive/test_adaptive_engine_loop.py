@@ -222,7 +222,6 @@ class ChainSpy(SmallModelProposer):
     def __init__(self) -> None:
         super().__init__(DRAFTER)
         self.captured: list[tuple[list[int], int, DraftFilters]] = []
-
         self.trees: list[tuple[int, int, int, int]] = []  # (batch, topk, depth, nodes) of each tree drafted
         self.resets = 0
 
