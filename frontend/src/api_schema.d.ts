@@ -722,6 +722,11 @@ export interface components {
              * @default 200
              */
             max_train_steps_per_rl_step: number;
+            /**
+             * Train After Update
+             * @default true
+             */
+            train_after_update: boolean;
             /** Warm Start */
             warm_start?: string | components["schemas"]["ArtifactRef"] | null;
         };

@@ -7,9 +7,11 @@ the widest arm. Run: python -m pytest tests/adaptive/test_adaptive_engine_loop.p
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import pytest
+import torch
 from scipy.stats import chisquare
 
 from worker.tlt.adaptive.arms import arms_table
@@ -21,9 +23,11 @@ from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.sampling import DraftFilters
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
+from worker.tlt.rollout import adaptive_loop
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
+from worker.tlt.rollout.windows import PlainWindows
 from worker.tlt.selfcheck import exact_pair_law
 from worker.tlt.spec.ngram import NGramProposer
 from worker.tlt.spec.proposer import DraftContext, Proposer
@@ -103,11 +107,22 @@ def _assert_same(out: GenerationOutput, base: GenerationOutput) -> None:
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-def test_greedy_identical_with_sd_switching_on_and_off_inside_generate() -> None:
+def _run_ahead(monkeypatch: pytest.MonkeyPatch, overlap: bool) -> None:
+    """Plain windows one ahead of their reads (as on CUDA) or read at once, forced for the adaptive loop on CPU."""
+    monkeypatch.setattr(adaptive_loop, "PlainWindows", functools.partial(PlainWindows, overlap=overlap))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_greedy_identical_with_sd_switching_on_and_off_inside_generate(overlap: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     reqs = requests(0.0)
     base = engine(None, slots=6).generate(reqs)
-    out = engine(ScriptedSd(), slots=6).generate(reqs)  # 10 sequences through 6 slots: a full phase, then the tail
+    _run_ahead(monkeypatch, overlap)
+    ctl = ScriptedSd()
+    out = engine(ctl, slots=6).generate(reqs)  # 10 sequences through 6 slots: a full phase, then the tail
     _assert_same(out, base)
+    # every step reached the controller once, plain steps when their window was read (a window late with overlap)
+    assert ctl.metrics.steps == sum(s.kind != "prefill" for s in out.steps)
     steps = [s for s in out.steps if s.kind != "prefill"]
     # plain decoding while the batch is full, SD only once fewer than on_below=4 are active; no re-prefill: the
     # only prefills are the admission waves (6 slots, 10 sequences)
@@ -121,6 +136,32 @@ def test_greedy_identical_with_sd_switching_on_and_off_inside_generate() -> None
     assert flips >= 6  # SD off -> on -> off ... inside the tail
     spec = [s for s in out.steps if s.kind == "spec"]
     assert 0 < sum(s.accepted for s in spec) < sum(s.active * (s.verify_tokens - 1) for s in spec)
+
+
+def test_hook_rows_the_same_with_windows_read_a_window_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With windows read one late (rows moved by syncs in between, SD steps between windows), the hidden-state hook
+    still gets every position of every sequence once, in order, with its hidden state."""
+    reqs = requests(0.0)
+
+    def rows(overlap: bool) -> dict[tuple[int, int], tuple[list[int], torch.Tensor]]:
+        got: dict[tuple[int, int], tuple[list[int], list[torch.Tensor]]] = {}
+
+        def hook(seq_ids: Sequence[tuple[int, int]], toks: torch.Tensor, hidden: torch.Tensor) -> None:
+            for sid, t, h in zip(list(seq_ids), toks.tolist(), hidden, strict=True):
+                got.setdefault(sid, ([], []))[0].append(t)
+                got[sid][1].append(h)
+
+        _run_ahead(monkeypatch, overlap)
+        out = engine(ScriptedSd(), slots=6, hidden_hook=hook).generate(reqs)
+        for s in out.sequences:  # the response's positions after the prefill: all but the last token entered the cache
+            assert got[(s.request, s.sample)][0][-(len(s.tokens) - 1):] == s.tokens[:-1]
+        return {k: (t, torch.stack(h)) for k, (t, h) in got.items()}
+
+    want, have = rows(False), rows(True)
+    assert want.keys() == have.keys()
+    for k, (toks, hid) in want.items():
+        assert have[k][0] == toks
+        torch.testing.assert_close(have[k][1], hid, atol=1e-4, rtol=1e-4)
 
 
 def test_greedy_identical_with_the_bandit() -> None:
@@ -186,7 +227,10 @@ def test_rollout_metrics_on_output() -> None:
                                                                           if s.kind == "prefill")
 
 
-def test_tail_hook_is_bounded_and_only_runs_with_sd_on() -> None:
+@pytest.mark.parametrize("sd", ["adaptive", "off"])
+def test_tail_hook_is_bounded_and_only_runs_in_the_tail(sd: str) -> None:
+    """The tail earns the hook its credit whether SD runs there or not (a switch by step costs keeps SD off until
+    the drafter the hook trains pays)."""
     clock = FakeClock()
     budgets: list[tuple[float, int]] = []
     eng: Engine
@@ -195,9 +239,10 @@ def test_tail_hook_is_bounded_and_only_runs_with_sd_on() -> None:
         budgets.append((budget, eng.n_active))
         clock.advance(0.02)  # a spot-training step that costs 20 ms, far more than any single grant
 
-    ctl = controller()
+    ctl = controller() if sd == "adaptive" else AdaptiveSd(SwitchConfig(mode="off", on_below=4), None)
     eng = engine(ctl, slots=10, clock=clock, tail_hook=hook)
     out = eng.generate(requests(1.0))
+    assert (sd == "off") == (not any(s.kind == "spec" for s in out.steps))
     assert budgets and all(0 < b <= eng.config.tail_credit_cap_s for b, _ in budgets)
     assert all(active < 4 for _, active in budgets)  # the tail only
     on_s = sum(s.seconds for s in out.steps if s.kind != "prefill" and s.active < 4)

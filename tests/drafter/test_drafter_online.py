@@ -66,10 +66,12 @@ def test_rl_loop_capture_train_publish(tiny_target: Transformer) -> None:
         assert torch.equal(other.proposer.drafter.state_dict()[k], v)
 
 
-def test_harvest_is_per_step_and_never_above_the_idle_time(tiny_target: Transformer) -> None:
-    """Drafter steps between tail decode steps are harvested idle time; the rest of the budget, run after the update,
-    is not. Per step used <= idle (ratio <= 1); the *_total counters add the steps up."""
-    od = OnlineDrafter(drafter_config(_spec()), tiny_target)
+@pytest.mark.parametrize("after_update", [True, False])
+def test_harvest_is_per_step_and_never_above_the_idle_time(after_update: bool, tiny_target: Transformer) -> None:
+    """Drafter steps between tail decode steps are harvested idle time; the rest of the budget, run after the update
+    (unless drafter.train_after_update is off), is not. Per step used <= idle (ratio <= 1); the *_total counters add
+    the steps up."""
+    od = OnlineDrafter(drafter_config(_spec(train_after_update=after_update)), tiny_target)
     eng = Engine(tiny_target, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4),
                  controller=AdaptiveSd.fixed(chain_arm("eagle", 3)), proposers={"eagle": od.proposer},
                  hidden_hook=od.hidden_hook)
@@ -81,7 +83,8 @@ def test_harvest_is_per_step_and_never_above_the_idle_time(tiny_target: Transfor
         if step:  # a rollout's tail trains (the buffer holds the first rollout's rows from step 1 on)
             assert od.train_in_tail(lambda: False, max_steps=2) == 2
         m = od.after_update(step, [])
-        assert m["drafter/steps"] == 6 * (step + 1)  # the whole budget ran either way
+        # the whole budget ran either way; or only the tail's steps
+        assert m["drafter/steps"] == (6 * (step + 1) if after_update else 2 * step)
         assert m["harvest/idle_gpu_s"] >= tail > 0 and 0 <= m["harvest/ratio"] <= 1
         assert (m["harvest/used_gpu_s"] > 0) == (step > 0)
         assert m["harvest/ratio"] == pytest.approx(m["harvest/used_gpu_s"] / m["harvest/idle_gpu_s"])

@@ -161,6 +161,9 @@ class DrafterConfig(_Strict):
     learning_rate: float = Field(3e-4, gt=0.0, le=1.0)
     buffer_gb: float = Field(1.0, gt=0.0, le=4096.0)  # hidden-state buffer budget (last two RL steps)
     max_train_steps_per_rl_step: int = Field(200, ge=0, le=1_000_000)  # spot-training cap per RL step
+    # after the policy update, train the rest of that cap in the step's own time (timing_s/drafter); false: the
+    # drafter trains only in the rollout's tail (TLT's spot training), so it never lengthens an RL step
+    train_after_update: bool = True
     # The exported drafter's form (run_dir/drafter). None = the form of `kind`. A learned drafter exports only in its
     # own form (EAGLE-1's fc reads [embed, final hidden], EAGLE-3's three feature layers), so a value naming the
     # other form, or any value with an n-gram / no drafter, is rejected rather than ignored.
@@ -310,8 +313,10 @@ PRESETS: dict[str, dict] = {
 PRESETS["h200-gsm8k-tlt"] = {
     **PRESETS["h200-gsm8k"],
     "name": "smollm2-gsm8k-h200-tlt",
-    "rollout": {"speculative": "adaptive", "sd_on_below": 32},
-    "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 16},
+    # SD where measured step costs say it pays (a 135M model decodes launch-bound: nowhere); the drafter trains
+    # in the tail only, so a model where SD cannot pay loses no step time to it
+    "rollout": {"speculative": "adaptive", "sd_on_below": 32, "sd_switch": "step_costs"},
+    "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 16, "train_after_update": False},
 }
 PRESETS["h200-gsm8k-sd-off"] = {
     **PRESETS["h200-gsm8k"],

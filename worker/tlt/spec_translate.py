@@ -96,5 +96,6 @@ def drafter_config(spec: JobSpec) -> OnlineDrafterConfig:
         raise ValueError(f"an online drafter is eagle1 or eagle3, not {d.kind}")
     return OnlineDrafterConfig(kind=d.kind, warm_start_dir=d.warm_start_dir, learning_rate=d.learning_rate,
                                buffer_gb=d.buffer_gb, max_train_steps_per_rl_step=d.max_train_steps_per_rl_step,
+                               train_after_update=d.train_after_update,
                                draft_vocab_size=d.draft_vocab_size, tail_below=spec.rollout.sd_on_below,
                                seed=spec.seed)

@@ -144,9 +144,12 @@ class OnlineDrafter:
     # ------------------------------------------------------------------------------------------------ trainer side
     def after_update(self, step: int, trajectories: Sequence[Any]) -> dict[str, float]:
         """rl/trainer.py's DrafterHook: the rest of this RL step's spot-training budget (in the step's own time, not
-        harvested), then drafter/* and this step's harvest/* (module docstring)."""
-        budget = self.config.max_train_steps_per_rl_step - self._steps_this_rl_step
-        self._steps_this_rl_step += self.trainer.train(lambda: False, max(budget, 0), idle_s=0.0, harvested=False)
+        harvested; unless config.train_after_update is off), then drafter/* and this step's harvest/* (module
+        docstring)."""
+        if self.config.train_after_update:
+            budget = self.config.max_train_steps_per_rl_step - self._steps_this_rl_step
+            self._steps_this_rl_step += self.trainer.train(lambda: False, max(budget, 0), idle_s=0.0,
+                                                           harvested=False)
         idle, used = self._tail_s + self._tail_used_s, self._tail_used_s
         self.trainer.add_idle(idle)
         self._tail_s = self._tail_used_s = 0.0

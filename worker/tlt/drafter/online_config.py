@@ -17,6 +17,7 @@ class OnlineDrafterConfig:
     learning_rate: float = 3e-4  # the spot trainer's AdamW learning rate
     buffer_gb: float = 1.0  # hidden-state buffer budget (the last two RL steps' rollouts)
     max_train_steps_per_rl_step: int = 200  # spot-training cap per RL step (tail hook and after the update)
+    train_after_update: bool = True  # after_update trains the rest of that cap (False: the tail only)
     draft_vocab_size: int = 0  # EAGLE-1 chain drafts over the N most frequent response tokens; 0 = all
     tail_below: int = 32  # rollout.sd_on_below: the tail (adaptive/switch.in_tail) offers idle GPU time
     seed: int = 0  # the spot trainer's generators

@@ -1,25 +1,31 @@
-"""The adaptive engine's per-iteration loop: plan an arm with the SD controller (rollout/controller.py), run a
-speculative step with that arm's drafter or a window of plain decode steps, record what happened, and give the tail
-hook its share.
+"""The adaptive engine's decode loop: plan an arm with the SD controller (rollout/controller.py), run a speculative
+step with that arm's drafter or a window of plain decode steps, record what happened, and give the tail hook its
+share.
 
-`Engine.generate` calls `adaptive_iteration` once per loop iteration when it holds a controller (between its
-admission of waiting requests and `sync()`). Per decode step the controller is asked exactly once (`plan(active)`):
+`Engine.generate` builds one `AdaptiveLoop` when it holds a controller and calls `iteration()` once per loop
+iteration (between its admission of waiting requests and `sync()`). Per decode step the controller is asked exactly
+once (`plan(active)`):
 
 - an SD arm -> one `Engine.speculative_step(active, arm)` (draft with `engine.proposers[arm.drafter]`, the arm's depth
   / top-k / verify width), then `record(...)` with emitted tokens, step seconds and accepted / drafted per position;
 - NO_SD -> plain decode steps (the CUDA-graph path) in a window of up to `EngineConfig.sync_every` steps without a
-  host sync; before each further step of the window the controller is asked again, and when it answers an SD arm
-  the window ends and that arm is kept for the next iteration (re-planned if the active batch changed bucket at the
-  sync in between, the only case where a step is planned twice). The window's steps are recorded once their
-  emitted counts are read, each with the switch state it was planned under.
+  host sync, on CUDA launched one window ahead of its read like the plain engine's (rollout/windows.py: the host's
+  reads, records and hidden-state hook overlap the next window); before each further step of the window the
+  controller is asked again, and when it answers an SD arm the window ends, is read at once, and that arm is kept
+  for the next iteration. An SD arm planned while a window is still in flight waits one iteration too: the window
+  is read and the rows synced first. A kept arm is planned again only if the active batch changed bucket at the
+  sync in between. The window's steps are recorded when their emitted counts are read (a window late on CUDA),
+  each with the switch state it was planned under.
 
 Nothing is re-prefilled when SD turns on or off: the KV cache and the row state are the engine's, and a drafter
 catches up from the histories (n-gram index, small-model cache) or from the hidden-state hook (EAGLE).
 
 Tail hook: `TailBudget` hands the engine's optional `tail_hook(budget_s)` (e.g. the drafter's spot training) a
-credit earned by steps run with the switch on (`EngineConfig.tail_budget` of their wall time, banked up to
+credit earned by steps in the rollout's tail or run with the switch on (`EngineConfig.tail_budget` of their wall
+time, banked up to
 `tail_credit_cap_s`); time the hook takes is charged against the credit, so overall it costs about that fraction
-of the tail, plus at most one overrun.
+of the tail, plus at most one overrun. Tail steps earn it whether SD runs or not: a switch driven by step costs
+keeps SD off until the drafter pays, and the drafter has to train in the tail to get there.
 
 Run the tests: `python -m pytest tests/adaptive/test_adaptive_engine_loop.py -q`.
 """
@@ -27,6 +33,7 @@ Run the tests: `python -m pytest tests/adaptive/test_adaptive_engine_loop.py -q`
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -34,6 +41,7 @@ from worker.tlt.decoding.arms import Arm
 from worker.tlt.rollout.controller import SdController
 from worker.tlt.rollout.engine_state import EngineState, StepRunner
 from worker.tlt.rollout.types import StepStats
+from worker.tlt.rollout.windows import PlainWindows
 
 TailHook = Callable[[float], object]  # (time budget in seconds) -> anything; called between tail decode steps
 Pending = tuple[Arm, bool, int]  # (arm planned, switch state when planned, active batch it was planned for)
@@ -52,7 +60,7 @@ class TailBudget:
         self.credit, self.used_s, self.calls = 0.0, 0.0, 0
 
     def earn_and_spend(self, step_seconds: float) -> None:
-        """After a step run with the switch on: earn credit, and call the hook when there is any."""
+        """After steps in the tail (their seconds): earn credit, and call the hook when there is any."""
         if self.hook is None or self.fraction <= 0.0:
             return
         self.credit = min(self.credit + self.fraction * step_seconds, self.cap_s)
@@ -67,48 +75,58 @@ class TailBudget:
         self.calls += 1
 
 
-def _plan(ctl: SdController, active: int) -> tuple[Arm, bool]:
-    arm = ctl.plan(active)
-    return arm, ctl.switch.on
+Planned = tuple[Arm, bool]  # (arm, the switch's state when it was planned)
 
 
-def adaptive_iteration(state: EngineState, runner: StepRunner, ctl: SdController, steps: list[StepStats],
-                       pending: Pending | None, tail: TailBudget) -> Pending | None:
-    """One iteration of the adaptive loop over rows 0..state.n_active-1 (module docstring), stepping with `runner`
-    (the engine); returns the arm planned for the next iteration, if the controller already chose one."""
-    active = state.n_active
-    scheme = ctl.scheme
-    if pending is not None and scheme.bucket(pending[2]) == scheme.bucket(active):
-        arm, on = pending[0], pending[1]
-    else:
-        arm, on = _plan(ctl, active)
-    if arm.is_sd:
-        st = runner.speculative_step(active, arm)
-        steps.append(st)
-        ctl.record(active, arm, st.emitted, st.seconds, accepted_per_pos=st.accepted_pos,
-                   drafted_per_pos=st.drafted_pos, sd_on=on)
-        if on:
-            tail.earn_and_spend(st.seconds)
-        return None
-    planned: list[tuple[Arm, bool]] = [(arm, on)]
-    nxt: Pending | None = None
-    batch = state.bucket(active)
-    clock = state.clock
-    t0 = clock()
-    emitted = [runner.decode_step(batch).sum()]
-    while len(emitted) < state.config.sync_every:
-        a2, on2 = _plan(ctl, active)
-        if a2.is_sd:
-            nxt = (a2, on2, active)
-            break
-        planned.append((a2, on2))
-        emitted.append(runner.decode_step(batch).sum())
-    counts = torch.stack(emitted).tolist()
-    dt = max(clock() - t0, 1e-9) / len(counts)
-    for (a, was_on), c in zip(planned, counts, strict=True):
-        steps.append(StepStats("decode", active, batch, 1, int(c), 0, dt, arm=a.name))
-        ctl.record(active, a, int(c), dt, sd_on=was_on)
-    n_on = sum(was_on for _, was_on in planned)
-    if n_on:
-        tail.earn_and_spend(dt * n_on)
-    return nxt
+class AdaptiveLoop:
+    """The adaptive engine's decode loop over one generate() (module docstring)."""
+
+    def __init__(self, state: EngineState, runner: StepRunner, ctl: SdController, tail: TailBudget) -> None:
+        self.state, self.runner, self.ctl, self.tail = state, runner, ctl, tail
+        self.windows = PlainWindows(state, runner, on_read=self._record_plain)  # one ahead of its reads on CUDA
+        self.pending: Pending | None = None  # an SD arm planned at the end of the last plain window
+
+    def _plan(self, active: int) -> Planned:
+        arm = self.ctl.plan(active)
+        return arm, self.ctl.switch.on
+
+    def iteration(self, steps: list[StepStats]) -> bool:
+        """One iteration over rows 0..state.n_active-1: a speculative step or a plain window -> True when the host has
+        done flags for the current rows (call Engine.sync)."""
+        active = self.state.n_active
+        pending, self.pending = self.pending, None
+        if pending is not None and self.ctl.scheme.bucket(pending[2]) == self.ctl.scheme.bucket(active):
+            arm, on = pending[0], pending[1]
+        else:
+            arm, on = self._plan(active)
+        if arm.is_sd:
+            if self.windows.inflight is not None:  # a plain window still runs: read it and sync first
+                self.pending = (arm, on, active)
+                return self.windows.drain(steps)
+            st = self.runner.speculative_step(active, arm)
+            steps.append(st)
+            self.ctl.record(active, arm, st.emitted, st.seconds, accepted_per_pos=st.accepted_pos,
+                            drafted_per_pos=st.drafted_pos, sd_on=on)
+            if on or self.ctl.switch.in_tail(active):
+                self.tail.earn_and_spend(st.seconds)
+            return True
+
+        def next_label() -> Planned | None:
+            a2, on2 = self._plan(active)
+            if a2.is_sd:  # the window ends here; that arm runs next
+                self.pending = (a2, on2, active)
+                return None
+            return a2, on2
+
+        return self.windows.step(steps, (arm, on), next_label)
+
+    def _record_plain(self, recs: list[StepStats], labels: list[Planned]) -> list[StepStats]:
+        """A read window's steps: each recorded with the arm and switch state it was planned under."""
+        out = []
+        for st, (arm, was_on) in zip(recs, labels, strict=True):
+            out.append(replace(st, arm=arm.name))
+            self.ctl.record(st.active, arm, st.emitted, st.seconds, sd_on=was_on)
+        n_tail = len(recs) if self.ctl.switch.in_tail(recs[0].active) else sum(on for _, on in labels)
+        if n_tail:
+            self.tail.earn_and_spend(recs[0].seconds * n_tail)
+        return out

@@ -12,7 +12,7 @@ rollout/engine_state.py, and none imports the engine):
   with the engine's generator, log-probs, commit; rollout/decode_step.py) is one CUDA-graph replay on CUDA
   (rollout/graphs.py; torch.compile'd before capture for small batches with `EngineConfig.compile`), the same body
   run eagerly elsewhere; same seed => same tokens either way; generate() runs windows of `sync_every` steps with
-  one host read each, on CUDA one window ahead of the reads (rollout/windows.py);
+  one host read each, on CUDA one window ahead of the reads (rollout/windows.py), with a controller too;
 - `speculative_step(batch, arm)`: the arm's proposer drafts a chain or tree per row, ONE target forward verifies all
   rows with the tree mask, spec/verify.py accepts per row, the KV cache keeps only accepted nodes, EOS /
   max_new_tokens cut inside accepted runs; ONE host read at the end (emitted counts, done flags, per-position
@@ -52,7 +52,7 @@ from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout import memory
-from worker.tlt.rollout.adaptive_loop import Pending, TailBudget, TailHook, adaptive_iteration
+from worker.tlt.rollout.adaptive_loop import AdaptiveLoop, TailBudget, TailHook
 from worker.tlt.rollout.controller import SdController
 from worker.tlt.rollout.decode_step import MIXED, DecodeStep, Mode, StepOut, sampling_mode
 from worker.tlt.rollout.engine_state import EngineState, HiddenHook
@@ -375,17 +375,17 @@ class Engine:
         s.done_host = None
         if ctl is not None:
             ctl.start_rollout()
-        pending: Pending | None = None
-        windows = PlainWindows(s, self)
+        adaptive = AdaptiveLoop(s, self, ctl, self.tail) if ctl is not None else None
+        windows = adaptive.windows if adaptive is not None else PlainWindows(s, self)
         while queue or s.n_active:
             if queue and s.n_active < s.slots:
                 items = [queue.popleft() for _ in range(min(s.slots - s.n_active, len(queue)))]
                 steps.append(self.prefill(items, requests))
-            if ctl is not None:
-                pending = adaptive_iteration(s, self, ctl, steps, pending, self.tail)
-            elif not windows.step(steps):  # plain decoding, one window ahead of its reads (rollout/windows.py)
-                continue
-            self.sync(results, on_finish)
+            # plain windows run one ahead of their reads on CUDA (rollout/windows.py): sync once the host has done
+            # flags for the current rows
+            fresh = adaptive.iteration(steps) if adaptive is not None else windows.step(steps)
+            if fresh:
+                self.sync(results, on_finish)
         windows.drain(steps)
         for p in {id(x): x for x in self.proposers.values()}.values():
             p.reset()
