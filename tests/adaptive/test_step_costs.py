@@ -124,8 +124,9 @@ def test_a_bucket_is_judged_by_its_best_arm() -> None:
     assert not costs.sd_pays(b)
 
 
-def test_one_slow_first_use_does_not_rule_sd_out() -> None:
-    """A first SD step that compiles (hundreds of plain steps long) counts as at most `outlier` plain steps."""
+def test_one_slow_first_use_spends_the_probing_budget_but_does_not_rule_sd_out() -> None:
+    """A first SD step that compiles (hundreds of plain steps long) counts in the means as at most `outlier` plain
+    steps, but its whole wall time was lost: with the default budget no other bucket probes after it."""
     cfg = StepCostConfig(min_plain=1, probe_steps=3, probe_budget=1.0)
     costs = StepCosts(cfg, ONE_GPU_BUCKETS)
     b = ONE_GPU_BUCKETS.bucket(4)
@@ -134,7 +135,16 @@ def test_one_slow_first_use_does_not_rule_sd_out() -> None:
     for _ in range(3):
         costs.observe(4, True, 4 * 3, 0.011)  # 3 tokens per sequence for 1.1 plain steps
     assert costs.sd_pays(b)
-    assert costs.probe_loss_s <= cfg.outlier * 0.01 + 1e-9
+    assert costs.probe_loss_s >= 2.2 - 3 * 0.01
+
+    costs = StepCosts(StepCostConfig(min_plain=1), ONE_GPU_BUCKETS)
+    other = ONE_GPU_BUCKETS.bucket(12)
+    assert other != b
+    for active in (4, 12):
+        costs.observe(active, False, active, 0.01)
+    assert costs.sd_pays(other)  # nothing lost yet: it may probe
+    costs.observe(4, True, 4 * 3, 2.2, first_use=True)
+    assert not costs.sd_pays(other)
 
 
 def test_engine_rollout_with_the_cost_switch(capsys) -> None:

@@ -314,7 +314,7 @@ PRESETS["h200-gsm8k-tlt"] = {
     **PRESETS["h200-gsm8k"],
     "name": "smollm2-gsm8k-h200-tlt",
     # SD where measured step costs say it pays (a 135M model decodes launch-bound: nowhere); the drafter trains
-    # in the tail only, so a model where SD cannot pay loses no step time to it
+    # only in tail steps run with SD on, so a model where SD cannot pay loses no step time to it
     "rollout": {"speculative": "adaptive", "sd_on_below": 32, "sd_switch": "step_costs"},
     "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 16, "train_after_update": False},
 }

@@ -129,10 +129,10 @@ class StepCosts:
                     b.arms.clear()
             return
         per_seq = emitted / max(active, 1)
+        if b.on is None and b.plain_n:  # the whole wall time: a first use that compiles is lost all the same
+            self.probe_loss_s += max(0.0, seconds - per_seq * b.plain_s)
         if b.plain_n:
             seconds = min(seconds, cfg.outlier * b.plain_s)
-        if b.on is None and b.plain_n:
-            self.probe_loss_s += max(0.0, seconds - per_seq * b.plain_s)
         if first_use:
             return
         b.sd_n += 1

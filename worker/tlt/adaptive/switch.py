@@ -73,9 +73,6 @@ class SdSwitch:
         self._streak = 0
         self.flips = 0
 
-    def in_tail(self, active: int) -> bool:
-        return in_tail(active, self.config.on_below)
-
     def update(self, active: int) -> bool:
         """Feed this step's active batch size; returns True when this step runs SD."""
         cfg = self.config

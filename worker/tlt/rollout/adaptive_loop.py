@@ -21,11 +21,10 @@ Nothing is re-prefilled when SD turns on or off: the KV cache and the row state 
 catches up from the histories (n-gram index, small-model cache) or from the hidden-state hook (EAGLE).
 
 Tail hook: `TailBudget` hands the engine's optional `tail_hook(budget_s)` (e.g. the drafter's spot training) a
-credit earned by steps in the rollout's tail or run with the switch on (`EngineConfig.tail_budget` of their wall
-time, banked up to
+credit earned by steps run with the switch on (`EngineConfig.tail_budget` of their wall time, banked up to
 `tail_credit_cap_s`); time the hook takes is charged against the credit, so overall it costs about that fraction
-of the tail, plus at most one overrun. Tail steps earn it whether SD runs or not: a switch driven by step costs
-keeps SD off until the drafter pays, and the drafter has to train in the tail to get there.
+of the tail, plus at most one overrun. A switch driven by step costs stays off where SD does not pay, so a drafter
+that has never paid trains only after the update there (`drafter.train_after_update`) or from a warm start.
 
 Run the tests: `python -m pytest tests/adaptive/test_adaptive_engine_loop.py -q`.
 """
@@ -60,7 +59,7 @@ class TailBudget:
         self.credit, self.used_s, self.calls = 0.0, 0.0, 0
 
     def earn_and_spend(self, step_seconds: float) -> None:
-        """After steps in the tail (their seconds): earn credit, and call the hook when there is any."""
+        """After steps run with the switch on (their seconds): earn credit, and call the hook when there is any."""
         if self.hook is None or self.fraction <= 0.0:
             return
         self.credit = min(self.credit + self.fraction * step_seconds, self.cap_s)
@@ -107,7 +106,7 @@ class AdaptiveLoop:
             steps.append(st)
             self.ctl.record(active, arm, st.emitted, st.seconds, accepted_per_pos=st.accepted_pos,
                             drafted_per_pos=st.drafted_pos, sd_on=on)
-            if on or self.ctl.switch.in_tail(active):
+            if on:
                 self.tail.earn_and_spend(st.seconds)
             return True
 
@@ -126,7 +125,7 @@ class AdaptiveLoop:
         for st, (arm, was_on) in zip(recs, labels, strict=True):
             out.append(replace(st, arm=arm.name))
             self.ctl.record(st.active, arm, st.emitted, st.seconds, sd_on=was_on)
-        n_tail = len(recs) if self.ctl.switch.in_tail(recs[0].active) else sum(on for _, on in labels)
-        if n_tail:
-            self.tail.earn_and_spend(recs[0].seconds * n_tail)
+        n_on = sum(on for _, on in labels)
+        if n_on:
+            self.tail.earn_and_spend(recs[0].seconds * n_on)
         return out

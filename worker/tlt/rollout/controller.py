@@ -33,8 +33,6 @@ class SdSwitchView(Protocol):
     @property
     def on(self) -> bool: ...  # the switch's state now (after the last plan)
 
-    def in_tail(self, active: int) -> bool: ...  # a step of this many active sequences is in the rollout's tail
-
     @property
     def config(self) -> SwitchSettings: ...
 

@@ -63,9 +63,8 @@ class EngineConfig:
     # target layers whose *input* hidden states the hidden-state hook also gets (EAGLE-3: (2, L//2, L-3)); with a hook
     # attached, every forward (prefill, decode graph, verify) hands it cat(layer inputs..., final-norm hidden) [N, (k+1)H]
     capture_layers: tuple[int, ...] = ()
-    # Tail hook (adaptive engine): each step in the tail (or run with the SD switch on) earns this fraction of its
-    # wall time as credit for the hook (spot training between decode steps), so the hook slows the tail by about
-    # this much.
+    # Tail hook (adaptive engine): each step run with the SD switch on earns this fraction of its wall time as
+    # credit for the hook (spot training between decode steps), so the hook slows the tail by about this much.
     tail_budget: float = 0.03
     tail_credit_cap_s: float = 0.5  # credit never banks beyond this many seconds (one hook call stays short)
 
