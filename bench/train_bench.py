@@ -15,9 +15,10 @@ graph capture), split into rollout (timing_s/gen, incl. spot training run inside
 after the rollout), update, drafter (spot training after the update). TRL's figure is the mean of its
 step_time_s after the first, read from `../shared/peers/hf_trl_peers.py --what grpo` output (its `trl_grpo`
 section), by default from peers.json next to --out when there is one.
-Modes: `tlt` = rollout.speculative adaptive (SD on below --sd-on-below active sequences, n-gram cold start + the
-EAGLE-1 drafter trained online), drafter spot training capped at --drafter-steps per RL step (the `h200-gsm8k-tlt`
-preset); `off` = speculative off, no drafter (`h200-gsm8k-sd-off`). Outputs are rewritten after every run, so a
+Modes: `tlt` = rollout.speculative adaptive (SD where measured step costs say it pays, considered below
+1.5 x --sd-on-below active sequences; n-gram cold start + the EAGLE-1 drafter trained online in the tail steps SD
+runs in, capped at --drafter-steps per RL step; the `h200-gsm8k-tlt` preset); `off` = speculative off, no drafter
+(`h200-gsm8k-sd-off`). Outputs are rewritten after every run, so a
 run cut short still leaves its finished rows.
 `--profile-update` (is the update GPU- or host-bound?) runs the first mode of the first setting for one
 extra step and runs only that step's `update(...)` under torch.profiler (CPU + CUDA); the step is left out of the

@@ -11,8 +11,9 @@ from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, arms_table
 from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.sim import SimCostModel, SimEnv, response_lengths
-from worker.tlt.adaptive.step_costs import StepCostConfig, StepCosts
+from worker.tlt.adaptive.step_costs import BucketCosts, StepCostConfig, StepCosts
 from worker.tlt.adaptive.switch import SwitchConfig
+from worker.tlt.config import RolloutConfig
 from worker.tlt.decoding.arms import NO_SD
 
 SMALL = SimCostModel(target_fixed_s=0.63e-3, target_sat_tokens=4096, sd_overhead_s=1.5e-3, noise=0.05)
@@ -145,6 +146,47 @@ def test_one_slow_first_use_spends_the_probing_budget_but_does_not_rule_sd_out()
     assert costs.sd_pays(other)  # nothing lost yet: it may probe
     costs.observe(4, True, 4 * 3, 2.2, first_use=True)
     assert not costs.sd_pays(other)
+
+
+def test_a_bucket_judged_on_where_sd_is_declined_is_judged_afresh() -> None:
+    """Switch-on plain steps (the bandit chose plain decoding) in a row: after decline_limit of them the bucket's
+    judgement is dropped; an SD step in between restarts the count; a bucket judged off is left alone."""
+    cfg = StepCostConfig(min_plain=1, probe_steps=2, decline_limit=3, probe_budget=0.0)
+    costs = StepCosts(cfg, ONE_GPU_BUCKETS)
+    b = ONE_GPU_BUCKETS.bucket(4)
+    costs.observe(4, False, 4, 0.01)
+    for _ in range(2):
+        costs.observe(4, True, 4 * 3, 0.011, arm="ngram-c3")  # 3 tokens per sequence for 1.1 plain steps: pays
+    assert costs.buckets[b].on is True
+    costs.decline(4)
+    costs.decline(4)
+    costs.observe(4, True, 4 * 3, 0.011, arm="ngram-c3")  # SD played again: the count restarts
+    costs.decline(4)
+    costs.decline(4)
+    assert costs.buckets[b].on is True and costs.sd_pays(b)
+    costs.decline(4)
+    assert costs.buckets[b].on is None and not costs.buckets[b].arms  # unjudged: probed again within the budget
+
+    costs = StepCosts(cfg, ONE_GPU_BUCKETS)
+    costs.observe(4, False, 4, 0.01)
+    for _ in range(2):
+        costs.observe(4, True, 4, 0.03, arm="ngram-c3")  # 1 token for 3 plain steps: off
+    for _ in range(5):
+        costs.decline(4)
+    assert costs.buckets[b].on is False
+
+
+def test_the_controller_declines_for_switch_on_plain_steps() -> None:
+    """AdaptiveSd.record tells the step costs of each switch-on step its bandit ran plainly."""
+    ctl = AdaptiveSd.from_spec(RolloutConfig(speculative="adaptive"), ["ngram"],
+                               step_costs=StepCostConfig(decline_limit=2))
+    assert ctl.costs is not None
+    ctl.costs.buckets[ctl.scheme.bucket(4)] = bucket = BucketCosts(on=True)
+    ctl.record(4, NO_SD, 4, 0.01, sd_on=False)  # switch off: not a decline
+    ctl.record(4, NO_SD, 4, 0.01, sd_on=True)
+    assert bucket.on is True and bucket.declined == 1
+    ctl.record(4, NO_SD, 4, 0.01, sd_on=True)
+    assert bucket.on is None
 
 
 def test_engine_rollout_with_the_cost_switch(capsys) -> None:

@@ -107,6 +107,8 @@ class AdaptiveSd:
         self._warm.add((arm.name, bucket))
         if self.costs is not None:
             self.costs.observe(active, arm.is_sd, emitted, seconds, first_use=not learn, arm=arm.name)
+            if on and not arm.is_sd:  # the switch was on and the bandit chose plain decoding
+                self.costs.decline(active)
             if arm.is_sd and learn and self.costs.cannot_pay(active, arm.name, arm.depth + 1):
                 self._drop(bucket, arm)
         if on and self.bandit is not None and learn:

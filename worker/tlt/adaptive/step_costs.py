@@ -17,7 +17,8 @@ and it stays on until that falls below plain (hysteresis). `cannot_pay` names an
 plain decoding could emit at its full acceptance; the controller then drops that arm shape. An
 unjudged bucket follows a judged neighbour where the ordering decides (SD's gain falls as the batch grows), else
 probes SD only while the time lost to probing stays under `probe_budget` of all observed time (plus one step), so a
-model where SD cannot pay loses at most about that fraction. A bucket judged off is probed again after `reprobe_every` plain steps
+model where SD cannot pay loses at most about that fraction. A bucket judged on where the bandit keeps choosing plain
+decoding (`decline`) is judged afresh. A bucket judged off is probed again after `reprobe_every` plain steps
 there (the learned drafter improves during training). Costs measured at warm-up (`prime`) rule SD out of buckets
 where even a fully accepted draft could not pay, with no probing at all.
 
@@ -42,6 +43,9 @@ class StepCostConfig:
     margin: float = 0.05  # SD turns on when its tokens/s per sequence beats plain's by this fraction
     probe_budget: float = 0.01  # probing may lose at most this fraction of the observed time (plus one step)
     reprobe_every: int = 2048  # plain steps in an off bucket after which it is probed again
+    # plain steps in a row that a bucket judged on may run with the switch on (the bandit choosing plain decoding)
+    # before it is judged afresh: the switch stays on only where SD is still played
+    decline_limit: int = 64
     ema: float = 0.1  # weight of a new step in the running means (after the first `probe_steps` plain means)
     # an SD step counts at most this many plain steps: one that needs longer cannot pay at any accept length, and a
     # first use that compiles or captures (2.2 s next to 10 ms plain steps on an H200) must not poison the means
@@ -78,6 +82,7 @@ class BucketCosts:
     sd_n: int = 0  # SD steps since the last (re)probe started, all arms
     on: bool | None = None  # None: not judged yet
     plain_since_judged: int = 0
+    declined: int = 0  # plain steps in a row run with the switch on while judged on (`StepCosts.decline`)
     ruled_out: bool = False  # warm-up costs say no draft can pay here
 
     def gain(self) -> float | None:
@@ -133,6 +138,7 @@ class StepCosts:
             self.probe_loss_s += max(0.0, seconds - per_seq * b.plain_s)
         if b.plain_n:
             seconds = min(seconds, cfg.outlier * b.plain_s)
+        b.declined = 0
         if first_use:
             return
         b.sd_n += 1
@@ -148,6 +154,18 @@ class StepCosts:
             b.on, b.plain_since_judged = gain > 1.0 + cfg.margin, 0
         elif b.on and gain < 1.0:
             b.on = False
+
+    def decline(self, active: int) -> None:
+        """A plain step planned with the switch on (the controller's bandit chose plain decoding). After
+        `decline_limit` of them in a row a bucket judged on is judged afresh: its SD arms' means are stale (a lucky
+        probe, or a drafter the bandit stopped playing), and a switch left on would bill the tail hook for nothing."""
+        b = self._b(self.scheme.bucket(active))
+        if not b.on:
+            return
+        b.declined += 1
+        if b.declined >= self.config.decline_limit:
+            b.on, b.sd_n, b.declined, b.plain_since_judged = None, 0, 0, 0
+            b.arms.clear()
 
     def cannot_pay(self, active: int, arm: str, most_tokens: int) -> bool:
         """Whether the arm named `arm`, whose steps emit at most `most_tokens` per sequence, measured its steps
