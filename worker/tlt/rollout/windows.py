@@ -48,7 +48,6 @@ class _Window:
     t0: float  # launch time
     rows_version: int  # EngineState.rows_version at launch: its done flags index the rows as they were then
     labels: list[Any]  # per step: what the caller planned it under
-    cut: bool  # ended before sync_every steps because the caller stopped it
     hidden: WindowHidden | None  # the steps' hidden states for the hook
 
 
@@ -70,7 +69,8 @@ class PlainWindows:
         Engine.sync), False when the window only went ahead or the rows changed since the read window began."""
         new = self._launch(first, next_label)
         old = self.inflight
-        ahead = self.overlap and not new.cut and self._can_run_ahead()
+        cut = new.k < self.state.config.sync_every  # the caller stopped the window: it reads it now
+        ahead = self.overlap and not cut and self._can_run_ahead()
         if old is None:
             if ahead:
                 self.inflight = new
@@ -105,8 +105,8 @@ class PlainWindows:
         t0 = eng.clock()
         labels, emitted = [first], [self.runner.decode_step(batch).sum()]
         while len(emitted) < k:
-            label = next_label() if next_label is not None else None
-            if next_label is not None and label is None:
+            label = None
+            if next_label is not None and (label := next_label()) is None:
                 break
             labels.append(label)
             emitted.append(self.runner.decode_step(batch).sum())
@@ -122,8 +122,7 @@ class PlainWindows:
             ready = torch.cuda.Event()
             ready.record()
             packed = host
-        return _Window(active, batch, len(emitted), packed, ready, t0, eng.rows_version, labels, len(emitted) < k,
-                       hidden)
+        return _Window(active, batch, len(emitted), packed, ready, t0, eng.rows_version, labels, hidden)
 
     def _read(self, win: _Window, steps: list[StepStats]) -> bool:
         """The window's step records and hook rows; its done flags -> EngineState.done_host if the rows are still
