@@ -3,7 +3,8 @@ reason, instead of failing in the worker (or waiting forever on a queue nobody c
 
     admit(session, user, spec, settings)    # raises Refused (422), crud.NotFound (404), crud.Conflict (409)
 
-In order: paths only inside TLT_SPEC_ROOTS; uploaded datasets and artifacts by id only the user's own (someone
+In order: the algorithm registered on the worker (worker/tlt/rl/algorithms/registry.py, read without torch); paths
+only inside TLT_SPEC_ROOTS; uploaded datasets and artifacts by id only the user's own (someone
 else's is the same 404 as a missing one); the user's artifact quota; the model's context and depth (built-in models);
 and a live registered worker that consumes the job's queue with enough GPUs and memory for its KV cache.
 """
@@ -19,6 +20,7 @@ from backend.persistence import crud
 from backend.persistence.models import User, Worker
 from backend.spec_paths import spec_path_errors
 from worker.tlt.config import BUILTIN_MODEL_SHAPES, CPU_KV_CACHE_GB, ArtifactRef, JobSpec
+from worker.tlt.rl.algorithms.registry import registered_names
 
 EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/drafter/model.py eagle3_layers)
 GB = 1024**3
@@ -36,12 +38,20 @@ class Refused(ValueError):
 
 
 def admit(session: Session, user: User, spec: JobSpec, settings: Settings) -> None:
+    check_algorithm(spec)
     for loc, msg in spec_path_errors(spec, settings.spec_root_paths, settings.private_dirs):
         raise Refused(loc, msg)
     check_references(session, user, spec)
     check_quota(session, user, settings.user_quota_gb)
     check_model_fits(spec)
     check_workers(crud.live_workers(session, settings.worker_ttl_s), spec)
+
+
+def check_algorithm(spec: JobSpec) -> None:
+    """The spec's algorithm is one the worker has registered (built-in or installed under `tlt.algorithms`)."""
+    name, names = spec.algorithm.algorithm_name, registered_names()
+    if name not in names:
+        raise Refused(("algorithm", "name"), f"unknown algorithm {name!r}; registered: {', '.join(names)}")
 
 
 def check_references(session: Session, user: User, spec: JobSpec) -> None:
