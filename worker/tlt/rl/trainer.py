@@ -3,7 +3,7 @@ tail. The advantage estimator and the policy loss are the job's `Algorithm` (rl/
 gspo, rloo, reinforce_plus_plus or an installed one), looked up by name; the step never branches on it.
 
     trainer = GRPOTrainer(spec, model, tokenizer, rollout, train_prompts, reward_fns, device=...)
-    metrics, samples, hist = trainer.step()       # one RL step; metric names as DESIGN.md
+    metrics, samples, hist = trainer.step()       # one RL step; metric names: metric_catalog.py
     trainer.state_dict() / trainer.load_state_dict(...)   # via rl/checkpoint.py
 
 How this departs from the GRPO paper (Shao et al. 2024), beyond the algorithm's own choices listed in
