@@ -1,6 +1,7 @@
 """Fixtures of the API tests: a real database per backend (SQLite file, and a uniquely named Postgres database on
-127.0.0.1:5432 dropped at the end), migrated once by Alembic and emptied between tests; a real broker (Redis db 14,
-or Celery's SQLAlchemy transport on SQLite) so enqueued messages can be checked; `create_app(settings)` per test.
+127.0.0.1:5432 dropped at the end), migrated once by Alembic and emptied between tests; a real broker (a Redis database
+claimed for this run, or Celery's SQLAlchemy transport on SQLite) so enqueued messages can be
+checked; `create_app(settings)` per test.
 
 Run: python -m pytest tests/backend -q
 """
@@ -12,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,7 +30,6 @@ from backend.persistence.db import make_engine
 from backend.persistence.models import Base
 
 PG_ADMIN = os.environ.get("TLT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("TLT_TEST_REDIS", "redis://127.0.0.1:6379/14")
 # The worker every API test has registered (tests of admission register their own instead).
 TEST_WORKER = crud.Capacity(queues=["cpu", "gpu"], gpus=8, gpu_memory_gb=80.0, host_memory_gb=64.0, cuda="12.8")
 
@@ -53,11 +54,9 @@ def cp_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def cp_redis() -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(REDIS_URL)
-    r.flushdb()
-    yield r
-    r.flushdb()
+def cp_redis_url(redis_claims: Any) -> str:  # tests/conftest.py:RedisClaims
+    """The API tests' broker: a Redis database of their own, apart from the integration tests' (flushed per test)."""
+    return redis_claims.claim()
 
 
 @dataclass
@@ -99,8 +98,8 @@ def _empty(engine: Engine) -> None:
 @pytest.fixture(params=["sqlite", "postgres"])
 def cp_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "postgres":
-        url, broker = request.getfixturevalue("cp_pg_url"), REDIS_URL
-        request.getfixturevalue("cp_redis").flushdb()
+        url, broker = request.getfixturevalue("cp_pg_url"), request.getfixturevalue("cp_redis_url")
+        redis.Redis.from_url(broker).flushdb()
     else:
         url, broker = request.getfixturevalue("cp_sqlite_url"), f"sqla+sqlite:///{tmp_path / 'broker.db'}"
     settings = Settings(home=tmp_path / "home", database_url=url, broker_url=broker, max_upload_mb=1.0,
