@@ -40,8 +40,10 @@ class Settings(BaseSettings):
     sse_queue_max: int = Field(default=10_000, ge=1)  # SSE: rows waiting for one client before it is dropped
     sse_max_s: float = Field(default=0.0, ge=0)  # SSE: end a stream after this long (client resumes); 0 = never
     max_body_kb: float = Field(default=1024.0, gt=0)  # largest JSON request body (uploads: max_upload_mb); else 413
-    submit_rate_per_min: float = Field(default=60.0, ge=0)  # job submissions per token per minute; 0 = unlimited
-    submit_burst: int = Field(default=10, ge=1)  # submissions a token may make at once before the rate applies
+    submit_rate_per_min: float = Field(default=60.0, ge=0)  # job submissions (and retries) per user per minute; 0 = off
+    submit_burst: int = Field(default=10, ge=1)  # submissions a user may make at once before the rate applies
+    max_queued_jobs_per_user: int = Field(default=100, ge=0)  # a user's jobs waiting in `queued`; more: 429; 0 = off
+    max_tokens_per_user: int = Field(default=20, ge=0)  # live (unrevoked) API tokens per user; more: 409; 0 = off
     public_url: str = "http://127.0.0.1:8000"  # the dashboard URL `tlt up --demo` prints
     # Trust model (README "Trust model"): directories whose files a job spec may name by path (hf_dir, gguf, dataset
     # path, drafter warm start), os.pathsep-separated; "" = none (built-ins, uploads and artifact ids only). The
