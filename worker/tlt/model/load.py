@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from worker.tlt.builtin_models import SMOLLM2, WIDENED
 from worker.tlt.config import ModelSource
 from worker.tlt.model.args import ModelArgs, preset
 from worker.tlt.model.build import build_model
@@ -79,9 +80,9 @@ def load_model(source: ModelSource, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None) -> tuple[Transformer, TokenizerLike]:
     """The policy and its tokenizer. dtype None = the source's dtype ("auto": bf16 on CUDA, fp32 on CPU)."""
     dt = dtype if dtype is not None else resolve_dtype(source.dtype, device)
-    if source.builtin == "smollm2-135m-instruct":
+    if source.builtin == SMOLLM2:
         return load_gguf(smollm2_gguf_path(), device, dt)
-    if source.builtin is not None and "@" in source.builtin:
+    if source.builtin in WIDENED:
         from worker.tlt.model.widen import load_widened  # widen builds on model/gguf.py's reader
 
         return load_widened(source.builtin, device, dt)
