@@ -40,7 +40,8 @@ class Settings(BaseSettings):
     page_size_max: int = Field(default=500, ge=1)  # largest page a list endpoint returns
     sse_keepalive_s: float = Field(default=15.0, gt=0)  # SSE: a comment line is sent after this long without news
     sse_queue_max: int = Field(default=10_000, ge=1)  # SSE: rows waiting for one client before it is dropped
-    sse_max_s: float = Field(default=0.0, ge=0)  # SSE: end a stream after this long (client resumes); 0 = never
+    sse_max_s: float = Field(default=3600.0, ge=0)  # SSE: end a stream after this long (client resumes); 0 = never
+    sse_auth_check_s: float = Field(default=5.0, gt=0)  # SSE: a stream re-checks its token this often (revocation)
     max_body_kb: float = Field(default=1024.0, gt=0)  # largest JSON request body (uploads: max_upload_mb); else 413
     submit_rate_per_min: float = Field(default=60.0, ge=0)  # job submissions (and retries) per user per minute; 0 = off
     submit_burst: int = Field(default=10, ge=1)  # submissions a user may make at once before the rate applies

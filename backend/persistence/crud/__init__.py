@@ -65,6 +65,7 @@ from backend.persistence.crud.tokens import (
     get_or_create_user,
     list_tokens,
     revoke_token,
+    token_is_live,
     user_for_token,
 )
 from backend.persistence.crud.workers import Capacity, beat_worker, live_workers, register_worker, unregister_worker
@@ -76,6 +77,6 @@ __all__ = [
     "heartbeat", "job_by_idempotency_key", "job_progress", "job_status", "job_view", "list_artifacts", "list_datasets", "list_events",
     "list_histograms", "list_jobs", "list_logs", "list_samples", "list_tokens", "mark_artifacts_deleted",
     "metric_history", "metric_names", "metrics_cursor", "new_metrics", "register_artifact", "request_cancel",
-    "retry_job", "revoke_token", "stale_jobs", "stream_heads", "transition", "upsert_histogram", "upsert_metrics",
+    "retry_job", "revoke_token", "stale_jobs", "stream_heads", "token_is_live", "transition", "upsert_histogram", "upsert_metrics",
     "user_for_token", "user_artifact_bytes", "beat_worker", "live_workers", "register_worker", "unregister_worker",
 ]

@@ -83,6 +83,14 @@ def count_live_tokens(session: Session, user_name: str) -> int:
     return int(session.scalar(stmt) or 0)
 
 
+_TOKEN_LIVE = select(ApiToken.id).where(ApiToken.token_hash == bindparam("token_hash"), ApiToken.revoked_at.is_(None))
+
+
+def token_is_live(session: Session, secret: str) -> bool:
+    """Whether the token exists and is not revoked (a read only: an open stream re-checks its token with it)."""
+    return session.execute(_TOKEN_LIVE, {"token_hash": hash_token(secret)}).first() is not None
+
+
 def list_tokens(session: Session, owner: User | None = None) -> Sequence[ApiToken]:
     """All tokens, or only `owner`'s."""
     stmt = select(ApiToken)
