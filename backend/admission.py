@@ -18,7 +18,8 @@ from backend.core.config import Settings
 from backend.persistence import crud
 from backend.persistence.models import User, Worker
 from backend.spec_paths import spec_path_errors
-from worker.tlt.config import BUILTIN_MODEL_SHAPES, CPU_KV_CACHE_GB, ArtifactRef, JobSpec
+from worker.tlt.builtin_models import BUILTIN_MODELS
+from worker.tlt.config import CPU_KV_CACHE_GB, ArtifactRef, JobSpec
 
 EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/drafter/model.py eagle3_layers)
 GB = 1024**3
@@ -80,7 +81,8 @@ def check_model_fits(spec: JobSpec) -> None:
     EAGLE-3 only on a target deep enough for its three feature layers."""
     if spec.model.builtin is None:
         return
-    context, layers = BUILTIN_MODEL_SHAPES[spec.model.builtin]
+    shape = BUILTIN_MODELS[spec.model.builtin]  # the schema accepts only this table's names
+    context, layers = shape.context, shape.layers
     longest = spec.dataset.max_prompt_length + spec.algorithm.max_completion_length
     if longest > context:
         raise Refused(("algorithm", "max_completion_length"),

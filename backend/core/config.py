@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     artifact_dir: Path | None = None  # None = <home>/artifacts; job run directories and uploaded datasets
     frontend_dir: Path = REPO_ROOT / "frontend" / "dist"  # served at / when it exists
     max_upload_mb: float = Field(default=512.0, gt=0)  # dataset upload size limit
+    max_dataset_rows: int = Field(default=2_000_000, ge=0)  # rows an uploaded dataset may have (else 413); 0 = no cap
+    max_dataset_row_kb: float = Field(default=1024.0, ge=0)  # bytes of one JSONL row (else 413); 0 = no cap
     check_schema: bool = True  # refuse to start when the database is not at the Alembic head
     heartbeat_s: float = Field(default=5.0, gt=0)  # worker heartbeat period
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)  # a running job whose heartbeat is older is presumed lost
@@ -38,10 +40,13 @@ class Settings(BaseSettings):
     page_size_max: int = Field(default=500, ge=1)  # largest page a list endpoint returns
     sse_keepalive_s: float = Field(default=15.0, gt=0)  # SSE: a comment line is sent after this long without news
     sse_queue_max: int = Field(default=10_000, ge=1)  # SSE: rows waiting for one client before it is dropped
-    sse_max_s: float = Field(default=0.0, ge=0)  # SSE: end a stream after this long (client resumes); 0 = never
+    sse_max_s: float = Field(default=3600.0, ge=0)  # SSE: end a stream after this long (client resumes); 0 = never
+    sse_auth_check_s: float = Field(default=5.0, gt=0)  # SSE: a stream re-checks its token this often (revocation)
     max_body_kb: float = Field(default=1024.0, gt=0)  # largest JSON request body (uploads: max_upload_mb); else 413
-    submit_rate_per_min: float = Field(default=60.0, ge=0)  # job submissions per token per minute; 0 = unlimited
-    submit_burst: int = Field(default=10, ge=1)  # submissions a token may make at once before the rate applies
+    submit_rate_per_min: float = Field(default=60.0, ge=0)  # job submissions (and retries) per user per minute; 0 = off
+    submit_burst: int = Field(default=10, ge=1)  # submissions a user may make at once before the rate applies
+    max_queued_jobs_per_user: int = Field(default=100, ge=0)  # a user's jobs waiting in `queued`; more: 429; 0 = off
+    max_tokens_per_user: int = Field(default=20, ge=0)  # live (unrevoked) API tokens per user; more: 409; 0 = off
     public_url: str = "http://127.0.0.1:8000"  # the dashboard URL `tlt up --demo` prints
     # Trust model (README "Trust model"): directories whose files a job spec may name by path (hf_dir, gguf, dataset
     # path, drafter warm start), os.pathsep-separated; "" = none (built-ins, uploads and artifact ids only). The

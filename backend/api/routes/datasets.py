@@ -14,7 +14,7 @@ from backend.api.deps import CurrentUser, SessionDep, SettingsDep
 from backend.persistence import crud
 from backend.schemas import DatasetPublic, errors
 
-router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(404, 415))
+router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(404, 413, 415))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic)
@@ -25,8 +25,9 @@ async def upload_dataset(
     answer_column: Annotated[str, Form(min_length=1, max_length=100)] = "answer",
     name: Annotated[str | None, Form(max_length=200)] = None,
 ):
-    """Every row needs a non-empty prompt (string or chat messages) and answer. Reject-all on any bad row (422 lists
-    the first ones); above the size limit 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`."""
+    """Every row needs a non-empty prompt (string or chat messages) and answer, and no row may hold NaN, Infinity or
+    invalid unicode. Reject-all on any bad row (422 lists the first ones); above the size, row-count or row-length
+    limits (TLT_MAX_UPLOAD_MB, TLT_MAX_DATASET_ROWS, TLT_MAX_DATASET_ROW_KB) 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`."""
     try:
         fmt = dataset_store.detect_format(file.filename or "")
     except ValueError as e:
@@ -46,7 +47,10 @@ async def upload_dataset(
                 h.update(chunk)
                 out.write(chunk)
         try:
-            report = dataset_store.validate(dest, fmt, wanted)
+            report = dataset_store.validate(dest, fmt, wanted, max_rows=settings.max_dataset_rows,
+                                            max_row_bytes=int(settings.max_dataset_row_kb * 1024))
+        except dataset_store.TooLarge as e:
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"{e}; nothing was stored") from e
         except (OSError, UnicodeDecodeError, ValueError) as e:  # pyarrow's errors are OSError/ValueError subclasses
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"cannot read the {fmt} file: {e}") from e
         if report.bad_rows:

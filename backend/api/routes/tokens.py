@@ -7,19 +7,22 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from backend.api.deps import CurrentUser, SessionDep, TokenId
+from backend.api.deps import CurrentUser, SessionDep, SettingsDep, TokenId
 from backend.persistence import crud
 from backend.persistence.models import ApiToken, User
 from backend.schemas import TokenCreate, TokenCreated, TokenPublic, UserPublic, errors
+from backend.user_limits import check_live_tokens
 
 router = APIRouter(tags=["tokens"], responses=errors(403, 404, 409))
 
 
 @router.post("/tokens", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
-def create_token(body: TokenCreate, session: SessionDep, user: CurrentUser) -> TokenCreated:
-    """The secret is in this response only; it is stored hashed. Non-admins: only for themselves, never admin."""
+def create_token(body: TokenCreate, session: SessionDep, user: CurrentUser, settings: SettingsDep) -> TokenCreated:
+    """The secret is in this response only; it is stored hashed. Non-admins: only for themselves, never admin.
+    A user holds at most TLT_MAX_TOKENS_PER_USER live tokens (409 beyond)."""
     if not user.is_admin and (body.user != user.name or body.admin):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "only an admin creates tokens for others or admin tokens")
+    check_live_tokens(session, body.user, settings)
     token, secret = crud.create_token(session, body.user, admin=body.admin, name=body.name, promote=body.promote)
     return TokenCreated.model_validate({**TokenPublic.model_validate(token).model_dump(), "token": secret})
 

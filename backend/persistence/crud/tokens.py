@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -74,6 +74,21 @@ def user_for_token(session: Session, secret: str) -> User | None:
         session.execute(_TOUCH_TOKEN, {"token_id": token_id, "now": now})
         session.commit()
     return user
+
+
+def count_live_tokens(session: Session, user_name: str) -> int:
+    """Unrevoked tokens of the user named `user_name` (0 for an unknown name)."""
+    stmt = (select(func.count()).select_from(ApiToken).join(User, User.id == ApiToken.user_id)
+            .where(User.name == user_name, ApiToken.revoked_at.is_(None)))
+    return int(session.scalar(stmt) or 0)
+
+
+_TOKEN_LIVE = select(ApiToken.id).where(ApiToken.token_hash == bindparam("token_hash"), ApiToken.revoked_at.is_(None))
+
+
+def token_is_live(session: Session, secret: str) -> bool:
+    """Whether the token exists and is not revoked (a read only: an open stream re-checks its token with it)."""
+    return session.execute(_TOKEN_LIVE, {"token_hash": hash_token(secret)}).first() is not None
 
 
 def list_tokens(session: Session, owner: User | None = None) -> Sequence[ApiToken]:
