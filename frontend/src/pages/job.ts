@@ -13,6 +13,7 @@ import { append, clear, fmt, fmtTime, h, throttle } from "../dom";
 import { metricCatalog } from "../job/catalog";
 import { Panels } from "../job/panels";
 import { MetricStore } from "../job/store";
+import { TltPanel } from "../job/tlt_panel";
 import { artifactsTable, EventsLog, samplesTable } from "../job/tables";
 import type { Cleanup } from "../router";
 import { EventStream, type SseMessage } from "../sse";
@@ -32,6 +33,7 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   let job: Job | null = null;
   let hists: Histogram[] = [];
   let panels: Panels | null = null;
+  let tlt: TltPanel | null = null;
   let stream: EventStream | null = null;
   let startCursor = "";
   let pollMetrics = false;
@@ -94,6 +96,7 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   const redraw = throttle(() => {
     if (!alive || !panels) return;
     panels.update(store);
+    tlt?.update(store);
     liveStep.textContent = store.lastStep >= 0 ? String(store.lastStep) : "–";
     const st = store.latest("timing_s/step");
     liveStepTime.textContent = st === null ? "–" : `${fmt(st)} s`;
@@ -182,6 +185,7 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
       const gpus = Number((job.spec.resources as Record<string, unknown> | undefined)?.gpus ?? 0);
       const ps = new Panels(chartsRoot, gpus);
       panels = ps;
+      tlt = new TltPanel(chartsRoot);
       void metricCatalog(abort.signal).then((c) => { if (alive) { ps.setCatalog(c); redraw(); } });
       const hist = await fetchJson<MetricHistory>(`jobs/${jobId}/metrics${qs({ points: HISTORY_POINTS })}`);
       store.loadHistory(hist.series);
@@ -206,5 +210,5 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
     }
   })();
 
-  return () => { alive = false; abort.abort(); clearTimeout(pollTimer); stream?.stop(); panels?.destroy(); };
+  return () => { alive = false; abort.abort(); clearTimeout(pollTimer); stream?.stop(); panels?.destroy(); tlt?.destroy(); };
 }
