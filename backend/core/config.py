@@ -1,6 +1,7 @@
 """The control plane's one settings object, read from the environment (prefix `TLT_`) by pydantic-settings.
 
-Embedded default: everything lives under `TLT_HOME` (default `./.tlt`): a SQLite database, a SQLite-backed Celery
+Embedded default: everything lives under `TLT_HOME` (default: `.tlt` in the checkout, `~/.tlt` for an installed
+package; never the working directory, so `tlt token create` finds the same database from any folder): a SQLite database, a SQLite-backed Celery
 broker (kombu's SQLAlchemy transport) and the artifact directory. Production sets two URLs:
 `TLT_DATABASE_URL=postgresql+psycopg://...` and `TLT_BROKER_URL=redis://...`.
 `get_settings()` is cached; tests build their own `Settings(...)` and pass it to `create_app(settings)`.
@@ -18,10 +19,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def default_home() -> Path:
+    """The checkout's `.tlt` (where `tlt up` and the quick start keep it), else `~/.tlt`."""
+    return REPO_ROOT / ".tlt" if (REPO_ROOT / "pyproject.toml").is_file() else Path.home() / ".tlt"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TLT_", extra="ignore")
 
-    home: Path = Path(".tlt")  # where the embedded defaults live (database, broker, artifacts)
+    home: Path = Field(default_factory=default_home)  # where the embedded defaults live (database, broker, artifacts)
     database_url: str = ""  # "" = sqlite:///<home>/tlt.db
     broker_url: str = ""  # "" = sqla+sqlite:///<home>/broker.db
     artifact_dir: Path | None = None  # None = <home>/artifacts; job run directories and uploaded datasets

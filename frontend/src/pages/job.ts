@@ -28,6 +28,12 @@ const STREAM_BACKLOG_MAX = 20_000;
 const SKIP_METRICS = String(Number.MAX_SAFE_INTEGER);
 const POLL_MS = 1000;
 
+/** Whether a job validates: every eval_steps steps, on a held-out split of dataset.validation_size rows. */
+function validates(spec: Job["spec"]): boolean {
+  const data = spec.dataset as Record<string, unknown> | undefined;
+  return Number(spec.eval_steps ?? 0) > 0 && Number(data?.validation_size ?? 64) > 0;
+}
+
 export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   const store = new MetricStore();
   let job: Job | null = null;
@@ -183,7 +189,7 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
       job = await fetchJson<Job>(`jobs/${jobId}`);
       drawHead();
       const gpus = Number((job.spec.resources as Record<string, unknown> | undefined)?.gpus ?? 0);
-      const ps = new Panels(chartsRoot, gpus);
+      const ps = new Panels(chartsRoot, gpus, validates(job.spec));
       panels = ps;
       tlt = new TltPanel(chartsRoot);
       void metricCatalog(abort.signal).then((c) => { if (alive) { ps.setCatalog(c); redraw(); } });

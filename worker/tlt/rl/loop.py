@@ -81,12 +81,12 @@ class SingleDevice:
 
 
 def step_line(spec: JobSpec, step: int, metrics: dict[str, float], world: int) -> str:
-    """The train.log line of one step."""
+    """The train.log line of one step (a loss that rounds to zero prints 0.0000, not -0.0000)."""
     ranks = f" ({world} ranks)" if world > 1 else ""
     harvest = f" harvest {metrics['harvest/ratio']:.2f}" if "harvest/ratio" in metrics else ""
     return (
         f"step {step}/{spec.max_steps}{ranks} reward {metrics['reward/mean']:.4f} "
-        f"loss {metrics['actor/pg_loss']:.4f} len {metrics['response_length/mean']:.1f} "
+        f"loss {round(metrics['actor/pg_loss'], 4) + 0.0:.4f} len {metrics['response_length/mean']:.1f} "
         f"step {metrics['timing_s/step']:.2f}s{harvest}"
     )
 
