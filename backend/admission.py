@@ -71,14 +71,19 @@ def check_references(session: Session, user: User, spec: JobSpec) -> None:
             raise Refused(loc, f"artifact {artifact_id} was deleted by retention")
 
 
-def check_quota(session: Session, user: User, quota_gb: float) -> None:
+def check_quota(session: Session, user: User, quota_gb: float, adding: int = 0) -> None:
+    """Conflict when the user's artifacts and uploaded datasets (plus `adding` bytes about to be stored) pass the
+    quota."""
     if quota_gb <= 0:
         return
-    used = crud.user_artifact_bytes(session, user)
-    if used >= quota_gb * GB:
+    artifacts, datasets = crud.user_artifact_bytes(session, user), crud.user_dataset_bytes(session, user)
+    used, quota = artifacts + datasets, quota_gb * GB
+    if (used + adding > quota) if adding else (used >= quota):  # a submit needs room left; an upload, its bytes
+        more = f" and this upload {adding / GB:.2f} GB" if adding else ""
         raise crud.Conflict(
-            f"artifact quota exceeded: your jobs hold {used / GB:.2f} GB of artifacts (quota {quota_gb:g} GB, "
-            "TLT_USER_QUOTA_GB); delete old jobs' artifacts or ask an operator to raise the quota")
+            f"storage quota exceeded: your jobs hold {artifacts / GB:.2f} GB of artifacts, your datasets "
+            f"{datasets / GB:.2f} GB{more} (quota {quota_gb:g} GB, TLT_USER_QUOTA_GB); delete old jobs' artifacts "
+            "or datasets (DELETE /api/v1/datasets/{id}), or ask an operator to raise the quota")
 
 
 def check_model_fits(spec: JobSpec) -> None:

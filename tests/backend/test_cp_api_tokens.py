@@ -59,7 +59,8 @@ def test_openapi_lists_every_route(cp_client: TestClient) -> None:
         ("GET", "/api/v1/jobs/{job_id}/logs"), ("GET", "/api/v1/jobs/{job_id}/samples"),
         ("GET", "/api/v1/jobs/{job_id}/stream"), ("GET", "/api/v1/jobs/{job_id}/artifacts"),
         ("GET", "/api/v1/artifacts/{artifact_id}/download"), ("POST", "/api/v1/datasets"),
-        ("GET", "/api/v1/datasets"), ("GET", "/api/v1/datasets/{dataset_id}"), ("POST", "/api/v1/tokens"),
+        ("GET", "/api/v1/datasets"), ("GET", "/api/v1/datasets/{dataset_id}"), ("DELETE", "/api/v1/datasets/{dataset_id}"),
+        ("POST", "/api/v1/tokens"),
         ("GET", "/api/v1/tokens"), ("DELETE", "/api/v1/tokens/{token_id}"), ("GET", "/api/v1/users/me"),
         ("GET", "/api/v1/spec/schema"), ("GET", "/api/v1/spec/presets"), ("GET", "/healthz"), ("GET", "/metrics"),
     }
