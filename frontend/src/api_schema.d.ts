@@ -35,7 +35,7 @@ export interface paths {
          * Upload Dataset
          * @description Every row needs a non-empty prompt (string or chat messages) and answer, and no row may hold NaN, Infinity or
          *     invalid unicode. Reject-all on any bad row (422 lists the first ones); above the size, row-count or row-length
-         *     limits (TLT_MAX_UPLOAD_MB, TLT_MAX_DATASET_ROWS, TLT_MAX_DATASET_ROW_KB) 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`.
+         *     limits (TLT_MAX_UPLOAD_MB, TLT_MAX_DATASET_ROWS, TLT_MAX_DATASET_ROW_KB, TLT_MAX_DATASET_DECODED_MB) 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`.
          */
         post: operations["upload_dataset_api_v1_datasets_post"];
         delete?: never;

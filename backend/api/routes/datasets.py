@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile, status
+from starlette.concurrency import run_in_threadpool
 
 from backend import dataset_store
 from backend.admission import check_quota
@@ -30,7 +31,7 @@ async def upload_dataset(
 ):
     """Every row needs a non-empty prompt (string or chat messages) and answer, and no row may hold NaN, Infinity or
     invalid unicode. Reject-all on any bad row (422 lists the first ones); above the size, row-count or row-length
-    limits (TLT_MAX_UPLOAD_MB, TLT_MAX_DATASET_ROWS, TLT_MAX_DATASET_ROW_KB) 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`."""
+    limits (TLT_MAX_UPLOAD_MB, TLT_MAX_DATASET_ROWS, TLT_MAX_DATASET_ROW_KB, TLT_MAX_DATASET_DECODED_MB) 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`."""
     try:
         fmt = dataset_store.detect_format(file.filename or "")
     except ValueError as e:
@@ -50,8 +51,12 @@ async def upload_dataset(
                 h.update(chunk)
                 out.write(chunk)
         try:
-            report = dataset_store.validate(dest, fmt, wanted, max_rows=settings.max_dataset_rows,
-                                            max_row_bytes=int(settings.max_dataset_row_kb * 1024))
+            # off the event loop: validating a large file takes seconds (the request's session holds no connection
+            # here: authentication committed, so this thread never waits for one)
+            report = await run_in_threadpool(
+                dataset_store.validate, dest, fmt, wanted, max_rows=settings.max_dataset_rows,
+                max_row_bytes=int(settings.max_dataset_row_kb * 1024),
+                max_decoded_bytes=int(settings.max_dataset_decoded_mb * 1024 * 1024))
         except dataset_store.TooLarge as e:
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"{e}; nothing was stored") from e
         except (OSError, UnicodeDecodeError, ValueError) as e:  # pyarrow's errors are OSError/ValueError subclasses
