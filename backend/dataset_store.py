@@ -19,6 +19,9 @@ MAX_DEPTH = 64  # nesting of arrays/objects a JSONL row may have (a chat prompt 
 SURROGATE = re.compile("[\ud800-\udfff]")  # JSON escapes (\uXXXX) can spell them; UTF-8 cannot encode them
 
 
+PARQUET_BATCH_ROWS = 64  # rows decoded at a time: a few rows of a compressed file can expand a lot
+
+
 class TooLarge(ValueError):
     """The file has more rows, or a longer row, than the service accepts (TLT_MAX_DATASET_ROWS / _ROW_KB)."""
 
@@ -109,9 +112,11 @@ def nesting_depth(value: object, cap: int = MAX_DEPTH + 1) -> int:
     return depth
 
 
-def validate(path: str | Path, fmt: str, columns: list[str], max_rows: int = 0, max_row_bytes: int = 0) -> Report:
+def validate(path: str | Path, fmt: str, columns: list[str], max_rows: int = 0, max_row_bytes: int = 0,
+             max_decoded_bytes: int = 0) -> Report:
     """Check every row for `columns` (the first is the prompt column). Rows are numbered from 1. More than `max_rows`
-    rows or (JSONL) a line longer than `max_row_bytes` raises TooLarge; 0 = no cap."""
+    rows, (JSONL) a line longer than `max_row_bytes` or (parquet) more than `max_decoded_bytes` once decoded raises
+    TooLarge; 0 = no cap. Parquet is decoded PARQUET_BATCH_ROWS rows at a time, so memory stays at one batch."""
     report = Report()
     prompt_col = columns[0] if columns else ""
     seen: dict[str, None] = {}
@@ -150,6 +155,7 @@ def validate(path: str | Path, fmt: str, columns: list[str], max_rows: int = 0, 
 
         pf = pq.ParquetFile(path)
         _check_size(pf.metadata.num_rows, 0, max_rows, 0, 0)
+        _check_column_chunks(pf.metadata, max_decoded_bytes)
         names = list(pf.schema_arrow.names)
         seen.update(dict.fromkeys(names))
         missing = [c for c in columns if c not in names]
@@ -159,8 +165,12 @@ def validate(path: str | Path, fmt: str, columns: list[str], max_rows: int = 0, 
             for col in missing:
                 report.bad_columns[col] = report.num_rows
         else:
-            row = 0
-            for batch in pf.iter_batches(columns=columns, batch_size=4096):
+            row = decoded = 0
+            for batch in pf.iter_batches(columns=columns, batch_size=PARQUET_BATCH_ROWS):
+                decoded += batch.nbytes  # decoded size: dictionary-encoded, compressed columns expand here
+                if max_decoded_bytes and decoded > max_decoded_bytes:
+                    raise TooLarge(f"the file expands past {max_decoded_bytes} bytes when decoded "
+                                   "(TLT_MAX_DATASET_DECODED_MB)")
                 data = batch.to_pydict()
                 for j in range(batch.num_rows):
                     row += 1
@@ -182,3 +192,16 @@ def _check_size(rows: int, row_bytes: int, max_rows: int, max_row_bytes: int, li
         raise TooLarge(f"the file has more than {max_rows} rows (TLT_MAX_DATASET_ROWS)")
     if max_row_bytes and row_bytes > max_row_bytes:
         raise TooLarge(f"row {line} is longer than {max_row_bytes} bytes (TLT_MAX_DATASET_ROW_KB)")
+
+
+def _check_column_chunks(meta: object, max_decoded_bytes: int) -> None:
+    """A column chunk whose pages alone decompress past the cap (one huge value compresses to a few bytes): refused
+    before any of it is decoded."""
+    if not max_decoded_bytes:
+        return
+    for g in range(meta.num_row_groups):  # type: ignore[attr-defined]
+        group = meta.row_group(g)  # type: ignore[attr-defined]
+        for c in range(group.num_columns):
+            if group.column(c).total_uncompressed_size > max_decoded_bytes:
+                raise TooLarge(f"the file expands past {max_decoded_bytes} bytes when decoded "
+                               "(TLT_MAX_DATASET_DECODED_MB)")

@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     max_upload_mb: float = Field(default=512.0, gt=0)  # dataset upload size limit
     max_dataset_rows: int = Field(default=2_000_000, ge=0)  # rows an uploaded dataset may have (else 413); 0 = no cap
     max_dataset_row_kb: float = Field(default=1024.0, ge=0)  # bytes of one JSONL row (else 413); 0 = no cap
+    max_dataset_decoded_mb: float = Field(default=512.0, ge=0)  # a parquet upload's decoded bytes (else 413); 0 = off
     check_schema: bool = True  # refuse to start when the database is not at the Alembic head
     heartbeat_s: float = Field(default=5.0, gt=0)  # worker heartbeat period
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)  # a running job whose heartbeat is older is presumed lost

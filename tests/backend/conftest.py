@@ -9,8 +9,12 @@ Run: python -m pytest tests/backend -q
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.orm import Session
@@ -121,3 +126,27 @@ def cp_client(cp_backend: Backend) -> Iterator[TestClient]:
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+@contextmanager
+def _serve(settings: Settings) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def live_server() -> Callable[[Settings], AbstractContextManager[str]]:
+    """`with live_server(settings) as base_url:` the app on a real uvicorn server in a thread (for what the
+    in-process TestClient cannot show: streams read as they come, requests served while another is busy)."""
+    return _serve

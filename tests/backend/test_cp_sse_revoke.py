@@ -9,45 +9,20 @@ Run: python -m pytest tests/backend/test_cp_sse_revoke.py -q
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
-import uvicorn
 
 from backend.core.config import Settings
 from backend.lifecycle import JobStatus
-from backend.main import create_app
 from backend.persistence import crud
 
 SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
         "dataset": {"builtin": "toy-count"}}
 CHECK_S = 0.3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serve(settings: Settings) -> Iterator[str]:
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=5)
 
 
 def _running_job(cp_backend: Any, base: str, h: dict[str, str]) -> int:
@@ -67,9 +42,9 @@ def _events(r: httpx.Response) -> Iterator[tuple[str, dict, float]]:
             yield event, json.loads(line[6:]), time.monotonic()
 
 
-def test_revoked_token_ends_its_open_stream(cp_backend: Any) -> None:
+def test_revoked_token_ends_its_open_stream(cp_backend: Any, live_server: Any) -> None:
     settings = cp_backend.settings.model_copy(update={"sse_auth_check_s": CHECK_S, "sse_max_s": 0.0})
-    with serve(settings) as base:
+    with live_server(settings) as base:
         admin = {"Authorization": f"Bearer {cp_backend.token('root', admin=True)}"}
         created = httpx.post(f"{base}/api/v1/tokens", json={"user": "alice"}, headers=admin).json()
         h = {"Authorization": f"Bearer {created['token']}"}
@@ -105,10 +80,11 @@ def test_revoked_token_ends_its_open_stream(cp_backend: Any) -> None:
         assert httpx.get(f"{base}/api/v1/jobs/{jid}/stream", headers=h, timeout=5).status_code == 401
 
 
-def test_streams_end_by_themselves_after_the_default_maximum(cp_backend: Any, tmp_path: Any) -> None:
+def test_streams_end_by_themselves_after_the_default_maximum(cp_backend: Any, tmp_path: Any,
+                                                             live_server: Any) -> None:
     assert Settings(home=tmp_path).sse_max_s > 0  # on by default (0 would mean never)
     settings = cp_backend.settings.model_copy(update={"sse_max_s": 0.5, "sse_keepalive_s": 0.1})
-    with serve(settings) as base:
+    with live_server(settings) as base:
         h = {"Authorization": f"Bearer {cp_backend.token()}"}
         jid = _running_job(cp_backend, base, h)
         start = time.monotonic()

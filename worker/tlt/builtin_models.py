@@ -10,7 +10,7 @@ tests/backend/test_cp_safety_admission.py keeps them equal, so a name added ther
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -23,18 +23,22 @@ class BuiltinShape:
     layers: int  # decoder layers
     hidden: int  # hidden size (sizes the drafter's hidden-state buffer per token)
     vocab: int  # vocabulary size
+    # longest token in UTF-8 bytes: a text of N bytes is at least N / max_token_bytes tokens (SmolLM2: a run of 80
+    # spaces and a newline; the byte tokenizer of the tiny models: 1)
+    max_token_bytes: int
 
 
-_SMOLLM2_SHAPE = BuiltinShape(context=8192, layers=30, hidden=576, vocab=49152)
-_TINY = BuiltinShape(context=1024, layers=2, hidden=64, vocab=320)
+SMOLLM2_TOKEN_BYTES = 81
+_SMOLLM2_SHAPE = BuiltinShape(context=8192, layers=30, hidden=576, vocab=49152, max_token_bytes=SMOLLM2_TOKEN_BYTES)
+_TINY = BuiltinShape(context=1024, layers=2, hidden=64, vocab=320, max_token_bytes=1)
 
 # "@NAME": SmolLM2 widened exactly into architecture NAME (worker/tlt/model/widen.py WIDEN_TARGETS); the widened model
-# keeps SmolLM2's context and has at least its 30 layers.
+# keeps SmolLM2's context and tokenizer and has at least its 30 layers.
 WIDENED: dict[str, BuiltinShape] = {
-    f"{SMOLLM2}@qwen2.5-7b": BuiltinShape(context=8192, layers=30, hidden=3584, vocab=49152),
-    f"{SMOLLM2}@llama3-8b": BuiltinShape(context=8192, layers=32, hidden=4096, vocab=49152),
-    f"{SMOLLM2}@llama3.2-3b": BuiltinShape(context=8192, layers=30, hidden=3072, vocab=49152),
-    f"{SMOLLM2}@test": BuiltinShape(context=8192, layers=31, hidden=640, vocab=49152),
+    f"{SMOLLM2}@qwen2.5-7b": replace(_SMOLLM2_SHAPE, layers=30, hidden=3584),
+    f"{SMOLLM2}@llama3-8b": replace(_SMOLLM2_SHAPE, layers=32, hidden=4096),
+    f"{SMOLLM2}@llama3.2-3b": replace(_SMOLLM2_SHAPE, layers=30, hidden=3072),
+    f"{SMOLLM2}@test": replace(_SMOLLM2_SHAPE, layers=31, hidden=640),
 }
 
 BUILTIN_MODELS: dict[str, BuiltinShape] = {

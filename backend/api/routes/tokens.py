@@ -1,5 +1,6 @@
 """API tokens and the caller's own identity. An admin creates tokens for anyone (and admins), lists and revokes all;
-any user may create, list and revoke their own non-admin tokens (others' tokens are a 403 to create, 404 to revoke).
+any user may create, list and revoke their own non-admin tokens (others' tokens are a 403 to create, 404 to revoke;
+an admin token is revoked only with an admin token, 403). Listings show no character of a secret.
 A token is an admin token only when created with admin=true; for an existing non-admin user that also needs
 promote=true (else 409)."""
 
@@ -35,7 +36,9 @@ def list_tokens(session: SessionDep, user: CurrentUser):
 
 @router.delete("/tokens/{token_id}", response_model=TokenPublic)
 def revoke_token(token_id: TokenId, session: SessionDep, user: CurrentUser) -> ApiToken:
-    return crud.revoke_token(session, token_id, None if user.is_admin else user)
+    """One's own token (admins: anyone's). An admin token is revoked only with an admin token (403 otherwise), so a
+    lesser token of an admin user cannot take away the stronger one."""
+    return crud.revoke_token(session, token_id, None if user.is_admin else user, by_admin=user.is_admin)
 
 
 @router.get("/users/me", response_model=UserPublic)

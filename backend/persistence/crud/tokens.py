@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from backend.core.security import hash_token, new_token
-from backend.persistence.crud.common import Conflict, NotFound
+from backend.persistence.crud.common import Conflict, Forbidden, NotFound
 from backend.persistence.models import ApiToken, User, utcnow
 
 
@@ -99,11 +99,14 @@ def list_tokens(session: Session, owner: User | None = None) -> Sequence[ApiToke
     return session.scalars(stmt.order_by(ApiToken.id)).all()
 
 
-def revoke_token(session: Session, token_id: int, owner: User | None = None) -> ApiToken:
-    """Revoke (idempotent). With `owner`, only that user's token: another's is NotFound (ids don't leak)."""
+def revoke_token(session: Session, token_id: int, owner: User | None = None, *, by_admin: bool = True) -> ApiToken:
+    """Revoke (idempotent). With `owner`, only that user's token: another's is NotFound (ids don't leak). An admin
+    token is revoked only `by_admin` (an admin token): a lesser token of the same user is Forbidden."""
     token = session.get(ApiToken, token_id)
     if token is None or (owner is not None and token.user_id != owner.id):
         raise NotFound(f"token {token_id} not found")
+    if token.admin and not by_admin:
+        raise Forbidden(f"token {token_id} is an admin token: only an admin token revokes it")
     if token.revoked_at is None:
         token.revoked_at = utcnow()
         session.commit()
