@@ -3,7 +3,8 @@ reason, instead of failing in the worker (or waiting forever on a queue nobody c
 
     admit(session, user, spec, settings)    # raises Refused (422), crud.NotFound (404), crud.Conflict (409)
 
-In order: paths only inside TLT_SPEC_ROOTS; uploaded datasets and artifacts by id only the user's own (someone
+In order: the algorithm registered on the worker (worker/tlt/rl/algorithms/registry.py, read without torch); paths
+only inside TLT_SPEC_ROOTS; uploaded datasets and artifacts by id only the user's own (someone
 else's is the same 404 as a missing one); the user's artifact quota; the model's context and depth (built-in models);
 a live registered worker that consumes the job's queue with enough GPUs and memory for its KV cache; and memory for
 what the job will allocate (drafter buffer, rollout batch) and a system prompt that leaves room for a prompt
@@ -23,6 +24,7 @@ from backend.persistence.models import User, Worker
 from backend.spec_paths import spec_path_errors
 from worker.tlt.builtin_models import BUILTIN_MODELS
 from worker.tlt.config import CPU_KV_CACHE_GB, ArtifactRef, JobSpec
+from worker.tlt.rl.algorithms.registry import registered_names
 
 EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/drafter/model.py eagle3_layers)
 GB = 1024**3
@@ -40,6 +42,7 @@ class Refused(ValueError):
 
 
 def admit(session: Session, user: User, spec: JobSpec, settings: Settings) -> None:
+    check_algorithm(spec)
     for loc, msg in spec_path_errors(spec, settings.spec_root_paths, settings.private_dirs):
         raise Refused(loc, msg)
     check_references(session, user, spec)
@@ -48,6 +51,13 @@ def admit(session: Session, user: User, spec: JobSpec, settings: Settings) -> No
     live = crud.live_workers(session, settings.worker_ttl_s)
     check_workers(live, spec)
     check_sizes(live, spec)
+
+
+def check_algorithm(spec: JobSpec) -> None:
+    """The spec's algorithm is one the worker has registered (built-in or installed under `tlt.algorithms`)."""
+    name, names = spec.algorithm.algorithm_name, registered_names()
+    if name not in names:
+        raise Refused(("algorithm", "name"), f"unknown algorithm {name!r}; registered: {', '.join(names)}")
 
 
 def check_references(session: Session, user: User, spec: JobSpec) -> None:

@@ -1,7 +1,8 @@
 """Enqueue jobs on the Celery broker (called after the job row is committed, never inside the transaction).
 
-The API holds a producer-only Celery app built from Settings; the task itself lives in worker/tasks.py and is
-addressed by name, so the API process never imports the worker's code.
+The API holds a producer-only Celery app built from Settings with the configuration the worker shares
+(backend/core/broker.py); the task itself lives in worker/tasks.py and is addressed by name, so the API process never
+imports the worker's runtime (a layering test keeps it so).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 
 from celery import Celery
 
+from backend.core.broker import create_celery
 from backend.core.config import Settings
 
 log = logging.getLogger(__name__)
@@ -28,8 +30,6 @@ class Dispatcher:
     @property
     def app(self) -> Celery:
         if self._app is None:  # lazily: creating the app opens nothing, but keep start-up free of broker work
-            from worker.celery_app import create_celery
-
             self._app = create_celery(self._settings)
         return self._app
 

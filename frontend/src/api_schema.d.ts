@@ -503,12 +503,8 @@ export interface components {
              * @default 0.000001
              */
             learning_rate: number;
-            /**
-             * Loss Type
-             * @default dapo
-             * @enum {string}
-             */
-            loss_type: "grpo" | "dapo" | "dr_grpo";
+            /** Loss Type */
+            loss_type?: ("grpo" | "dapo" | "dr_grpo") | null;
             /**
              * Lr Scheduler Type
              * @default constant
@@ -530,6 +526,8 @@ export interface components {
              * @default 16384
              */
             micro_batch_tokens: number;
+            /** Name */
+            name?: string | null;
             /**
              * Num Generations
              * @default 8

@@ -4,8 +4,10 @@ whole house (worker/ and backend/) no circle of the imports that run at import t
 `if TYPE_CHECKING:`); and the layers hold: decoding/ is the bottom (model/ only), kernels/ build on it and never on
 rollout/ or anything above, the engine (rollout/) never imports a drafter (drafter/, spec/ngram.py,
 spec/small_model.py), the SD controller (adaptive/) or the trainer (rl/), spec/ never imports rollout/; no rollout
-helper imports the engine; the library never imports the service (backend/, the Celery plumbing). Read from the
-sources with ast, nothing imported.
+helper imports the engine; the library never imports the service (backend/, the Celery plumbing); the API (backend/)
+never imports the worker's runtime (the Celery app, tasks, the job runner), only the library's pure spec, catalogue
+and registry modules, and the algorithm registry it reads imports no torch at import time. Read from the sources
+with ast, nothing imported.
 Run: python -m pytest tests/engine/test_engine_layers.py -q"""
 
 from __future__ import annotations
@@ -167,3 +169,24 @@ def test_the_library_never_imports_the_service() -> None:
     service = ("backend", "worker.tasks", "worker.celery_app", "worker.job_child", "worker.db_reporter",
                "worker.registry", "worker.cli")
     assert _offenders(g, "worker.tlt", service) == []
+
+
+WORKER_RUNTIME = ("worker.tasks", "worker.celery_app", "worker.job_child", "worker.runner", "worker.db_reporter",
+                  "worker.registry", "worker.cli", "worker.client")
+
+
+def test_the_api_never_imports_the_worker_runtime() -> None:
+    g = _graph((ROOT / "worker", ROOT / "backend"))
+    assert "worker.celery_app" in g and "backend.core.dispatch" in g
+    assert _offenders(g, "backend", WORKER_RUNTIME) == []
+    # the detector sees an import inside a function (the way dispatch.py once reached the Celery app)
+    assert _offenders({"backend.x": {"worker.celery_app"}}, "backend", WORKER_RUNTIME) == [
+        ("backend.x", "worker.celery_app")]
+
+
+def test_the_algorithm_registry_imports_no_torch_at_import_time() -> None:
+    path = LIB / "rl" / "algorithms" / "registry.py"
+    tops = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+            for n in _runtime_imports(ast.parse(path.read_text()))
+            for a in n.names if isinstance(n, ast.ImportFrom | ast.Import)}
+    assert "torch" not in tops and tops <= {"__future__", "importlib", "typing"}

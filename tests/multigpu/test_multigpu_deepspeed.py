@@ -22,12 +22,13 @@ from safetensors.torch import load_file
 
 from tests.multigpu.ranks import Quiet, params_of, spawn_ranks
 from worker.tlt.build import build_trainer
-from worker.tlt.config import JobSpec
+from worker.tlt.config import AlgorithmConfig, JobSpec
 from worker.tlt.multigpu import launch
 from worker.tlt.multigpu.context import DistContext
 from worker.tlt.multigpu.harvest import HarvestRecord
 from worker.tlt.multigpu.rollout_shard import ShardSummary, shard_bounds
 from worker.tlt.multigpu.update import loss_share
+from worker.tlt.rl.algorithms.registry import resolve
 from worker.tlt.rl.batch import UpdateSeq
 from worker.tlt.rl.optim import optimizer_state_bytes
 
@@ -76,7 +77,7 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
     for stage in (2, 3):
         trainer, _ = build_trainer(ds_spec(stage), Quiet())  # type: ignore[arg-type]
         assert trainer.ds is not None
-        trainer.ds.loss_scale = lambda: loss_share("dapo", summaries, rank) * WORLD
+        trainer.ds.loss_scale = lambda: loss_share(resolve("dapo"), AlgorithmConfig(), summaries, rank) * WORLD
         for b in range(2):
             trainer.update(batches()[b][slice(*shard_bounds(6, rank, WORLD))])
             trainer.sync_weights()

@@ -11,6 +11,7 @@ from worker.tlt.multigpu.harvest import HarvestRecord
 from worker.tlt.multigpu.metrics import combine_mean_std, merge_step_metrics
 from worker.tlt.multigpu.rollout_shard import ShardSummary, shard_bounds
 from worker.tlt.multigpu.update import buckets, loss_share
+from worker.tlt.rl.algorithms.registry import resolve
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
@@ -28,8 +29,12 @@ def _summary(rank: int, lengths: list[int], idle: float = 0.0, used: float = 0.0
 
 def test_loss_share_sums_to_one_by_tokens_or_sequences() -> None:
     s = [_summary(0, [1, 2, 3]), _summary(1, [6])]
-    assert loss_share("dapo", s, 0) == pytest.approx(6 / 12) and loss_share("dapo", s, 1) == pytest.approx(6 / 12)
-    assert loss_share("grpo", s, 0) == pytest.approx(3 / 4) and loss_share("dr_grpo", s, 1) == pytest.approx(1 / 4)
+
+    def share(name: str, rank: int) -> float:
+        return loss_share(resolve(name), AlgorithmConfig(), s, rank)
+
+    assert share("dapo", 0) == pytest.approx(6 / 12) and share("dapo", 1) == pytest.approx(6 / 12)
+    assert share("grpo", 0) == pytest.approx(3 / 4) and share("dr_grpo", 1) == pytest.approx(1 / 4)
 
 
 def test_buckets_keep_order_and_bound_size() -> None:

@@ -1,4 +1,5 @@
-"""GRPO math: advantages, the three aggregations on hand-computed cases, clipping (values and gradients), k3 KL,
+"""GRPO/DAPO/Dr.GRPO math (their Algorithm parts, resolved from the old loss_type values): advantages, the three
+aggregations on hand-computed cases, clipping (values and gradients), k3 KL,
 micro-batch additivity, LR schedule.
 
 Run: python -m pytest tests/train/test_train_grpo_loss.py -q
@@ -10,25 +11,27 @@ import pytest
 import torch
 
 from worker.tlt.config import AlgorithmConfig
-from worker.tlt.rl.grpo import (
-    LossNorm,
-    clip_range,
-    group_advantages,
-    k3_kl,
-    policy_loss,
-    token_logprobs,
-    zero_std_groups,
-)
+from worker.tlt.rl.algorithms.base import AdvantageInput, LossNorm, k3_kl, zero_std_groups
+from worker.tlt.rl.algorithms.builtin import clip_range, group_advantages
+from worker.tlt.rl.algorithms.registry import resolve
+from worker.tlt.rl.logprobs import token_logprobs
 from worker.tlt.rl.optim import lr_factor
+
+
+def policy_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: AlgorithmConfig,
+                norm: LossNorm, ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of the algorithm the config names (its loss_type here: the older specs' spelling)."""
+    return resolve(cfg.algorithm_name).loss(logp, old, adv, mask, cfg, norm, ref_logp)
 
 
 def test_group_advantages_scaled_and_unscaled() -> None:
     r = torch.tensor([1.0, 0.0, 2.0, 2.0, 3.0, 0.0])
     std = math.sqrt(0.5)  # unbiased std of [1, 0]
-    adv = group_advantages(r, group_size=2, scale_rewards=True)
+    inp = AdvantageInput(r, group_size=2, lengths=torch.ones(6))
+    adv = group_advantages(inp, AlgorithmConfig(scale_rewards=True))
     assert torch.allclose(adv, torch.tensor([0.5 / (std + 1e-4), -0.5 / (std + 1e-4), 0, 0, 1.5 / (2.1213203 + 1e-4),
                                              -1.5 / (2.1213203 + 1e-4)]), atol=1e-5)
-    adv = group_advantages(r, group_size=2, scale_rewards=False)
+    adv = group_advantages(inp, AlgorithmConfig(scale_rewards=False))
     assert torch.equal(adv, torch.tensor([0.5, -0.5, 0.0, 0.0, 1.5, -1.5]))
     assert zero_std_groups(r, 2).tolist() == [False, True, False]
 

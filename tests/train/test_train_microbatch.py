@@ -20,7 +20,7 @@ import torch
 
 from worker.tlt.build import build_trainer
 from worker.tlt.file_reporter import FileReporter
-from worker.tlt.rl import batch, grpo
+from worker.tlt.rl import batch, logprobs
 from worker.tlt.rl import trainer as trainer_mod
 from worker.tlt.rl.batch import UpdateSeq, consecutive_groups, pack, padded_tokens, plan_micro_batches, split_by_budget
 
@@ -97,14 +97,14 @@ def test_chunked_logprobs_and_entropy_match_the_plain_softmax(monkeypatch: pytes
                                                               temperature: float) -> None:
     g = torch.Generator().manual_seed(1)
     n, v = 10, 17
-    monkeypatch.setattr(grpo, "VOCAB_CHUNK_ELEMENTS", 3 * v)  # chunks of 3 rows: 4 chunks, the last partial
+    monkeypatch.setattr(logprobs, "VOCAB_CHUNK_ELEMENTS", 3 * v)  # chunks of 3 rows: 4 chunks, the last partial
     base = torch.randn(n, v, generator=g) * 3
     targets = torch.randint(0, v, (n,), generator=g)
     w = torch.randn(n, generator=g)
     x1, x2 = base.clone().requires_grad_(), base.clone().requires_grad_()
-    lp, ent = grpo.token_logprobs_entropy(x1, targets, temperature)
-    want_lp = grpo.token_logprobs(x2[None], targets[None], temperature)[0]
-    want_ent = grpo.token_entropy(base[None], temperature)[0]
+    lp, ent = logprobs.token_logprobs_entropy(x1, targets, temperature)
+    want_lp = logprobs.token_logprobs(x2[None], targets[None], temperature)[0]
+    want_ent = logprobs.token_entropy(base[None], temperature)[0]
     torch.testing.assert_close(lp, want_lp)
     torch.testing.assert_close(ent, want_ent)
     assert not ent.requires_grad
@@ -113,7 +113,7 @@ def test_chunked_logprobs_and_entropy_match_the_plain_softmax(monkeypatch: pytes
     torch.testing.assert_close(x1.grad, x2.grad)
     # bf16 logits get a bf16 gradient (the head's dtype), from fp32 math
     xb = base.bfloat16().requires_grad_()
-    lpb, _ = grpo.token_logprobs_entropy(xb, targets, temperature)
+    lpb, _ = logprobs.token_logprobs_entropy(xb, targets, temperature)
     lpb.sum().backward()
     assert lpb.dtype == torch.float32 and xb.grad is not None and xb.grad.dtype == torch.bfloat16
 

@@ -1,5 +1,5 @@
 """The real model end to end: 3 GRPO steps of SmolLM2-135M-Instruct on GSM8K (2 prompts x 2 samples, 16 new
-tokens) through `run`: finite loss, every DESIGN.md metric present each step, checkpoints, and an HF export that
+tokens) through `run`: finite loss, every metric of REQUIRED present each step, checkpoints, and an HF export that
 transformers loads with the same logits and tokenizer.
 
 Run: python -m pytest tests/train/test_train_smollm2_grpo.py -q      (a few minutes on 2 busy cores)

@@ -22,7 +22,7 @@ from worker.tlt.metric_catalog import CATALOG, check_names, lookup
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = Path(__file__).with_name("recorded_run.json")
-# The namespaces of metric names (DESIGN.md): a string literal under one of them is a metric name.
+# The namespaces of metric names (worker/tlt/metric_catalog.py): a string literal under one of them is a metric name.
 NAMESPACES = ("response_length", "reward", "actor", "rollout", "timing_s", "perf", "sd", "drafter", "harvest",
               "timeline", "val", "dist")
 NAME_RE = re.compile(rf"^({'|'.join(NAMESPACES)})/[A-Za-z0-9_@.{{}}/-]*[A-Za-z0-9_@}}]$")

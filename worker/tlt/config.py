@@ -1,7 +1,9 @@
 """The job spec: one pydantic model that the library runs and the control plane stores and validates.
 
 Field names follow TRL's GRPOConfig / verl where they exist (num_generations, max_completion_length, learning_rate,
-temperature, epsilon, epsilon_high, beta, loss_type); TLT's own settings live under `rollout` and `drafter`.
+temperature, epsilon, epsilon_high, beta, loss_type); `algorithm.name` picks the RL algorithm from the registry
+(worker/tlt/rl/algorithms/registry.py: grpo, dapo, dr_grpo, gspo, rloo, reinforce_plus_plus, and any installed under
+the `tlt.algorithms` entry-point group); TLT's own settings live under `rollout` and `drafter`.
 Validate a YAML file with `JobSpec.model_validate(yaml.safe_load(text))`; `JobSpec.model_json_schema()` feeds the
 dashboard's new-job form.
 """
@@ -101,7 +103,10 @@ class AlgorithmConfig(_Strict):
     epsilon: float = Field(0.2, gt=0.0, lt=1.0)  # lower clip of the ratio
     epsilon_high: float | None = Field(None, gt=0.0, lt=10.0)  # DAPO clip-higher; None = epsilon
     beta: float = Field(0.0, ge=0.0, le=100.0)  # KL to the frozen reference; 0 = no reference model kept
-    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"  # as TRL: aggregation of token losses
+    # the algorithm (advantage estimator + policy loss + its aggregation) by its registered name, checked at submit;
+    # None = loss_type, else "dapo"
+    name: str | None = Field(None, min_length=1, max_length=100)
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] | None = None  # TRL's spelling of the same choice (older specs)
     scale_rewards: bool = True  # divide advantages by the group std (Dr.GRPO sets False)
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards have zero variance
     overlong_buffer: int = Field(0, ge=0, le=MAX_TOKENS)  # DAPO soft overlong penalty window in tokens; 0 = off
@@ -118,7 +123,15 @@ class AlgorithmConfig(_Strict):
     def _weights_match(self) -> AlgorithmConfig:
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError("reward_weights must have one entry per reward_funcs entry")
+        if self.name is not None and self.loss_type is not None and self.name != self.loss_type:
+            raise ValueError(f"algorithm.name {self.name!r} and algorithm.loss_type {self.loss_type!r} disagree: "
+                             "give algorithm.name only (loss_type is the older spelling of grpo, dapo, dr_grpo)")
         return self
+
+    @property
+    def algorithm_name(self) -> str:
+        """The registered algorithm this spec trains with."""
+        return self.name or self.loss_type or "dapo"
 
 
 CPU_KV_CACHE_GB = 8.0  # rollout.kv_cache_gb when unset on CPU (admission checks it against host memory)

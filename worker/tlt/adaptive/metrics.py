@@ -1,7 +1,7 @@
 """Rollout-level speculative-decoding metrics: what the adaptive engine did, step by step, summed per rollout.
 
 The engine calls `RolloutSdMetrics.observe_step(...)` once per decode step (host-side numbers it already has) and
-hands `summary()` to the Reporter at the end of the rollout. Names (DESIGN.md):
+hands `summary()` to the Reporter at the end of the rollout. Names (worker/tlt/metric_catalog.py):
 
 - `sd/on_fraction`: decode steps with the SD switch on / all decode steps;
 - `sd/spec_step_fraction`: decode steps that drafted and verified (verify width > 1) / all decode steps: where SD

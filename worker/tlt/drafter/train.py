@@ -72,14 +72,15 @@ class DrafterSnapshot:
     state: dict[str, torch.Tensor]  # trainable parameters and buffers (detached copies)
 
 
-def _host_copy(obj: Any) -> Any:
-    """Nested state with every tensor copied to the host (a snapshot that later steps cannot change)."""
+def host_copy(obj: Any) -> Any:
+    """Nested state with every tensor copied to the host: a snapshot that later steps cannot change, and one that
+    pickles without a device (a pickled CUDA tensor would unpickle onto the sender's GPU)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: _host_copy(v) for k, v in obj.items()}
+        return {k: host_copy(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return type(obj)(_host_copy(v) for v in obj)
+        return type(obj)(host_copy(v) for v in obj)
     return obj
 
 
@@ -247,7 +248,7 @@ class SpotTrainer:
         """Exact-resume state (host tensors; the optimizer's are moved back to the parameters' device on load)."""
         return {
             "drafter": {k: v.cpu() for k, v in self.drafter.trainable_state_dict().items()},
-            "optimizer": _host_copy(self.optimizer.state_dict()),  # a snapshot, not the live moment tensors
+            "optimizer": host_copy(self.optimizer.state_dict()),  # a snapshot, not the live moment tensors
             "generator": self.generator.get_state(),
             "noise_gen": self.noise_gen.get_state(),
             "steps": self.steps, "version": self.version,

@@ -166,6 +166,13 @@ def row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BL
 
 
 @triton.jit
+def weight_tile_t(w_ptr, rows, row_mask, offs_k, K, stride_wn):
+    """W[rows, offs_k]^T as a [BK, BN] tile of a row-major weight (zeros past K and outside `row_mask`)."""
+    return tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=(offs_k[:, None] < K) & row_mask[None, :],
+                   other=0.0)
+
+
+@triton.jit
 def normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, w_ptr, dt: tl.constexpr):
     """RMSNorm(x)[offs_m, offs_k] in dtype dt as HF computes it: rms_norm rounded to dt, then times the weight."""
     k_mask = offs_k < K

@@ -24,15 +24,9 @@ from worker.tlt.kernels.common import (
     rounded,
     row_rstd,
     wait_for_previous,
+    weight_tile_t,
 )
 from worker.tlt.kernels.tuning import config_for, prefers_torch
-
-
-@triton.jit
-def _weight_tile(w_ptr, rows, row_mask, offs_k, K, stride_wn):
-    """W[rows, offs_k]^T as a [BK, BN] tile (zeros past K and outside `row_mask`)."""
-    return tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=(offs_k[:, None] < K) & row_mask[None, :],
-                   other=0.0)
 
 
 @triton.jit
@@ -76,7 +70,7 @@ def _linear_residual_kernel(
     # the first K tile of the weights into registers before the wait (no kernel writes weights); the rest streams in
     # the loop from L2, prefetched above. The K tiles accumulate in the same order as a plain loop: bit-identical
     offs_k = tl.arange(0, BLOCK_K)
-    w = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
+    w = weight_tile_t(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
     mn_mask = m_mask[:, None] & n_mask[None, :]
     r_at = r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]
     if HAS_RESIDUAL and EARLY_R:  # the caller says r predates the kernel this one may overlap
@@ -89,7 +83,7 @@ def _linear_residual_kernel(
                  input_precision=DOT_PREC)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        w = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
+        w = weight_tile_t(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
         acc += tl.dot(_any_input_tile(a_ptr, offs_m, m_mask, offs_k, K, stride_am, t_ptr, t_rows, KT, stride_t,
                                       GATHER), w, input_precision=DOT_PREC)
     dt = out_ptr.dtype.element_ty
@@ -116,8 +110,8 @@ def _norm_gate_up_kernel(
         prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1), stride_wn, K, LINES, EPL)
         prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1) + N, stride_wn, K, LINES, EPL)
     offs_k = tl.arange(0, BLOCK_K)  # the first K tile of both weights before the wait (as in linear_residual)
-    w_g = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
-    w_u = _weight_tile(w_ptr, offs_n + N, n_mask, offs_k, K, stride_wn)
+    w_g = weight_tile_t(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
+    w_u = weight_tile_t(w_ptr, offs_n + N, n_mask, offs_k, K, stride_wn)
     wait_for_previous(USE_GDC)
     rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
     xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
@@ -126,8 +120,8 @@ def _norm_gate_up_kernel(
     for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
-        w_g = _weight_tile(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
-        w_u = _weight_tile(w_ptr, offs_n + N, n_mask, offs_k, K, stride_wn)
+        w_g = weight_tile_t(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
+        w_u = weight_tile_t(w_ptr, offs_n + N, n_mask, offs_k, K, stride_wn)
         acc_g += tl.dot(xt, w_g, input_precision=DOT_PREC)
         acc_u += tl.dot(xt, w_u, input_precision=DOT_PREC)
     g = rounded(acc_g, dt)

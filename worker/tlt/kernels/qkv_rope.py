@@ -31,15 +31,9 @@ from worker.tlt.kernels.common import (
     rounded,
     row_rstd,
     wait_for_previous,
+    weight_tile_t,
 )
 from worker.tlt.kernels.tuning import config_for
-
-
-@triton.jit
-def _pair_tile(w_ptr, rows, real, offs_k, K, stride_wn):
-    """W[rows, offs_k]^T as a [BK, HALF_PAD] tile (zeros past K and in the padding columns)."""
-    return tl.load(w_ptr + rows[None, :] * stride_wn + offs_k[:, None], mask=(offs_k[:, None] < K) & real[None, :],
-                   other=0.0)
 
 
 @triton.jit
@@ -81,8 +75,8 @@ def _qkv_rope_kernel(
     # the first K tile of the weights into registers before the wait (no kernel writes weights; the rest streams
     # in the loop from L2); the tiles accumulate in the same order as a plain loop
     offs_k = tl.arange(0, BLOCK_K)
-    w_a = _pair_tile(w_ptr, rows_a, real, offs_k, K, stride_wn)
-    w_b = _pair_tile(w_ptr, rows_b, real, offs_k, K, stride_wn)
+    w_a = weight_tile_t(w_ptr, rows_a, real, offs_k, K, stride_wn)
+    w_b = weight_tile_t(w_ptr, rows_b, real, offs_k, K, stride_wn)
     # RoPE rows and cache columns too: positions and write columns are the forward's inputs, written before its
     # first kernel, never by the kernel this one may overlap (as attention's widx)
     pos = tl.minimum(tl.maximum(tl.load(pos_ptr + offs_m, mask=m_mask, other=0), 0), MAX_POS)  # in the table
@@ -101,8 +95,8 @@ def _qkv_rope_kernel(
     for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         xt = _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd if HAS_NORM else 0.0, dt, HAS_NORM)
-        w_a = _pair_tile(w_ptr, rows_a, real, offs_k, K, stride_wn)
-        w_b = _pair_tile(w_ptr, rows_b, real, offs_k, K, stride_wn)
+        w_a = weight_tile_t(w_ptr, rows_a, real, offs_k, K, stride_wn)
+        w_b = weight_tile_t(w_ptr, rows_b, real, offs_k, K, stride_wn)
         acc_a += tl.dot(xt, w_a, input_precision=DOT_PREC)
         acc_b += tl.dot(xt, w_b, input_precision=DOT_PREC)
     if HAS_BIAS:

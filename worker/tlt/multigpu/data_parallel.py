@@ -75,6 +75,9 @@ class DataParallel:
 def apply_data_parallel(trainer: GRPOTrainer, ctx: DistContext) -> DataParallel:
     """Turn a single-GPU trainer into one rank of a data-parallel job, in place (see the module docstring)."""
     spec = trainer.spec
+    if trainer.algorithm.batch_advantages:
+        raise ValueError(f"algorithm {trainer.algorithm.name!r} normalises advantages over the whole batch, which a "
+                         "rank holding only its shard cannot do yet: run it with resources.gpus <= 1")
     if spec.algorithm.prompts_per_step < ctx.world:
         raise ValueError(f"prompts_per_step={spec.algorithm.prompts_per_step} is below the {ctx.world} ranks: "
                          "a rank with no prompts would have no update to join")
@@ -92,8 +95,8 @@ def apply_data_parallel(trainer: GRPOTrainer, ctx: DistContext) -> DataParallel:
     if trainer.ds is not None:
         if trainer.algo.dynamic_sampling:
             raise ValueError("algorithm.dynamic_sampling is not supported with resources.gpus > 1 yet")
-        loss_type, rank, world = trainer.algo.loss_type, ctx.rank, ctx.world
-        trainer.ds.loss_scale = lambda: loss_share(loss_type, rollout.last_gather, rank) * world
+        algorithm, cfg, rank, world = trainer.algorithm, trainer.algo, ctx.rank, ctx.world
+        trainer.ds.loss_scale = lambda: loss_share(algorithm, cfg, rollout.last_gather, rank) * world
     else:
         update = DataParallelUpdate(ctx, trainer, rollout)
     return DataParallel(ctx, rollout, update, drafter)
@@ -110,5 +113,5 @@ def dist_step(trainer: GRPOTrainer, dp: DataParallel) -> tuple[dict[str, float],
         metrics["perf/peak_mem_mib"] = torch.cuda.max_memory_allocated(dp.ctx.device) / 2**20
     if dp.update is not None:
         metrics["actor/grad_norm"] = dp.update.last_grad_norm
-    metrics["actor/pg_loss"] *= loss_share(trainer.algo.loss_type, dp.rollout.last_gather, dp.ctx.rank)
+    metrics["actor/pg_loss"] *= loss_share(trainer.algorithm, trainer.algo, dp.rollout.last_gather, dp.ctx.rank)
     return metrics, samples, dp.ctx.all_gather_objects(metrics)

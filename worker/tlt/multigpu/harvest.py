@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from worker.tlt import metric_catalog as mc
+from worker.tlt.drafter.train import host_copy
 from worker.tlt.multigpu.context import DistContext
 
 if TYPE_CHECKING:
@@ -97,17 +98,6 @@ def harvest_metrics(records: Sequence[HarvestRecord]) -> dict[str, float]:
     return out
 
 
-def _cpu(obj: Any) -> Any:
-    """A state dict with every tensor on the CPU (a pickled CUDA tensor would unpickle onto the sender's GPU)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_cpu(v) for v in obj)
-    return obj
-
-
 class DistDrafterHook:
     """rl/trainer.py's DrafterHook for multi-GPU jobs: no training here (it ran in the harvest phase); broadcasts the
     drafter of the rank that trained and returns drafter/* and harvest/* of the step (identical on every rank).
@@ -130,7 +120,7 @@ class DistDrafterHook:
             # the spot trainer's state only (weights, AdamW, generators, counters): each rank keeps its own buffer
             # of hidden states, and publishes the new weights to its engine at the next rollout start
             trainer = self.drafter.trainer
-            state = self.ctx.broadcast_object(_cpu(trainer.state_dict()) if self.ctx.rank == src else None, src)
+            state = self.ctx.broadcast_object(host_copy(trainer.state_dict()) if self.ctx.rank == src else None, src)
             if self.ctx.rank != src:
                 trainer.load_state_dict(state)
             metrics.update(trained[0].drafter_metrics)

@@ -12,13 +12,13 @@ parameters the state no longer fits beside the KV cache: then `resources.zero_st
 `offload_optimizer` run the update on DeepSpeed instead (rl/deepspeed_update.py, multigpu/data_parallel.py), which
 shards the optimizer state, gradients and (stage 3) weights, and this hook is not installed.
 
-Exactness: the trainer normalises its loss by its own shard's batch (rl/grpo.py LossNorm); the pre-hook rescales
-each rank's gradient by (its share of the global normaliser) before the SUM all-reduce, so the reduced gradient is
-the gradient of the single-process loss over the concatenated batch: token counts for `dapo`, sequence counts for
-`grpo` and `dr_grpo`. The trainer's own clip is disabled (its `algo` copy has max_grad_norm = inf) because it would
-clip the local gradient; the pre-hook clips the reduced one with the spec's max_grad_norm. All ranks then hold the
-same gradient and take the same step, so the policy needs no weight broadcast (`check_replicas` verifies it at
-every checkpoint).
+Exactness: the trainer normalises its loss by its own shard's batch (rl/algorithms/base.py LossNorm); the pre-hook
+rescales each rank's gradient by its share of the global normaliser (`loss_share`: the algorithm's aggregation
+decides, e.g. token counts for `dapo`, sequence counts for `grpo`) before the SUM all-reduce, so the reduced
+gradient is the gradient of the single-process loss over the concatenated batch. The trainer's own clip is disabled
+(its `algo` copy has max_grad_norm = inf) because it would clip the local gradient; the pre-hook clips the reduced one
+with the spec's max_grad_norm. All ranks then hold the same gradient and take the same step, so the policy needs no
+weight broadcast (`check_replicas` verifies it at every checkpoint).
 
 Not supported yet: `dynamic_sampling` (a rank whose groups all drop skips its optimizer step and the others would
 wait in the all-reduce; needs a loss-norm seam in GRPOTrainer.update, see the multigpu package docstring).
@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from worker.tlt.config import AlgorithmConfig
 from worker.tlt.multigpu.context import DistContext
+from worker.tlt.rl.algorithms.base import Algorithm, LossNorm
 
 if TYPE_CHECKING:
     from worker.tlt.multigpu.rollout_shard import ShardedRollout, ShardSummary
@@ -42,13 +44,12 @@ if TYPE_CHECKING:
 BUCKET_NUMEL = 1 << 25  # 32M fp32 elements (128 MB) per all-reduce: few launches, bounded extra memory
 
 
-def loss_share(loss_type: str, summaries: Sequence[ShardSummary], rank: int) -> float:
-    """This rank's local loss normaliser over the global one (the factor that makes local grads sum to global)."""
-    if loss_type == "dapo":
-        local, total = sum(summaries[rank].lengths), sum(sum(s.lengths) for s in summaries)
-    else:  # grpo, dr_grpo: divided by the number of sequences
-        local, total = len(summaries[rank].lengths), sum(len(s.lengths) for s in summaries)
-    return local / total if total else 0.0
+def loss_share(algorithm: Algorithm, cfg: AlgorithmConfig, summaries: Sequence[ShardSummary], rank: int) -> float:
+    """This rank's local loss normaliser over the global one (the factor that makes local grads sum to global), as
+    the algorithm aggregates."""
+    local = LossNorm.of_lengths(summaries[rank].lengths)
+    total = LossNorm.of_lengths([n for s in summaries for n in s.lengths])
+    return algorithm.share(cfg, local, total)
 
 
 def buckets(params: Sequence[torch.nn.Parameter], numel: int = BUCKET_NUMEL) -> list[list[torch.nn.Parameter]]:
@@ -87,18 +88,18 @@ class DataParallelUpdate:
     def __init__(self, ctx: DistContext, trainer: GRPOTrainer, rollout: ShardedRollout) -> None:
         if trainer.algo.dynamic_sampling:
             raise ValueError("algorithm.dynamic_sampling is not supported with resources.gpus > 1 yet")
-        self.ctx, self.rollout = ctx, rollout
-        self.loss_type = trainer.algo.loss_type
+        self.ctx, self.rollout, self.algorithm = ctx, rollout, trainer.algorithm
         self.max_grad_norm = trainer.algo.max_grad_norm
         self.params = trainer.master.train_params  # what the optimizer steps (fp32 copies where there are any)
         self.last_grad_norm = 0.0
         self.last_share = 1.0
         # the trainer clips before optimizer.step(): that would clip the local gradient, so it is turned off there
         trainer.algo = trainer.algo.model_copy(update={"max_grad_norm": math.inf})
+        self.cfg = trainer.algo
         trainer.optimizer.register_step_pre_hook(self._before_step)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.last_share = loss_share(self.loss_type, self.rollout.last_gather, self.ctx.rank)
+        self.last_share = loss_share(self.algorithm, self.cfg, self.rollout.last_gather, self.ctx.rank)
         all_reduce_grads(self.params, self.last_share)
         self.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
 

@@ -9,8 +9,8 @@ micro-batch holds rows of similar length: packed in arrival order, one max-lengt
 micro-batch to that length. On a long-tailed GRPO batch (64 responses, p50 326, p90 1024; test_train_microbatch.py)
 padded / real tokens fall from 2.0 in order to 1.11 sorted, in the same 5 micro-batches of 16384. The plan depends
 only on the lengths and their positions, so it is the same on every run and after a resume; the loss is the full
-batch's either way (rl/grpo.py LossNorm), micro-batching only changes float summation order. A single sequence
-longer than the budget gets a micro-batch of its own.
+batch's either way (rl/algorithms/base.py LossNorm), micro-batching only changes float summation order. A single
+sequence longer than the budget gets a micro-batch of its own.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
-"""The TLT RL step: rollout -> rewards -> GRPO update -> weight sync -> drafter spot training in the tail.
+"""The TLT RL step: rollout -> rewards -> advantages -> policy update -> weight sync -> drafter spot training in the
+tail. The advantage estimator and the policy loss are the job's `Algorithm` (rl/algorithms/: grpo, dapo, dr_grpo,
+gspo, rloo, reinforce_plus_plus or an installed one), looked up by name; the step never branches on it.
 
     trainer = GRPOTrainer(spec, model, tokenizer, rollout, train_prompts, reward_fns, device=...)
-    metrics, samples, hist = trainer.step()       # one RL step; metric names as DESIGN.md
+    metrics, samples, hist = trainer.step()       # one RL step; metric names: metric_catalog.py
     trainer.state_dict() / trainer.load_state_dict(...)   # via rl/checkpoint.py
 
-How this departs from the GRPO paper (Shao et al. 2024), beyond the loss choices listed in rl/grpo.py:
+How this departs from the GRPO paper (Shao et al. 2024), beyond the algorithm's own choices listed in
+rl/algorithms/builtin.py:
 - One policy update per rollout (TRL's num_iterations = 1, as DAPO and Dr.GRPO run it): old log-probs are the
   trainer's own recompute (detached), so ratio = 1 in value and the gradient is the plain policy gradient; the
   engine's log-probs are only compared (`rollout/logp_abs_diff`, `rollout/ppl_ratio`), never trained on.
@@ -47,9 +50,11 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rewards.registry import RewardFn
 from worker.tlt.rewards.shaping import overlong_penalty
 from worker.tlt.rewards.streaming import StreamingScorer
+from worker.tlt.rl.algorithms.base import AdvantageInput, LossNorm, zero_std_groups
+from worker.tlt.rl.algorithms.registry import resolve
 from worker.tlt.rl.batch import MicroBatch, UpdateSeq, micro_batches
 from worker.tlt.rl.deepspeed_update import DeepSpeedUpdate, build_update
-from worker.tlt.rl.grpo import LossNorm, group_advantages, policy_loss, token_logprobs_entropy
+from worker.tlt.rl.logprobs import token_logprobs_entropy
 from worker.tlt.rl.optim import (
     MasterWeights,
     build_optimizer,
@@ -111,6 +116,7 @@ class GRPOTrainer:
         # None = built here (after the rollout engine: its CUDA graphs are then dropped if DeepSpeed moved weights)
     ) -> None:
         self.spec, self.algo = spec, spec.algorithm
+        self.algorithm = resolve(spec.algorithm.algorithm_name)  # advantages + policy loss (rl/algorithms/)
         self.model, self.tokenizer, self.rollout = model, tokenizer, rollout
         self.reward_fns, self.device, self.drafter = reward_fns, device, drafter
         self.reward_names = reward_names or list(spec.algorithm.reward_funcs)
@@ -190,7 +196,7 @@ class GRPOTrainer:
                  "lp_tokens", "grad_norm")
         acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in names}  # float64 sums
         if seqs:
-            norm = LossNorm(num_sequences=len(seqs), num_tokens=sum(len(s.response_ids) for s in seqs))
+            norm = LossNorm.of_lengths([len(s.response_ids) for s in seqs])
             if self.ds is None:
                 self.optimizer.zero_grad(set_to_none=True)
             mbs = list(micro_batches(seqs, self.algo.micro_batch_tokens, self.tokenizer.pad_id, self.device))
@@ -201,7 +207,7 @@ class GRPOTrainer:
                 if ref_logits is not None:
                     with torch.no_grad():
                         ref_logp, _ = self.response_logprobs(ref_logits, mb)
-                loss, st = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, self.algo, norm, ref_logp)
+                loss, st = self.algorithm.loss(logp, logp.detach(), mb.advantages, mb.mask, self.algo, norm, ref_logp)
                 if self.ds is not None:  # DeepSpeed reduces and accumulates; the last micro-batch closes the step
                     self.ds.backward(loss, last=i == len(mbs) - 1)
                 else:
@@ -266,9 +272,9 @@ class GRPOTrainer:
 
         t0 = time.perf_counter()  # 2. rewards
         rewards, reward_metrics = self.score(trajs)
-        adv = group_advantages(rewards, g, algo.scale_rewards)
-        groups = rewards.view(-1, g)
-        zero_std = (groups.max(1).values - groups.min(1).values) == 0  # [P]
+        lengths_t = torch.tensor([len(t.response) for t in trajs])
+        adv = self.algorithm.advantages(AdvantageInput(rewards, g, lengths_t), algo)  # [N]
+        zero_std = zero_std_groups(rewards, g)  # [P]
         t_reward = time.perf_counter() - t0
 
         t0 = time.perf_counter()  # 3. update (the engine's KV cache already freed with rollout.release_kv_for_update)

@@ -2,8 +2,8 @@
 
 The engine's speculative step calls `add` with the host-side counts of its one packed read; `observe_step` (tensors of
 one verify) and `observe` (a proposal and its verify result) reduce to the same counts and read them back (a sync).
-The rollout reports `as_metrics()` under DESIGN.md's names (`sd/accept_len`, `sd/accept_rate_pos_k`, ...), and the
-adaptive controller may read `mean_accept_len` per bucket.
+The rollout reports `as_metrics()` under the names of worker/tlt/metric_catalog.py (`sd/accept_len`,
+`sd/accept_rate_pos_k`, ...), and the adaptive controller may read `mean_accept_len` per bucket.
 
 Definitions, per sequence and verify step: `accepted` = draft tokens accepted (0..depth), `emitted` = accepted + 1
 (the recovered or bonus token); the acceptance rate at draft position k (1-based) is P(accepted >= k | the draft had
