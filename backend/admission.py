@@ -6,7 +6,9 @@ reason, instead of failing in the worker (or waiting forever on a queue nobody c
 In order: the algorithm registered on the worker (worker/tlt/rl/algorithms/registry.py, read without torch); paths
 only inside TLT_SPEC_ROOTS; uploaded datasets and artifacts by id only the user's own (someone
 else's is the same 404 as a missing one); the user's artifact quota; the model's context and depth (built-in models);
-and a live registered worker that consumes the job's queue with enough GPUs and memory for its KV cache.
+a live registered worker that consumes the job's queue with enough GPUs and memory for its KV cache; and memory for
+what the job will allocate (drafter buffer, rollout batch) and a system prompt that leaves room for a prompt
+(backend/admission_sizes.py).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
+from backend.admission_sizes import SizeRefused, check_memory, check_system_prompt
 from backend.core.config import Settings
 from backend.persistence import crud
 from backend.persistence.models import User, Worker
 from backend.spec_paths import spec_path_errors
-from worker.tlt.config import BUILTIN_MODEL_SHAPES, CPU_KV_CACHE_GB, ArtifactRef, JobSpec
+from worker.tlt.builtin_models import BUILTIN_MODELS
+from worker.tlt.config import CPU_KV_CACHE_GB, ArtifactRef, JobSpec
 from worker.tlt.rl.algorithms.registry import registered_names
 
 EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/drafter/model.py eagle3_layers)
@@ -44,7 +48,9 @@ def admit(session: Session, user: User, spec: JobSpec, settings: Settings) -> No
     check_references(session, user, spec)
     check_quota(session, user, settings.user_quota_gb)
     check_model_fits(spec)
-    check_workers(crud.live_workers(session, settings.worker_ttl_s), spec)
+    live = crud.live_workers(session, settings.worker_ttl_s)
+    check_workers(live, spec)
+    check_sizes(live, spec)
 
 
 def check_algorithm(spec: JobSpec) -> None:
@@ -75,14 +81,19 @@ def check_references(session: Session, user: User, spec: JobSpec) -> None:
             raise Refused(loc, f"artifact {artifact_id} was deleted by retention")
 
 
-def check_quota(session: Session, user: User, quota_gb: float) -> None:
+def check_quota(session: Session, user: User, quota_gb: float, adding: int = 0) -> None:
+    """Conflict when the user's artifacts and uploaded datasets (plus `adding` bytes about to be stored) pass the
+    quota."""
     if quota_gb <= 0:
         return
-    used = crud.user_artifact_bytes(session, user)
-    if used >= quota_gb * GB:
+    artifacts, datasets = crud.user_artifact_bytes(session, user), crud.user_dataset_bytes(session, user)
+    used, quota = artifacts + datasets, quota_gb * GB
+    if (used + adding > quota) if adding else (used >= quota):  # a submit needs room left; an upload, its bytes
+        more = f" and this upload {adding / GB:.2f} GB" if adding else ""
         raise crud.Conflict(
-            f"artifact quota exceeded: your jobs hold {used / GB:.2f} GB of artifacts (quota {quota_gb:g} GB, "
-            "TLT_USER_QUOTA_GB); delete old jobs' artifacts or ask an operator to raise the quota")
+            f"storage quota exceeded: your jobs hold {artifacts / GB:.2f} GB of artifacts, your datasets "
+            f"{datasets / GB:.2f} GB{more} (quota {quota_gb:g} GB, TLT_USER_QUOTA_GB); delete old jobs' artifacts "
+            "or datasets (DELETE /api/v1/datasets/{id}), or ask an operator to raise the quota")
 
 
 def check_model_fits(spec: JobSpec) -> None:
@@ -90,7 +101,8 @@ def check_model_fits(spec: JobSpec) -> None:
     EAGLE-3 only on a target deep enough for its three feature layers."""
     if spec.model.builtin is None:
         return
-    context, layers = BUILTIN_MODEL_SHAPES[spec.model.builtin]
+    shape = BUILTIN_MODELS[spec.model.builtin]  # the schema accepts only this table's names
+    context, layers = shape.context, shape.layers
     longest = spec.dataset.max_prompt_length + spec.algorithm.max_completion_length
     if longest > context:
         raise Refused(("algorithm", "max_completion_length"),
@@ -99,6 +111,17 @@ def check_model_fits(spec: JobSpec) -> None:
     if spec.drafter.kind == "eagle3" and layers < EAGLE3_MIN_LAYERS:
         raise Refused(("drafter", "kind"), f"EAGLE-3 needs a target with >= {EAGLE3_MIN_LAYERS} layers; "
                       f"{spec.model.builtin} has {layers}")
+
+
+def check_sizes(live: Sequence[Worker], spec: JobSpec) -> None:
+    """What the job will allocate fits some worker that could take it; its system prompt leaves room for a prompt
+    (backend/admission_sizes.py)."""
+    candidates = [w for w in live if spec.queue in w.queues and w.gpus >= spec.resources.gpus]
+    try:
+        check_system_prompt(spec)
+        check_memory(candidates, spec)
+    except SizeRefused as e:
+        raise Refused(e.loc, e.msg) from None
 
 
 def check_workers(live: Sequence[Worker], spec: JobSpec) -> None:

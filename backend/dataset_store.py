@@ -1,5 +1,7 @@
 """Validation of uploaded prompt datasets (JSONL or Parquet): every row must have the named columns, non-empty;
-a prompt column holds a string or a list of chat messages ({role, content}). Bad rows are reported by number.
+a prompt column holds a string or a list of chat messages ({role, content}). A row holds what a job spec may hold:
+no NaN or Infinity and no text that is not valid unicode (a lone surrogate such as "\\ud800" would fail later, in the
+tokenizer). Bad rows are reported by number; a file over the row cap is refused whole (TooLarge).
 
     python -c "from backend.dataset_store import validate; print(validate('train.jsonl', 'jsonl', ['question', 'answer']))"
 """
@@ -7,11 +9,29 @@ a prompt column holds a string or a list of chat messages ({role, content}). Bad
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_ERRORS = 20  # bad rows listed in a rejection (the count covers all of them)
 MAX_DEPTH = 64  # nesting of arrays/objects a JSONL row may have (a chat prompt needs 3)
+SURROGATE = re.compile("[\ud800-\udfff]")  # JSON escapes (\uXXXX) can spell them; UTF-8 cannot encode them
+
+
+PARQUET_BATCH_ROWS = 64  # rows decoded at a time: a few rows of a compressed file can expand a lot
+
+
+class TooLarge(ValueError):
+    """The file has more rows, or a longer row, than the service accepts (TLT_MAX_DATASET_ROWS / _ROW_KB)."""
+
+
+class NotFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> float:
+    raise NotFinite(f"{name} is not a number JSON allows")
 
 
 @dataclass
@@ -45,8 +65,30 @@ def detect_format(filename: str) -> str:
     raise ValueError(f"unsupported file type {filename!r}: upload .jsonl or .parquet")
 
 
+def invalid_text(value: object) -> str | None:
+    """What makes `value` unfit for a prompt dataset (a lone surrogate in a string or key, a NaN or infinite float),
+    walked level by level without recursion; None when fine."""
+    level = [value]
+    while level:
+        nxt: list[object] = []
+        for v in level:
+            if isinstance(v, str) and SURROGATE.search(v):
+                return f"text {v[:40]!r} is not valid unicode (a lone surrogate)"
+            if isinstance(v, float) and not math.isfinite(v):
+                return f"{v} is not a finite number"
+            if isinstance(v, dict):
+                nxt.extend(v.keys())
+                nxt.extend(v.values())
+            elif isinstance(v, list):
+                nxt.extend(v)
+        level = nxt
+    return None
+
+
 def _check_value(report: Report, row: int, col: str, value: object, prompt_col: str) -> None:
-    if value is None or value == "" or value == []:
+    if (problem := invalid_text(value)) is not None:
+        report.bad(row, f"column {col!r}: {problem}", col)
+    elif value is None or value == "" or value == []:
         report.bad(row, f"column {col!r} is missing or empty", col)
     elif col == prompt_col and isinstance(value, list):
         ok = all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
@@ -70,8 +112,11 @@ def nesting_depth(value: object, cap: int = MAX_DEPTH + 1) -> int:
     return depth
 
 
-def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
-    """Check every row for `columns` (the first is the prompt column). Rows are numbered from 1."""
+def validate(path: str | Path, fmt: str, columns: list[str], max_rows: int = 0, max_row_bytes: int = 0,
+             max_decoded_bytes: int = 0) -> Report:
+    """Check every row for `columns` (the first is the prompt column). Rows are numbered from 1. More than `max_rows`
+    rows, (JSONL) a line longer than `max_row_bytes` or (parquet) more than `max_decoded_bytes` once decoded raises
+    TooLarge; 0 = no cap. Parquet is decoded PARQUET_BATCH_ROWS rows at a time, so memory stays at one batch."""
     report = Report()
     prompt_col = columns[0] if columns else ""
     seen: dict[str, None] = {}
@@ -81,10 +126,14 @@ def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
                 if not line.strip():
                     continue
                 report.num_rows += 1
+                _check_size(report.num_rows, len(line.encode("utf-8", "surrogatepass")), max_rows, max_row_bytes, i)
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(line, parse_constant=_refuse_constant)
                 except json.JSONDecodeError as e:
                     report.bad(i, f"not valid JSON ({e.msg})")
+                    continue
+                except NotFinite as e:  # NaN, Infinity, -Infinity: Python's json reads them, JSON has none
+                    report.bad(i, str(e))
                     continue
                 except RecursionError:  # deeper than the parser's own stack: far past MAX_DEPTH
                     report.bad(i, f"nested deeper than {MAX_DEPTH} levels")
@@ -95,6 +144,9 @@ def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
                 if not isinstance(obj, dict):
                     report.bad(i, "not a JSON object")
                     continue
+                if (problem := invalid_text(obj)) is not None:  # in any column, used or not: the file is kept whole
+                    report.bad(i, problem)
+                    continue
                 seen.update(dict.fromkeys(obj))
                 for col in columns:
                     _check_value(report, i, col, obj.get(col), prompt_col)
@@ -102,6 +154,8 @@ def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(path)
+        _check_size(pf.metadata.num_rows, 0, max_rows, 0, 0)
+        _check_column_chunks(pf.metadata, max_decoded_bytes)
         names = list(pf.schema_arrow.names)
         seen.update(dict.fromkeys(names))
         missing = [c for c in columns if c not in names]
@@ -111,8 +165,12 @@ def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
             for col in missing:
                 report.bad_columns[col] = report.num_rows
         else:
-            row = 0
-            for batch in pf.iter_batches(columns=columns, batch_size=4096):
+            row = decoded = 0
+            for batch in pf.iter_batches(columns=columns, batch_size=PARQUET_BATCH_ROWS):
+                decoded += batch.nbytes  # decoded size: dictionary-encoded, compressed columns expand here
+                if max_decoded_bytes and decoded > max_decoded_bytes:
+                    raise TooLarge(f"the file expands past {max_decoded_bytes} bytes when decoded "
+                                   "(TLT_MAX_DATASET_DECODED_MB)")
                 data = batch.to_pydict()
                 for j in range(batch.num_rows):
                     row += 1
@@ -122,6 +180,28 @@ def validate(path: str | Path, fmt: str, columns: list[str]) -> Report:
     else:
         raise ValueError(f"unknown format {fmt!r}")
     report.columns = list(seen)
+    if SURROGATE.search("".join(report.columns)):  # a parquet column name (JSONL keys were checked per row)
+        report.bad(0, "a column name is not valid unicode")
     if report.num_rows == 0:
         report.bad(0, "the file has no rows")
     return report
+
+
+def _check_size(rows: int, row_bytes: int, max_rows: int, max_row_bytes: int, line: int) -> None:
+    if max_rows and rows > max_rows:
+        raise TooLarge(f"the file has more than {max_rows} rows (TLT_MAX_DATASET_ROWS)")
+    if max_row_bytes and row_bytes > max_row_bytes:
+        raise TooLarge(f"row {line} is longer than {max_row_bytes} bytes (TLT_MAX_DATASET_ROW_KB)")
+
+
+def _check_column_chunks(meta: object, max_decoded_bytes: int) -> None:
+    """A column chunk whose pages alone decompress past the cap (one huge value compresses to a few bytes): refused
+    before any of it is decoded."""
+    if not max_decoded_bytes:
+        return
+    for g in range(meta.num_row_groups):  # type: ignore[attr-defined]
+        group = meta.row_group(g)  # type: ignore[attr-defined]
+        for c in range(group.num_columns):
+            if group.column(c).total_uncompressed_size > max_decoded_bytes:
+                raise TooLarge(f"the file expands past {max_decoded_bytes} bytes when decoded "
+                               "(TLT_MAX_DATASET_DECODED_MB)")

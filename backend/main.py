@@ -70,6 +70,10 @@ def _error_handlers(app: FastAPI) -> None:
     async def _not_found(_req: Request, exc: crud.NotFound) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
 
+    @app.exception_handler(crud.Forbidden)
+    async def _forbidden(_req: Request, exc: crud.Forbidden) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_403_FORBIDDEN)
+
     @app.exception_handler(crud.Conflict)
     async def _conflict(_req: Request, exc: crud.Conflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)

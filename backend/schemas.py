@@ -200,7 +200,7 @@ class TokenPublic(_Out):
     id: int
     user: str = Field(validation_alias="user_name")
     name: str
-    prefix: str
+    prefix: str = Field(validation_alias="fingerprint")  # "tlt_…" + the first 8 hex of the token's sha256: no secret
     admin: bool  # acts as an admin (its user is one and it was made an admin token)
     created_at: datetime
     last_used_at: datetime | None

@@ -2,7 +2,9 @@
 and never inside the service's own home or artifact store (other users' weights, uploads, the database).
 
 The API checks at submit and the worker again before it loads anything (its own settings decide: the roots are a
-fact of the machine that reads the files). A path is judged by its realpath, so `..` and symlinks cannot leave a root.
+fact of the machine that reads the files). A path is judged by its realpath, so `..` and symlinks cannot leave a root;
+the worker's loaders then judge every file they open the same way (worker/tlt/file_guard.py: links inside a named
+directory, hard links).
 The refusal text is the same whether or not the path exists, so the check cannot be used to probe the worker's disk.
 
     refused = spec_path_errors(spec, settings.spec_root_paths, settings.private_dirs)   # [(loc, message), ...]
@@ -10,11 +12,11 @@ The refusal text is the same whether or not the path exists, so the check cannot
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from worker.tlt.config import JobSpec
+from worker.tlt.file_guard import path_allowed
 
 REFUSED = ("path not allowed: a spec may name only absolute paths inside the directories the operator lists in "
            "TLT_SPEC_ROOTS (use a built-in, an uploaded dataset_id or an artifact_id instead)")
@@ -26,16 +28,6 @@ def spec_paths(spec: JobSpec) -> Iterator[tuple[tuple[str, ...], str]]:
                        (("dataset", "path"), spec.dataset.path), (("drafter", "warm_start"), spec.drafter.warm_start)):
         if isinstance(value, str):
             yield loc, value
-
-
-def path_allowed(path: str, roots: tuple[Path, ...], private: tuple[Path, ...]) -> bool:
-    """True when `path` is absolute and its realpath lies inside a root and outside every private directory."""
-    if not os.path.isabs(path) or "\x00" in path:
-        return False
-    real = Path(os.path.realpath(path))
-    if any(real.is_relative_to(p) for p in private):
-        return False
-    return any(real.is_relative_to(r) for r in roots)
 
 
 def spec_path_errors(spec: JobSpec, roots: tuple[Path, ...],

@@ -3,17 +3,22 @@ and artifacts it names by id resolved to their stored paths with the job owner's
 as missing). The training library then sees only built-ins and paths.
 
     spec = runnable_spec(session, job, settings)     # raises SpecRefused with the reason (the attempt fails)
+    file_guard.install(job_file_guard(spec, settings))  # every file the loaders open is judged (worker/tlt/file_guard.py)
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from backend.core.config import Settings
 from backend.persistence import crud
 from backend.persistence.models import Job
-from backend.spec_paths import spec_path_errors
+from backend.spec_paths import spec_path_errors, spec_paths
 from worker.tlt.config import ArtifactRef, JobSpec
+from worker.tlt.file_guard import FileGuard, inside
 
 
 class SpecRefused(ValueError):
@@ -39,6 +44,15 @@ def runnable_spec(session: Session, job: Job, settings: Settings) -> JobSpec:
         path = _artifact_path(session, job, spec.drafter.warm_start.artifact_id, "drafter")
         spec = spec.model_copy(update={"drafter": spec.drafter.model_copy(update={"warm_start": path})})
     return spec
+
+
+def job_file_guard(spec: JobSpec, settings: Settings) -> FileGuard:
+    """The guard the job's loaders ask about each file they open: inside this worker's TLT_SPEC_ROOTS, outside its
+    home and artifact store, except the uploads and artifacts `spec` (a runnable_spec) names by id. Those are the
+    paths of the runnable spec that lie in private storage: a path the user named there was refused above."""
+    private = settings.private_dirs
+    trusted = tuple(Path(os.path.realpath(p)) for _, p in spec_paths(spec) if inside(Path(os.path.realpath(p)), private))
+    return FileGuard(roots=settings.spec_root_paths, private=private, trusted=trusted)
 
 
 def _artifact_path(session: Session, job: Job, artifact_id: int, kind: str) -> str:

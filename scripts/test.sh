@@ -7,4 +7,4 @@ bash scripts/setup.sh --dev
 . .venv/bin/activate
 ruff check backend worker tests bench
 mypy backend worker
-python -m pytest -q "$@"
+python -m pytest -q --durations=20 "$@"

@@ -166,8 +166,8 @@ class TltClient:
         return self._json(self.http.get(f"/jobs/{job_id}/artifacts", params={"kind": kind} if kind else {}))
 
     def download(self, job_id: int, kind: str, out_dir: Path) -> Path:
-        """The newest artifact of `kind`, checked against its sha256: a directory is unpacked into `out_dir`, a file is
-        written into it. Returns the directory or file written."""
+        """The newest artifact of `kind`, checked against its sha256: a directory is unpacked into `out_dir` (as
+        `out_dir/<its name>`), a file is written into it. Returns the directory or file written."""
         arts = self.artifacts(job_id, kind)
         if not arts:
             raise ApiError(404, f"job {job_id} has no {kind} artifact")
@@ -191,10 +191,12 @@ class TltClient:
             if art["is_dir"]:
                 with tarfile.open(part) as tf:
                     tf.extractall(out_dir, filter="data")
-                    written = [out_dir / m.name for m in tf.getmembers()]
+                    names = tf.getnames()
+                written = [out_dir / n for n in names]
                 for path in sorted(written, reverse=True):  # children before their directory
                     os.utime(path, (stamp, stamp), follow_symlinks=False)
-                return out_dir
+                tops = {Path(n).parts[0] for n in names if Path(n).parts}
+                return out_dir / tops.pop() if len(tops) == 1 else out_dir  # the store's tars hold one directory
             target = out_dir / art["name"]
             part.replace(target)
             os.utime(target, (stamp, stamp))

@@ -1,7 +1,8 @@
 """The child process that runs one attempt of one job: `python -m worker.job_child JOB_ID --attempt N [--resume]`.
 
 Started by the `run_job` task (worker/tasks.py) in its own process group; reads the job row and settings (TLT_* env
-passed by the parent), refuses paths outside TLT_SPEC_ROOTS, resolves uploaded dataset and artifact ids to their
+passed by the parent), refuses paths outside TLT_SPEC_ROOTS (and installs the guard that judges each file the loaders
+open: worker/tlt/file_guard.py), resolves uploaded dataset and artifact ids to their
 files (reads retried over a database restart: backend.persistence.db.retry_transient), and calls `worker.runner.execute`
 with a DbReporter. Exit status 0 = the loop returned (finished, or stopped on cancel); anything else = the attempt
 failed (the traceback goes to stderr, which the parent keeps as the job's last output lines).
@@ -22,9 +23,10 @@ from pathlib import Path
 from backend.core.config import get_settings
 from backend.persistence import crud
 from backend.persistence.db import make_engine, make_session_factory, retry_transient
-from backend.worker_spec import runnable_spec
+from backend.worker_spec import job_file_guard, runnable_spec
 from worker import runner
 from worker.db_reporter import DbReporter
+from worker.tlt import file_guard
 from worker.tlt.config import JobSpec
 
 log = logging.getLogger("worker.job_child")
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
     sessions = make_session_factory(make_engine(settings.database_url))
     spec = read_spec(sessions, args.job_id)
+    file_guard.install(job_file_guard(spec, settings))  # every file a loader opens for the spec is judged on its own
     run_dir = settings.artifacts / "jobs" / str(args.job_id)
     reporter = DbReporter(sessions, args.job_id, args.attempt, settings.artifacts)
     stop = threading.Event()

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session
 
 from backend.core.config import Settings
 from backend.core.dispatch import Dispatcher
-from backend.core.security import hash_token
 from backend.persistence import crud
 from backend.persistence.db import make_session_factory
 from backend.persistence.models import User
@@ -107,9 +106,10 @@ def get_admin(user: CurrentUser) -> User:
 AdminUser = Annotated[User, Depends(get_admin)]
 
 
-def submit_allowed(request: Request, _user: CurrentUser, secret: Annotated[str, Depends(bearer_secret)]) -> None:
-    """Per-token job-submission rate limit (after authentication): 429 with Retry-After."""
-    request.app.state.submit_limiter.check(hash_token(secret))
+def submit_allowed(request: Request, user: CurrentUser) -> None:
+    """Per-user job-submission rate limit (after authentication): 429 with Retry-After. Per user, not per token: all
+    of a user's tokens draw from one bucket."""
+    request.app.state.submit_limiter.check(f"user:{user.id}")
 
 
 SubmitAllowed = Depends(submit_allowed)

@@ -1,7 +1,8 @@
 """Request limits: `BodyLimit` (ASGI middleware: 413 for a request body over the limit, declared or streamed) and
-`SubmitLimiter` (a token bucket per API token for job submissions: 429 with Retry-After).
+`SubmitLimiter` (a token bucket per user for job submissions and retries: 429 with Retry-After). Keyed by user, not
+by token: a user can mint tokens, and each token must not bring a bucket of its own.
 
-The limiter lives in the API process (one bucket table per process): behind N API replicas a token gets N times the
+The limiter lives in the API process (one bucket table per process): behind N API replicas a user gets N times the
 rate. Configure with TLT_SUBMIT_RATE_PER_MIN / TLT_SUBMIT_BURST, TLT_MAX_BODY_KB and TLT_MAX_UPLOAD_MB.
 """
 
@@ -63,7 +64,7 @@ def _counting(receive: Receive, limit: int, msg: str) -> Receive:
 
 
 class SubmitLimiter:
-    """Token bucket per key (an API token's hash): `burst` submissions at once, refilled at `per_min` a minute.
+    """Token bucket per key (a user id): `burst` submissions at once, refilled at `per_min` a minute.
     `check(key)` raises 429 with Retry-After (whole seconds) when the bucket is empty. per_min 0 = unlimited."""
 
     def __init__(self, per_min: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:

@@ -67,6 +67,12 @@ class ApiToken(Base):
     def user_name(self) -> str:
         return self.user.name
 
+    @property
+    def fingerprint(self) -> str:
+        """What a listing shows to recognise a token: the scheme prefix and the start of its hash, no character of
+        the secret (the holder of a token can compute it: sha256 of the token)."""
+        return f"tlt_…{self.token_hash[:8]}"
+
 
 class Job(Base):
     __tablename__ = "jobs"

@@ -53,6 +53,8 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
     await page.fill("input[name=token]", "tlt_not-a-real-token");
     await page.click("button[type=submit]");
     await page.waitForSelector("[data-testid=signin-error]:has-text('invalid')");
+    // the hint gives the command whose token sees every user's jobs (the demo's belong to the admin)
+    assert.match(await page.innerText("[data-testid=signin-hint]"), /tlt token create --admin/);
     await page.fill("input[name=token]", SEED.token);
     await page.click("button[type=submit]");
     await page.waitForURL(/#\/jobs$/);
@@ -61,6 +63,7 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
     await row.locator("[data-testid=job-step]:has-text('12')").waitFor();
     assert.match(await row.locator("[data-testid=job-step-time]").innerText(), /^\d+(\.\d+)? s$/);
     assert.equal(await row.locator("[data-testid=status]").innerText(), "running");
+    await page.waitForSelector("[data-testid=jobs-scope]:has-text(\"Every user's jobs (admin token)\")");
     await page.screenshot({ path: join(SHOTS, "ui-jobs.png") });
   });
 
@@ -74,6 +77,18 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
     }
     await page.waitForSelector(`${chart("length-histogram")}[data-step="${SEED.steps}"]`);
     await page.waitForSelector(`${chart("length-heatmap")}[data-steps="${SEED.steps}"]`);
+    // the p50 / p90 / max labels stay inside the histogram's canvas
+    const [right, width] = await page.$eval(chart("length-histogram"), (b) => [Number(b.dataset.labelsRight), Number(b.dataset.width)]);
+    assert.ok(right > 0 && right <= width, `histogram labels end at ${right} of ${width} px`);
+    // a CPU job (the recorded run has no GPUs): the time panel and its units name the CPU, not a GPU
+    assert.match(await page.innerText("[data-panel=gpu] > h2"), /^CPU time and idle-time harvesting/);
+    assert.match(await page.innerText(`${chart("harvest-lines")} .chart-title`), /CPU-s/);
+    assert.doesNotMatch(await page.innerText("[data-panel=gpu]"), /GPU/);
+    // the "All other metrics" expander shows its marker, and opens
+    const marker = await page.$eval("[data-testid=other-metrics]", (el) => getComputedStyle(el, "::before").content);
+    assert.equal(marker, '"▸"');
+    await page.click("[data-testid=other-metrics]");
+    assert.equal(await page.$eval("[data-testid=other-metrics]", (el) => getComputedStyle(el, "::before").content), '"▾"');
     // the heat-map and the GPU timeline drew something: more than one colour on each canvas
     for (const id of ["length-heatmap", "gpu-timeline"]) {
       const colours = await page.$eval(`${chart(id)} canvas`, (c) => {
@@ -100,6 +115,10 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
     assert.ok(Math.abs(await num("harvest-ratio") - 100 * want.harvest_ratio) <= 0.01 * 100 * want.harvest_ratio + 1e-9);
     assert.ok(100 * want.harvest_ratio <= 100, "harvested more idle time than there was");
     assert.ok(Math.abs(await num("sd-on-fraction") - 100 * want.sd_ran) <= 0.01 * 100 * want.sd_ran + 1e-9);
+    // "SD ran" says what it covers: the mean over the run's steps, with the latest step's share beside it
+    assert.match(await page.innerText(".stat:has([data-testid=sd-on-fraction])"), new RegExp(`^SD ran \\(mean of steps 1-${SEED.steps}\\)`));
+    const latest = Number((await page.innerText("[data-testid=sd-on-fraction]")).match(/latest step ([\d.e+-]+) %/)[1]);
+    assert.ok(Math.abs(latest - 100 * want.sd_ran_last) <= 0.01 * 100 * want.sd_ran_last + 1e-9);
     const tail = await page.innerText("[data-testid=tail-speedup]");
     assert.match(tail, new RegExp(`× \\(step ${want.tail_step}\\)$`));
     assert.ok(Math.abs(await num("tail-speedup") - want.tail_speedup) <= 0.01 * want.tail_speedup);
@@ -241,6 +260,24 @@ describe("dashboard against the real backend", { concurrency: false }, () => {
     await row.waitFor();
     assert.equal(await row.locator("[data-testid=job-name]").innerText(), "ui-form-job");
     assert.equal(await row.locator("[data-testid=status]").innerText(), "queued");
+  });
+
+  test("a CPU job switched by step costs says why SD is off; validation off says how to turn it on; samples wrap", async () => {
+    await page.goto(`${BASE}/#/jobs/${SEED.cost_switch_job_id}`);
+    const why = page.locator("[data-testid=sd-decision]");
+    await page.waitForSelector("[data-testid=sd-decision]:has-text('measured step costs')");
+    const text = await why.innerText();
+    assert.match(text, /off, SD would slow the rollout/);
+    assert.match(text, /5-8 active: off \(SD 0\.62× plain tokens\/s per sequence, an SD step 2\.2× a plain step's time\)/);
+    assert.match(await page.innerText(chart("validation")), /Validation is off for this job: set eval_steps .* dataset\.validation_size/);
+    // the long unbroken response wraps inside its column: it ends before the reward column starts
+    const row = page.locator("[data-testid=samples] tbody tr").first();
+    await row.waitFor();
+    const [resp, reward] = await Promise.all([row.locator("td").nth(1).boundingBox(), row.locator("td").nth(2).boundingBox()]);
+    const pre = await row.locator("td").nth(1).locator("pre").boundingBox();
+    assert.ok(pre.x + pre.width <= reward.x + 0.5 && resp.x + resp.width <= reward.x + 0.5,
+      `response column (${pre.x}+${pre.width}) runs into the next (${reward.x})`);
+    await page.screenshot({ path: join(SHOTS, "ui-job-cost-switch.png"), fullPage: true });
   });
 
   test("a 10,000-step job loads downsampled history fast and still draws live points", async () => {

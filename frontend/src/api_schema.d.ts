@@ -33,8 +33,9 @@ export interface paths {
         put?: never;
         /**
          * Upload Dataset
-         * @description Every row needs a non-empty prompt (string or chat messages) and answer. Reject-all on any bad row (422 lists
-         *     the first ones); above the size limit 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`.
+         * @description Every row needs a non-empty prompt (string or chat messages) and answer, and no row may hold NaN, Infinity or
+         *     invalid unicode. Reject-all on any bad row (422 lists the first ones); above the size, row-count or row-length
+         *     limits (TLT_MAX_UPLOAD_MB, TLT_MAX_DATASET_ROWS, TLT_MAX_DATASET_ROW_KB, TLT_MAX_DATASET_DECODED_MB) 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`.
          */
         post: operations["upload_dataset_api_v1_datasets_post"];
         delete?: never;
@@ -54,7 +55,12 @@ export interface paths {
         get: operations["get_dataset_api_v1_datasets__dataset_id__get"];
         put?: never;
         post?: never;
-        delete?: never;
+        /**
+         * Delete Dataset
+         * @description Delete one's own dataset (admins: anyone's) and its file. Refused (409) while a job that is not final names
+         *     it: cancel or finish those first.
+         */
+        delete: operations["delete_dataset_api_v1_datasets__dataset_id__delete"];
         options?: never;
         head?: never;
         patch?: never;
@@ -77,7 +83,8 @@ export interface paths {
          * Create Job
          * @description Submit a job. The same Idempotency-Key from the same user returns the first job (200) instead of a new one.
          *     Refused before anything is stored (backend/admission.py): a path outside TLT_SPEC_ROOTS, a model or length no
-         *     worker could run (422); someone else's artifact (404, as a missing one); the user's artifact quota used (409).
+         *     worker could run (422); someone else's artifact (404, as a missing one); the user's artifact quota used (409);
+         *     the user's queued jobs at TLT_MAX_QUEUED_JOBS_PER_USER (429).
          */
         post: operations["create_job_api_v1_jobs_post"];
         delete?: never;
@@ -247,6 +254,8 @@ export interface paths {
         /**
          * Retry Job
          * @description A failed or cancelled job goes back to queued (its attempt counter continues; it resumes from a checkpoint).
+         *     A retry queues a job as a submit does, so it passes the same rate limit, admission, quota and queued-job cap
+         *     (the cap and the quota are the owner's: an admin retrying someone's job spends that user's allowance).
          */
         post: operations["retry_job_api_v1_jobs__job_id__retry_post"];
         delete?: never;
@@ -368,6 +377,7 @@ export interface paths {
         /**
          * Create Token
          * @description The secret is in this response only; it is stored hashed. Non-admins: only for themselves, never admin.
+         *     A user holds at most TLT_MAX_TOKENS_PER_USER live tokens (409 beyond).
          */
         post: operations["create_token_api_v1_tokens_post"];
         delete?: never;
@@ -386,7 +396,11 @@ export interface paths {
         get?: never;
         put?: never;
         post?: never;
-        /** Revoke Token */
+        /**
+         * Revoke Token
+         * @description One's own token (admins: anyone's). An admin token is revoked only with an admin token (403 otherwise), so a
+         *     lesser token of an admin user cannot take away the stronger one.
+         */
         delete: operations["revoke_token_api_v1_tokens__token_id__delete"];
         options?: never;
         head?: never;
@@ -1298,6 +1312,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorDetail"];
                 };
             };
+            /** @description conflict with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
             /** @description request body or upload too large */
             413: {
                 headers: {
@@ -1376,6 +1399,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorDetail"];
                 };
             };
+            /** @description conflict with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
             /** @description request body or upload too large */
             413: {
                 headers: {
@@ -1445,6 +1477,98 @@ export interface operations {
             };
             /** @description not found (or not yours) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description conflict with the current state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description request body or upload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description unsupported file type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description invalid input */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
+    };
+    delete_dataset_api_v1_datasets__dataset_id__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                dataset_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description bad request (e.g. a malformed cursor) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description missing, invalid or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description not found (or not yours) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorDetail"];
+                };
+            };
+            /** @description conflict with the current state */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -1,6 +1,7 @@
 """Fixtures of the API tests: a real database per backend (SQLite file, and a uniquely named Postgres database on
-127.0.0.1:5432 dropped at the end), migrated once by Alembic and emptied between tests; a real broker (Redis db 14,
-or Celery's SQLAlchemy transport on SQLite) so enqueued messages can be checked; `create_app(settings)` per test.
+127.0.0.1:5432 dropped at the end), migrated once by Alembic and emptied between tests; a real broker (a Redis database
+claimed for this run, or Celery's SQLAlchemy transport on SQLite) so enqueued messages can be
+checked; `create_app(settings)` per test.
 
 Run: python -m pytest tests/backend -q
 """
@@ -8,14 +9,20 @@ Run: python -m pytest tests/backend -q
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 import redis
+import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.orm import Session
@@ -28,7 +35,6 @@ from backend.persistence.db import make_engine
 from backend.persistence.models import Base
 
 PG_ADMIN = os.environ.get("TLT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("TLT_TEST_REDIS", "redis://127.0.0.1:6379/14")
 # The worker every API test has registered (tests of admission register their own instead).
 TEST_WORKER = crud.Capacity(queues=["cpu", "gpu"], gpus=8, gpu_memory_gb=80.0, host_memory_gb=64.0, cuda="12.8")
 
@@ -53,11 +59,9 @@ def cp_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def cp_redis() -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(REDIS_URL)
-    r.flushdb()
-    yield r
-    r.flushdb()
+def cp_redis_url(redis_claims: Any) -> str:  # tests/conftest.py:RedisClaims
+    """The API tests' broker: a Redis database of their own, apart from the integration tests' (flushed per test)."""
+    return redis_claims.claim()
 
 
 @dataclass
@@ -99,8 +103,8 @@ def _empty(engine: Engine) -> None:
 @pytest.fixture(params=["sqlite", "postgres"])
 def cp_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "postgres":
-        url, broker = request.getfixturevalue("cp_pg_url"), REDIS_URL
-        request.getfixturevalue("cp_redis").flushdb()
+        url, broker = request.getfixturevalue("cp_pg_url"), request.getfixturevalue("cp_redis_url")
+        redis.Redis.from_url(broker).flushdb()
     else:
         url, broker = request.getfixturevalue("cp_sqlite_url"), f"sqla+sqlite:///{tmp_path / 'broker.db'}"
     settings = Settings(home=tmp_path / "home", database_url=url, broker_url=broker, max_upload_mb=1.0,
@@ -122,3 +126,27 @@ def cp_client(cp_backend: Backend) -> Iterator[TestClient]:
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+@contextmanager
+def _serve(settings: Settings) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def live_server() -> Callable[[Settings], AbstractContextManager[str]]:
+    """`with live_server(settings) as base_url:` the app on a real uvicorn server in a thread (for what the
+    in-process TestClient cannot show: streams read as they come, requests served while another is busy)."""
+    return _serve

@@ -96,7 +96,43 @@ def test_logs_follow_prints_final_status_last(use_api: TltClient, cp_backend: An
 
 
 @sqlite_only
-def test_download_keeps_a_real_mtime(use_api: TltClient, cp_backend: Any, tmp_path: Path) -> None:
+def test_submit_wait_prints_each_step_then_the_outcome(use_api: TltClient, cp_backend: Any,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    submitted = use_api.submit
+
+    def submit_and_run(spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        job = submitted(spec, idempotency_key)  # then a worker runs it: two steps, succeeded
+        with cp_backend.session() as s:
+            crud.transition(s, job["id"], JobStatus.starting, worker="w", new_attempt=True)
+            crud.transition(s, job["id"], JobStatus.running, worker="w")
+            s.commit()
+            crud.add_logs(s, job["id"], 1, ["step 1/2 reward 0.1", "step 2/2 reward 0.3"])
+            crud.transition(s, job["id"], JobStatus.succeeded, worker="w")
+            s.commit()
+        return job
+
+    monkeypatch.setattr(use_api, "submit", submit_and_run)
+    assert cli.main(["submit", "--preset", "toy-cpu", "--wait"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    job_id = use_api.jobs(limit=1)[0]["id"]
+    assert out[0] == f"job {job_id} queued"
+    assert out.index("step 1/2 reward 0.1") < out.index("step 2/2 reward 0.3") < out.index("-- succeeded")
+    assert out[-1] == f"job {job_id} succeeded"
+
+
+def test_client_subcommands_document_url_and_token(capsys: pytest.CaptureFixture[str]) -> None:
+    for sub in ("submit", "jobs", "logs", "metrics", "cancel", "download"):
+        with pytest.raises(SystemExit):
+            cli.main([sub, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--url URL the TLT Studio API (default: $TLT_URL" in text, sub
+        assert "--token TOKEN API token, from `tlt token create` (default: $TLT_TOKEN)" in text, sub
+
+
+@sqlite_only
+def test_download_keeps_a_real_mtime_and_prints_the_path(use_api: TltClient, cp_backend: Any, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
     job_id = use_api.submit(PRESETS["toy-cpu"])["id"]
     d = cp_backend.settings.artifacts / "jobs" / str(job_id) / "policy"
     (d / "sub").mkdir(parents=True)
@@ -108,6 +144,8 @@ def test_download_keeps_a_real_mtime(use_api: TltClient, cp_backend: Any, tmp_pa
         s.commit()
     out = tmp_path / "dl"
     assert cli.main(["download", str(job_id), "--kind", "policy", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == f"job {job_id} policy written to {(out / 'policy').resolve()}"  # the directory itself
     now = time.time()
     for f in (out / "policy" / "config.json", out / "policy" / "sub" / "w.bin", out / "policy" / "sub"):
         assert abs(os.stat(f).st_mtime - now) < 120, f  # the artifact's creation time, not 1970

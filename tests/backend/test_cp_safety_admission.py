@@ -17,7 +17,9 @@ from sqlalchemy import delete, update
 
 from backend.persistence import crud
 from backend.persistence.models import Job, Worker, utcnow
-from worker.tlt.config import BUILTIN_MODEL_SHAPES, CPU_KV_CACHE_GB
+from worker.tlt.builtin_models import BUILTIN_MODELS, WIDENED
+from worker.tlt.config import BUILTIN_MODELS as SCHEMA_MODEL_NAMES
+from worker.tlt.config import CPU_KV_CACHE_GB, JobSpec
 
 SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
         "dataset": {"builtin": "toy-count"}}
@@ -141,11 +143,30 @@ def test_lengths_beyond_the_models_context_and_eagle3_on_a_shallow_model(cp_clie
     assert cp_client.post("/api/v1/jobs", json={"spec": ok}, headers=auth(token)).status_code == 201
 
 
-def test_builtin_shapes_match_the_model_presets() -> None:
-    """The control plane's torch-free copy of the built-in models' context and depth equals the engine's."""
+def test_builtin_shapes_match_the_engine() -> None:
+    """The control plane's torch-free table of built-in models (worker/tlt/builtin_models.py) names every model the
+    schema accepts, with the engine's context, depth, width and vocabulary (presets, and widened models as built)."""
     from worker.tlt.model.args import PRESETS
+    from worker.tlt.model.widen import WIDENED_BUILTINS, parse_name, plan
 
+    assert set(BUILTIN_MODELS) == set(SCHEMA_MODEL_NAMES) and set(WIDENED) == set(WIDENED_BUILTINS)
     engine_name = {"smollm2-135m-instruct": "smollm2-135m"}
-    for name, (context, layers) in BUILTIN_MODEL_SHAPES.items():
-        args = PRESETS[engine_name.get(name, name)]
-        assert (args.max_seq_len, args.n_layers) == (context, layers), name
+    for name, shape in BUILTIN_MODELS.items():
+        args = plan(parse_name(name)).args if name in WIDENED else PRESETS[engine_name.get(name, name)]
+        assert (args.max_seq_len, args.n_layers, args.dim, args.vocab_size) == (
+            shape.context, shape.layers, shape.hidden, shape.vocab), name
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMA_MODEL_NAMES))
+def test_every_builtin_model_name_is_admitted_or_refused_with_a_reason(cp_client: TestClient, cp_backend,
+                                                                     name: str) -> None:
+    """`smollm2-135m-instruct@qwen2.5-7b` (and @test, @llama3-8b) were a 500: admission knew no shape for them."""
+    h = auth(cp_backend.token())
+    spec = {**SPEC, "model": {"builtin": name}}
+    assert JobSpec.model_validate(spec).model.builtin == name
+    r = cp_client.post("/api/v1/jobs", json={"spec": spec}, headers=h)
+    assert r.status_code == 201, r.text
+    too_long = {**spec, "algorithm": {"max_completion_length": BUILTIN_MODELS[name].context},
+                "dataset": {"builtin": "toy-count", "max_prompt_length": 8}}
+    loc, msg = _refusal(cp_client, cp_backend.token(), too_long)
+    assert f"exceeds the context of {name} ({BUILTIN_MODELS[name].context} tokens)" in msg

@@ -1,12 +1,15 @@
 """Roles are explicit (finding 7 of the service-safety review), on SQLite and Postgres: /metrics counts only the
 caller's own jobs unless it is an admin token; a token is an admin token only when made one (`tlt token create
 --user admin` without --admin is an ordinary token); an admin token for an existing non-admin user needs an explicit
-promote (CLI and API), else a 409 that says so.
+promote (CLI and API), else a 409 that says so; a lesser token of an admin user cannot revoke its admin tokens, and
+token listings show no character of a secret.
 
 Run: python -m pytest tests/backend/test_cp_safety_roles.py -q
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,6 +23,10 @@ SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_comp
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def _fingerprint(token: str) -> str:
+    return "tlt_…" + hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
 def _jobs_metric(client: TestClient, token: str) -> dict[str, int]:
@@ -67,7 +74,7 @@ def test_token_for_an_admin_user_without_admin_is_not_admin(cp_client: TestClien
     r = cp_client.post("/api/v1/tokens", json={"user": "admin", "admin": True}, headers=auth(plain))
     assert r.status_code == 403
     listed = {t["prefix"]: t["admin"] for t in cp_client.get("/api/v1/tokens", headers=auth(root)).json()}
-    assert listed[plain[:12]] is False and listed[made_admin[:12]] is True
+    assert listed[_fingerprint(plain)] is False and listed[_fingerprint(made_admin)] is True
     with cp_backend.session() as s:  # the user stays an admin: only the token is limited
         assert crud.get_or_create_user(s, "admin").is_admin
 
@@ -101,3 +108,23 @@ def test_admin_for_an_existing_non_admin_needs_promote(cp_client: TestClient, cp
     r = cp_client.post("/api/v1/tokens", json={"user": "erin"}, headers=auth(root))
     r = cp_client.post("/api/v1/tokens", json={"user": "erin", "admin": True, "promote": True}, headers=auth(root))
     assert r.status_code == 201 and r.json()["admin"] is True
+
+
+def test_a_lesser_token_cannot_revoke_an_admin_token(cp_client: TestClient, cp_backend) -> None:
+    """A non-admin token of an admin user revoked that user's admin token (200), and its listing showed the admin
+    token's first 8 secret characters. Now 403, the admin token keeps working, and listings carry no secret."""
+    root = cp_backend.token("admin", admin=True)
+    lesser = cp_client.post("/api/v1/tokens", json={"user": "admin", "name": "ci"}, headers=auth(root)).json()
+    assert lesser["admin"] is False
+    mine = cp_client.get("/api/v1/tokens", headers=auth(lesser["token"])).json()
+    root_id = next(t["id"] for t in mine if t["admin"])
+    r = cp_client.delete(f"/api/v1/tokens/{root_id}", headers=auth(lesser["token"]))
+    assert r.status_code == 403 and "only an admin token revokes it" in r.json()["detail"]
+    assert cp_client.get("/api/v1/users/me", headers=auth(root)).json()["is_admin"] is True
+    for secret in (root, lesser["token"]):
+        listing = cp_client.get("/api/v1/tokens", headers=auth(secret)).text
+        assert root[4:12] not in listing and lesser["token"][4:12] not in listing
+    assert lesser["prefix"] == _fingerprint(lesser["token"])
+    # the lesser token still revokes itself, and an admin token revokes the admin token
+    assert cp_client.delete(f"/api/v1/tokens/{lesser['id']}", headers=auth(lesser["token"])).status_code == 200
+    assert cp_client.delete(f"/api/v1/tokens/{root_id}", headers=auth(root)).status_code == 200

@@ -87,7 +87,8 @@ def test_quota_over_is_409_at_submit(cp_backend) -> None:
             s.commit()
         r = client.post("/api/v1/jobs", json={"spec": SPEC}, headers=h)
         assert r.status_code == 409
-        assert r.json()["detail"].startswith("artifact quota exceeded: your jobs hold 1.07 GB of artifacts (quota 1 GB")
+        assert r.json()["detail"].startswith(
+            "storage quota exceeded: your jobs hold 1.07 GB of artifacts, your datasets 0.00 GB (quota 1 GB")
         replay = client.post("/api/v1/jobs", json={"spec": SPEC}, headers={**h, "Idempotency-Key": "k1"})
         assert (replay.status_code, replay.json()["id"]) == (200, jid)  # a replay is not a new submission
         assert client.post("/api/v1/jobs", json={"spec": SPEC},

@@ -70,10 +70,11 @@ def _read(path) -> dict[str, tuple]:
         return {k: (tuple(f.get_tensor(k).shape), f.get_tensor(k).dtype) for k in f.keys()}  # noqa: SIM118
 
 
-def _trained_like(target: Transformer, kind: Kind) -> EagleDrafter:
-    d = EagleDrafter(target, EagleConfig(kind=kind, draft_vocab_size=300 if kind == "eagle3" else 0))
+def _trained_like(target: Transformer, kind: Kind, full_vocab: bool = False) -> EagleDrafter:
+    dv = 300 if kind == "eagle3" and not full_vocab else 0
+    d = EagleDrafter(target, EagleConfig(kind=kind, draft_vocab_size=dv))
     d.reset_parameters(std=0.1, seed=5)
-    if kind == "eagle3":
+    if dv:
         counts = torch.arange(target.args.vocab_size).flip(0).float()  # prefers low ids ...
         counts[310] = 1e6  # ... and one high id, so d2t is not all zeros
         d.set_draft_vocab(counts)
@@ -97,6 +98,28 @@ def test_eagle3_export_matches_loader_table(tmp_path, tiny_target: Transformer) 
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
     hot = torch.arange(300) + d2t  # the draft ids' target ids, as SGLang's hot_token_id
     assert int(hot[-1]) == 310 and torch.equal(t2d.nonzero().flatten(), hot)
+
+
+def test_full_vocab_eagle3_export_has_no_vocab_mapping(tmp_path, tiny_target: Transformer) -> None:
+    # vLLM creates no draft_id_to_target_id parameter when the vocabularies are equal and fails on a d2t it cannot
+    # place; SGLang reads d2t only when present. A reduced vocabulary keeps both (the test above).
+    a = tiny_target.args
+    out = export_eagle3(_trained_like(tiny_target, "eagle3", full_vocab=True), tmp_path / "e3-full")
+    table = eagle3_table(a.dim, a.intermediate_size, a.n_heads, a.n_kv_heads, a.hd, a.vocab_size, a.vocab_size)
+    del table["d2t"], table["t2d"]
+    assert _read(out) == table
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == a.vocab_size
+
+
+def test_reload_refuses_a_reduced_vocab_without_its_mapping(tmp_path, tiny_target: Transformer) -> None:
+    from safetensors.torch import load_file, save_file
+
+    out = export_eagle3(_trained_like(tiny_target, "eagle3"), tmp_path / "e3")
+    tensors = load_file(str(out / "model.safetensors"))
+    del tensors["d2t"], tensors["t2d"]
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="without d2t/t2d has draft_vocab_size 300"):
+        load_exported(out, tiny_target)
 
 
 def test_eagle1_export_matches_loader_table(tmp_path, tiny_target: Transformer) -> None:
@@ -123,9 +146,9 @@ def _ctx(hist: list[list[int]], depth: int, nodes: int, temperature: float, topk
                         sampling=RowSampling.uniform(b, temperature=temperature))
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_export_reload_drafts_identically(tmp_path, tiny_target: Transformer, kind: Kind) -> None:
-    d = _trained_like(tiny_target, kind)
+@pytest.mark.parametrize(("kind", "full_vocab"), [("eagle1", False), ("eagle3", False), ("eagle3", True)])
+def test_export_reload_drafts_identically(tmp_path, tiny_target: Transformer, kind: Kind, full_vocab: bool) -> None:
+    d = _trained_like(tiny_target, kind, full_vocab)
     # round the weights to the export dtype first, so "identical" is exact
     with torch.no_grad():
         for p in d.parameters():

@@ -1,6 +1,6 @@
 """Limits: JSON body size (413 with a message, declared or streamed), dataset upload size, dataset validation that
 names the bad rows and columns, artifact download immune to path traversal (crafted DB rows and URLs), and the
-per-token job-submission rate limit (429 + Retry-After).
+per-user job-submission rate limit (429 + Retry-After).
 
 Run: python -m pytest tests/hardening/test_hard_limits.py -q
 """
@@ -137,10 +137,12 @@ def test_submission_rate_limit(make_env) -> None:  # type: ignore[no-untyped-def
     assert codes == [201, 201, 201, 429]
     r = env.client.post("/api/v1/jobs", json={"spec": SPEC}, headers=a1)
     assert r.status_code == 429 and 1 <= int(r.headers["Retry-After"]) <= 10 and "rate limit" in r.json()["detail"]
-    assert env.client.post("/api/v1/jobs", json={"spec": SPEC}, headers=a2).status_code == 201  # per token
+    assert env.client.post("/api/v1/jobs", json={"spec": SPEC}, headers=a2).status_code == 429  # per user
+    bob = auth(env.token("bob"))
+    assert env.client.post("/api/v1/jobs", json={"spec": SPEC}, headers=bob).status_code == 201
     assert env.client.get("/api/v1/jobs", headers=a1).status_code == 200  # reads are not limited
     with env.session() as s:
-        assert len(crud.list_jobs(s, crud.get_or_create_user(s, "alice"))[0]) == 4  # 429s created nothing
+        assert len(crud.list_jobs(s, crud.get_or_create_user(s, "alice"))[0]) == 3  # 429s created nothing
 
 
 def test_rate_limiter_refills() -> None:

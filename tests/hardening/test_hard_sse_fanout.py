@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.api.routes.stream import follow
+from backend.api.routes.stream import TokenWatch, follow
 from backend.core.config import Settings
 from backend.lifecycle import JobStatus
 from backend.persistence import crud
@@ -61,7 +61,9 @@ class Client:
                  settings: Settings) -> None:
         self.start = list(cursor)
         self.sub = Subscriber(job_id, cursor, Mailbox(settings.sse_queue_max))
-        self.gen = follow(self.sub, factory, streams, settings)
+        with factory() as s:  # the stream's own token, re-checked as the route does
+            secret = crud.create_token(s, "alice")[1]
+        self.gen = follow(self.sub, factory, streams, settings, TokenWatch(factory, secret, settings.sse_auth_check_s))
         self.messages: list[tuple[str, str, dict]] = []
         self.task = asyncio.get_running_loop().create_task(self._run())
 

@@ -30,6 +30,7 @@ from backend.persistence.models import Metric
 from worker.db_reporter import DbReporter
 from worker.tlt.config import JobSpec
 from worker.tlt.metric_catalog import check_names
+from worker.tlt.spec_file import merge_spec
 
 RECORDED = Path(__file__).with_name("recorded_run.json")
 LIVE_REWARD = 0.987654  # reward/mean of a step written by `live` (the browser test looks for it)
@@ -65,13 +66,15 @@ def seed_names() -> set[str]:
 
 def figures(last: int) -> dict[str, float]:
     """The job page's headline figures after steps 1..last, computed here from the recording (the browser test
-    compares): harvest ratio over the job, the share of decode steps where SD ran at the last step, and the tail
+    compares): harvest ratio over the job, the share of decode steps where SD ran (the mean over the steps, and at
+    the last step), and the tail
     speed-up (one sequence's tokens/s with / without SD) at the newest step whose tail ran both."""
     m = step_metrics(last)
     both = [k for k in range(last, 0, -1) if {"perf/seq_tokens_per_s_tail_sd", "perf/seq_tokens_per_s_tail_plain"}
             <= step_metrics(k).keys()]
     out = {"harvest_ratio": m["harvest/used_gpu_s_total"] / m["harvest/idle_gpu_s_total"],
-           "sd_ran": m["sd/spec_step_fraction"]}
+           "sd_ran": sum(step_metrics(k)["sd/spec_step_fraction"] for k in range(1, last + 1)) / last,
+           "sd_ran_last": m["sd/spec_step_fraction"]}
     if both:
         tail = step_metrics(both[0])
         out["tail_step"] = both[0]
@@ -89,8 +92,8 @@ def write_step(rep: DbReporter, step: int, overrides: dict[str, float] | None = 
     rep.log(f"step {step} reward {metrics['reward/mean']:.4f} step {metrics['timing_s/step']:.2f}s")
 
 
-def make_job(sessions, owner, name: str, status: JobStatus):  # type: ignore[no-untyped-def]
-    spec = JobSpec.model_validate({**recorded()["spec"], "name": name, "max_steps": 20_000})
+def make_job(sessions, owner, name: str, status: JobStatus, **spec_keys):  # type: ignore[no-untyped-def]
+    spec = JobSpec.model_validate(merge_spec(recorded()["spec"], {"name": name, "max_steps": 20_000, **spec_keys}))
     with sessions() as s:
         user = crud.get_or_create_user(s, owner, admin=True)
         job, _ = crud.create_job(s, user, spec, None)
@@ -131,11 +134,30 @@ def seed(db: str, artifacts: Path, steps: int, big_steps: int) -> dict:
     write_step(one, 1)
     one.close()
     big_id = seed_big(sessions, big_steps) if big_steps else None
+    cost_id = seed_cost_switch(sessions, artifacts)
     engine.dispose()
     return {"token": token, "job_id": job_id, "failed_job_id": failed_id, "big_job_id": big_id, "steps": steps,
-            "one_step_job_id": one_id, "figures": figures(steps),
+            "one_step_job_id": one_id, "figures": figures(steps), "cost_switch_job_id": cost_id,
             "artifact": {"sha256": sha, "size": size, "name": art_dir.name}, "live_reward": LIVE_REWARD,
             "sample_prompt": str(recorded_step(steps)["samples"][0]["prompt"]).splitlines()[-2][:24]}
+
+
+COST_SWITCH = {"sd/step_s_plain/5-8": 0.05, "sd/step_s_sd/5-8": 0.11, "sd/gain/5-8": 0.62, "sd/pays/5-8": 0.0}
+LONG_RESPONSE = "b" * 900  # one unbroken word: the samples table must wrap it inside its own column
+
+
+def seed_cost_switch(sessions, artifacts: Path) -> int:  # type: ignore[no-untyped-def]
+    """A CPU job without validation whose SD switch goes by measured step costs and judged SD off (what the demo
+    shows on CPU), with an unbroken long sample response."""
+    job_id = make_job(sessions, "ui-admin", "ui-cost-switch", JobStatus.running, eval_steps=0,
+                      rollout={"sd_switch": "step_costs"})
+    rep = DbReporter(sessions, job_id, attempt=1, artifact_root=artifacts)
+    for step in (1, 2):
+        rep.metrics(step, {k: v for k, v in {**step_metrics(step), **COST_SWITCH}.items() if not k.startswith("val/")})
+        rep.samples(step, [{"prompt": "Write the letter b many times: ", "response": LONG_RESPONSE, "answer": "b",
+                            "reward": 0.9, "length": len(LONG_RESPONSE)}])
+    rep.close()
+    return job_id
 
 
 def seed_big(sessions, steps: int) -> int:  # type: ignore[no-untyped-def]

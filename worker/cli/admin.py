@@ -36,6 +36,9 @@ def create_token(user: str, admin: bool, name: str = "", promote: bool = False) 
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from backend.core.config import get_settings
     from backend.persistence import crud
 
     if args.promote and not args.admin:
@@ -45,5 +48,10 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         out(create_token(args.user, args.admin, args.name, promote=args.promote))
     except crud.Conflict as e:
         sys.stderr.write(f"tlt: {e}\n")
+        return EXIT_API
+    except SQLAlchemyError as e:  # no database there yet, or one not migrated: one line, not a traceback
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
+        sys.stderr.write(f"tlt: cannot use the database {get_settings().database_url} ({reason}); start the service "
+                         "once (`tlt up`) or run `tlt db upgrade`, or point TLT_HOME / TLT_DATABASE_URL at its home\n")
         return EXIT_API
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     out(f"job {job['id']} {job['status']}")
     if not args.wait:
         return 0
-    final = c.wait(job["id"], poll_s=args.poll)
+    print_followed(c.follow(job["id"]))  # each step's line as it ends, as `tlt logs -f` prints them
+    final = c.wait(job["id"], poll_s=args.poll)  # the stream ended with the job: this returns at once
     out(f"job {final['id']} {final['status']}" + (f": {final['reason']}" if final.get("reason") else ""))
     return exit_code_for(final["status"])
 
@@ -65,9 +67,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if job["status"] in FINAL_STATUSES:  # the outcome last, as `-f` prints it
             out(LogOrder.text({"to_status": job["status"], "reason": job.get("reason")}))
         return 0
+    return exit_code_for(print_followed(c.stream(args.job)))
+
+
+def print_followed(events: Iterable[Any]) -> str:
+    """Print a followed job's log lines and status transitions in order until its `end` event; its final status."""
     lines = LogOrder()
     status = "unknown"
-    for ev in c.stream(args.job):
+    for ev in events:
         if ev.event == "log":
             for text in lines.log(ev.data):
                 out(text)
@@ -78,7 +85,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             break
     for text in lines.end():
         out(text)
-    return exit_code_for(status)
+    return status
 
 
 class LogOrder:
@@ -132,5 +139,5 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_download(args: argparse.Namespace) -> int:
     path = _client(args).download(args.job, args.kind, Path(args.output))
-    out(str(path))
+    out(f"job {args.job} {args.kind} written to {path.resolve()}")
     return 0

@@ -63,14 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     def client_parser(name: str, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--url", default=os.environ.get("TLT_URL", "http://127.0.0.1:8000"))
-        p.add_argument("--token", default=os.environ.get("TLT_TOKEN"))
+        p.add_argument("--url", default=os.environ.get("TLT_URL", "http://127.0.0.1:8000"),
+                       help="the TLT Studio API (default: $TLT_URL, else http://127.0.0.1:8000)")
+        p.add_argument("--token", default=os.environ.get("TLT_TOKEN"),
+                       help="API token, from `tlt token create` (default: $TLT_TOKEN)")
         return p
 
     p = client_parser("submit", "submit a job spec (YAML or JSON), a named preset, or a file over a preset")
     p.add_argument("spec", nargs="?", help="job spec file; with --preset its keys override the preset's")
     p.add_argument("--preset", help="start from a named preset: " + ", ".join(_preset_names()))
-    p.add_argument("--wait", action="store_true", help="wait for the final state; exit 1 if failed, 3 if cancelled")
+    p.add_argument("--wait", action="store_true", help="print each step's line as the job runs (as `tlt logs -f`), "
+                   "then its final state; exit 1 if failed, 3 if cancelled")
     p.add_argument("--idempotency-key")
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_submit)
@@ -93,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = client_parser("download", "download a job's newest artifact of a kind (checked against its sha256)")
     p.add_argument("job", type=int)
     p.add_argument("--kind", choices=["policy", "drafter", "checkpoint", "tensorboard"], required=True)
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", required=True, help="directory to write into (created); the path written is "
+                   "printed")
     p.set_defaults(func=cmd_download)
 
     for name, (_, help_) in LIBRARY_COMMANDS.items():

@@ -14,15 +14,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# "@NAME": SmolLM2 widened exactly into architecture NAME (worker/tlt/model/widen.py WIDENED_BUILTINS)
-WIDENED_MODELS = ("smollm2-135m-instruct@qwen2.5-7b", "smollm2-135m-instruct@llama3-8b",
-                  "smollm2-135m-instruct@llama3.2-3b", "smollm2-135m-instruct@test")
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2", "tiny-qwen3", *WIDENED_MODELS)
+from worker.tlt.builtin_models import BUILTIN_MODEL_NAMES, WIDENED_MODEL_NAMES
+
+# Built-in model names and shapes live in one table (worker/tlt/builtin_models.py) that admission reads too.
+WIDENED_MODELS = WIDENED_MODEL_NAMES  # "smollm2-135m-instruct@NAME": SmolLM2 widened into architecture NAME
+BUILTIN_MODELS = BUILTIN_MODEL_NAMES
 BUILTIN_DATASETS = ("gsm8k", "toy-count")
-# Facts of the built-in models that the control plane checks at submit without importing torch (the same numbers as
-# worker/tlt/model/args.py PRESETS; a test keeps them equal): (context length in tokens, decoder layers).
-BUILTIN_MODEL_SHAPES = {"smollm2-135m-instruct": (8192, 30), "tiny-llama": (1024, 2), "tiny-qwen2": (1024, 2),
-                        "tiny-qwen3": (1024, 2)}
 MAX_SEED = 2**63 - 1  # seeds are stored as bigint and fed to torch.Generator.manual_seed
 MAX_TOKENS = 1 << 20  # no length field may exceed this (the model's own context is checked at admission)
 MAX_PATH = 4096  # characters of a path in a spec (Linux PATH_MAX)

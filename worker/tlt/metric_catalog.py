@@ -40,6 +40,8 @@ TIMING_GEN, TIMING_DRAFTER, TIMING_STEP = "timing_s/gen", "timing_s/drafter", "t
 TOKENS_PER_S = "perf/tokens_per_s"
 TOKENS_PER_S_FULL, TOKENS_PER_S_TAIL = "perf/tokens_per_s_full", "perf/tokens_per_s_tail"
 SEQ_TOKENS_PER_S_TAIL_SD, SEQ_TOKENS_PER_S_TAIL_PLAIN = "perf/seq_tokens_per_s_tail_sd", "perf/seq_tokens_per_s_tail_plain"
+TAIL_S, TAIL_SD_S = "perf/tail_s", "perf/tail_sd_s"
+SD_PLAIN_ESTIMATE_S, SD_SAVED_S, SD_SAVED_S_TOTAL = "sd/plain_estimate_s", "sd/saved_s", "sd/saved_s_total"
 SD_ON_FRACTION, SD_SPEC_STEP_FRACTION, SD_ACCEPT_LEN = "sd/on_fraction", "sd/spec_step_fraction", "sd/accept_len"
 DRAFTER_LOSS, DRAFTER_ACC, DRAFTER_STEPS = "drafter/loss", "drafter/acc", "drafter/steps"
 HARVEST_IDLE, HARVEST_USED, HARVEST_RATIO = "harvest/idle_gpu_s", "harvest/used_gpu_s", "harvest/ratio"
@@ -96,6 +98,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(SEQ_TOKENS_PER_S_TAIL_PLAIN, "tokens/s/seq", _STEP,
                "Tail decode steps that decoded plainly: tokens / (active sequences x seconds), the speed of one "
                "sequence without SD. The tail speed-up is _sd / _plain."),
+    MetricSpec(TAIL_S, "s", _STEP, "Wall seconds of the long tail's decode steps (active < rollout.sd_on_below)."),
+    MetricSpec(TAIL_SD_S, "s", _STEP, "Wall seconds of the tail's decode steps that drafted and verified."),
     MetricSpec("perf/tokens_per_s_bucket/{bucket}", "tokens/s", _STEP, "Tokens / seconds per batch-size bucket."),
     MetricSpec("perf/seq_tokens_per_s_bucket/{bucket}", "tokens/s/seq", _STEP,
                "Per batch-size bucket: tokens / (active sequences x seconds)."),
@@ -124,6 +128,12 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Per batch-size bucket, as measured so far: one sequence's tokens/s in SD steps / in plain steps."),
     MetricSpec("sd/pays/{bucket}", "on/off", _STEP,
                "Per batch-size bucket: 1 when the measured step costs switch SD on there, 0 when off."),
+    MetricSpec(SD_PLAIN_ESTIMATE_S, "s", _STEP,
+               "Cost-model estimate of the seconds plain decoding would have taken for the tokens the tail's SD "
+               "steps emitted (one sequence's plain tail speed applied to them)."),
+    MetricSpec(SD_SAVED_S, "s", _STEP,
+               "Time SD saved in this step's tail: sd/plain_estimate_s - perf/tail_sd_s (negative = SD cost time)."),
+    MetricSpec(SD_SAVED_S_TOTAL, "s", _CUM, "Time SD saved in the tail since the job started, or since its last resume (sum of sd/saved_s)."),
     MetricSpec("sd/accepted_draft_tokens", "tokens", _STEP, "Draft tokens accepted in the rollout."),
     MetricSpec("sd/verify_steps", "steps", _STEP, "Verify steps observed."),
     # --- drafter

@@ -1,20 +1,24 @@
-"""Datasets: upload a JSONL or Parquet file of prompts (validated for the named columns, size-limited; bad rows are
-reported and nothing is kept), list, get. A job uses one with `dataset: {dataset_id: "<id>"}`."""
+"""Datasets: upload a JSONL or Parquet file of prompts (validated for the named columns, size-limited, counted toward
+the user's TLT_USER_QUOTA_GB; bad rows are reported and nothing is kept), list, get, delete. A job uses one with
+`dataset: {dataset_id: "<id>"}`."""
 
 from __future__ import annotations
 
 import hashlib
 import uuid
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile, status
+from starlette.concurrency import run_in_threadpool
 
 from backend import dataset_store
+from backend.admission import check_quota
 from backend.api.deps import CurrentUser, SessionDep, SettingsDep
 from backend.persistence import crud
 from backend.schemas import DatasetPublic, errors
 
-router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(404, 415))
+router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(404, 409, 413, 415))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=DatasetPublic)
@@ -25,8 +29,9 @@ async def upload_dataset(
     answer_column: Annotated[str, Form(min_length=1, max_length=100)] = "answer",
     name: Annotated[str | None, Form(max_length=200)] = None,
 ):
-    """Every row needs a non-empty prompt (string or chat messages) and answer. Reject-all on any bad row (422 lists
-    the first ones); above the size limit 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`."""
+    """Every row needs a non-empty prompt (string or chat messages) and answer, and no row may hold NaN, Infinity or
+    invalid unicode. Reject-all on any bad row (422 lists the first ones); above the size, row-count or row-length
+    limits (TLT_MAX_UPLOAD_MB, TLT_MAX_DATASET_ROWS, TLT_MAX_DATASET_ROW_KB, TLT_MAX_DATASET_DECODED_MB) 413. A spec uses it as `dataset: {dataset_id: <id>, prompt_column: ...}`."""
     try:
         fmt = dataset_store.detect_format(file.filename or "")
     except ValueError as e:
@@ -46,7 +51,14 @@ async def upload_dataset(
                 h.update(chunk)
                 out.write(chunk)
         try:
-            report = dataset_store.validate(dest, fmt, wanted)
+            # off the event loop: validating a large file takes seconds (the request's session holds no connection
+            # here: authentication committed, so this thread never waits for one)
+            report = await run_in_threadpool(
+                dataset_store.validate, dest, fmt, wanted, max_rows=settings.max_dataset_rows,
+                max_row_bytes=int(settings.max_dataset_row_kb * 1024),
+                max_decoded_bytes=int(settings.max_dataset_decoded_mb * 1024 * 1024))
+        except dataset_store.TooLarge as e:
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"{e}; nothing was stored") from e
         except (OSError, UnicodeDecodeError, ValueError) as e:  # pyarrow's errors are OSError/ValueError subclasses
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"cannot read the {fmt} file: {e}") from e
         if report.bad_rows:
@@ -57,6 +69,7 @@ async def upload_dataset(
                 "bad_columns": report.bad_columns,  # column -> how many rows have it missing or invalid
                 "columns": report.columns,  # the columns the file has
             })
+        check_quota(session, user, settings.user_quota_gb, adding=size)  # datasets count toward the quota (409)
         return crud.create_dataset(
             session, user, name=name or (file.filename or dest.name), format=fmt, path=str(dest), size=size,
             sha256=h.hexdigest(), num_rows=report.num_rows, columns=report.columns,
@@ -75,3 +88,17 @@ def list_datasets(session: SessionDep, user: CurrentUser):
 @router.get("/{dataset_id}", response_model=DatasetPublic)
 def get_dataset(dataset_id: str, session: SessionDep, user: CurrentUser):
     return crud.get_dataset(session, user, dataset_id)
+
+
+@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_dataset(dataset_id: str, session: SessionDep, user: CurrentUser, settings: SettingsDep) -> None:
+    """Delete one's own dataset (admins: anyone's) and its file. Refused (409) while a job that is not final names
+    it: cancel or finish those first."""
+    ds = crud.get_dataset(session, user, dataset_id)
+    if users := crud.jobs_using_dataset(session, ds):
+        raise crud.Conflict(f"dataset {dataset_id} is used by job(s) {', '.join(map(str, users))} that are queued "
+                            "or running; cancel them or wait until they end")
+    path = Path(ds.path)
+    crud.delete_dataset(session, ds)
+    if path.is_relative_to(settings.artifacts / "datasets"):  # only ever a file the upload wrote
+        path.unlink(missing_ok=True)

@@ -1,5 +1,6 @@
 """Server-sent events per job: `metric`, `event` (status transitions) and `log` messages as they reach the database,
-then `end` once the job is final. Every message carries `id: <metrics>.<events>.<logs>` (the last row id seen of
+then `end` once the job is final. A stream re-checks its token every TLT_SSE_AUTH_CHECK_S and ends with an `error`
+event once the token is revoked; it ends by itself after TLT_SSE_MAX_S (the client resumes). Every message carries `id: <metrics>.<events>.<logs>` (the last row id seen of
 each table), so a client reconnecting with `Last-Event-ID` (or `?last_event_id=`) gets only what it missed.
 A stream first catches up from its cursor on its own, then follows the job's one shared poller (backend/sse_fanout.py).
 
@@ -8,17 +9,18 @@ A stream first catches up from its cursor on its own, then follows the job's one
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncGenerator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from backend.api.deps import CurrentUser, JobId, SessionDep, SettingsDep
+from backend.api.deps import CurrentUser, JobId, SessionDep, SettingsDep, bearer_secret
 from backend.core.config import Settings
 from backend.persistence import crud
 from backend.schemas import errors
@@ -50,6 +52,31 @@ class SseResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
+REVOKED = "event: error\ndata: " + json.dumps({"detail": "the token was revoked; the stream is closed"}) + "\n\n"
+
+
+class TokenWatch:
+    """Re-reads a stream's token at most every `every_s` (a short session of its own): a token revoked while its
+    stream is open ends the stream within that time instead of feeding it for as long as the client listens."""
+
+    def __init__(self, factory: sessionmaker[Session], secret: str, every_s: float) -> None:
+        self.factory, self.secret, self.every_s = factory, secret, every_s
+        self.next_at = time.monotonic() + every_s
+
+    def wait_s(self) -> float:
+        return max(self.next_at - time.monotonic(), 0.0)
+
+    def _live(self) -> bool:
+        with self.factory() as session:
+            return crud.token_is_live(session, self.secret)
+
+    async def revoked(self) -> bool:
+        if time.monotonic() < self.next_at:
+            return False
+        self.next_at = time.monotonic() + self.every_s
+        return not await run_in_threadpool(self._live)
+
+
 async def catch_up(sub: Subscriber, factory: sessionmaker[Session]) -> AsyncGenerator[str, None]:
     """Read on our own from the subscriber's cursor until nothing older is left (one batch per read)."""
     while not sub.ended:
@@ -61,11 +88,14 @@ async def catch_up(sub: Subscriber, factory: sessionmaker[Session]) -> AsyncGene
 
 
 async def follow(
-    sub: Subscriber, factory: sessionmaker[Session], streams: JobStreams, settings: Settings
+    sub: Subscriber, factory: sessionmaker[Session], streams: JobStreams, settings: Settings, watch: TokenWatch,
 ) -> AsyncGenerator[str, None]:
     yield "retry: 1000\n\n"
     async for text in catch_up(sub, factory):  # a resumed or late client may be far behind
         yield text
+        if await watch.revoked():
+            yield REVOKED
+            return
     if sub.ended:
         return
     poller = streams.join(sub, factory)  # from here every row above the poller's head reaches the mailbox
@@ -79,9 +109,13 @@ async def follow(
             wait = settings.sse_keepalive_s - (time.monotonic() - quiet_since)
             if settings.sse_max_s:
                 wait = min(wait, settings.sse_max_s - (time.monotonic() - opened))
+            wait = min(wait, watch.wait_s())
             if text := sub.render(await sub.mailbox.get(timeout=max(wait, 0.0))):
                 yield text
                 quiet_since = time.monotonic()
+            if await watch.revoked():
+                yield REVOKED
+                return
             if settings.sse_max_s and time.monotonic() - opened > settings.sse_max_s:
                 return  # bounded connection: the client reconnects with Last-Event-ID and misses nothing
             if time.monotonic() - quiet_since >= settings.sse_keepalive_s:
@@ -95,6 +129,7 @@ async def follow(
             responses={200: {"content": {"text/event-stream": {}}, "description": "an SSE stream"}})
 async def stream(
     job_id: JobId, request: Request, session: SessionDep, user: CurrentUser, settings: SettingsDep,
+    secret: Annotated[str, Depends(bearer_secret)],
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     last_event_id_q: Annotated[str | None, Query(alias="last_event_id", max_length=100)] = None,
 ) -> StreamingResponse:
@@ -106,6 +141,8 @@ async def stream(
     finally:
         session.close()  # give the connection back now: a stream lives for minutes; reads use short sessions
     sub = Subscriber(job_id, cursor, Mailbox(settings.sse_queue_max))
-    body = follow(sub, request.app.state.session_factory, request.app.state.job_streams, settings)
+    factory = request.app.state.session_factory
+    watch = TokenWatch(factory, secret, settings.sse_auth_check_s)
+    body = follow(sub, factory, request.app.state.job_streams, settings, watch)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return SseResponse(body, media_type="text/event-stream", headers=headers)

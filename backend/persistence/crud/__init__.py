@@ -12,15 +12,18 @@ one module per concern, re-exported here so callers write `from backend.persiste
 
 from backend.persistence.crud.artifacts import (
     create_dataset,
+    delete_dataset,
     get_artifact,
     get_dataset,
+    jobs_using_dataset,
     list_artifacts,
     list_datasets,
     mark_artifacts_deleted,
     register_artifact,
     user_artifact_bytes,
+    user_dataset_bytes,
 )
-from backend.persistence.crud.common import Conflict, NotFound
+from backend.persistence.crud.common import Conflict, Forbidden, NotFound
 from backend.persistence.crud.job_views import job_view, list_jobs
 from backend.persistence.crud.jobs import (
     Beat,
@@ -59,16 +62,24 @@ from backend.persistence.crud.telemetry import (
     upsert_histogram,
     upsert_metrics,
 )
-from backend.persistence.crud.tokens import create_token, get_or_create_user, list_tokens, revoke_token, user_for_token
+from backend.persistence.crud.tokens import (
+    count_live_tokens,
+    create_token,
+    get_or_create_user,
+    list_tokens,
+    revoke_token,
+    token_is_live,
+    user_for_token,
+)
 from backend.persistence.crud.workers import Capacity, beat_worker, live_workers, register_worker, unregister_worker
 
 __all__ = [
-    "STEP_TIME_METRIC", "Beat", "Capacity", "Conflict", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",
-    "check_job_visible", "count_jobs_by_status", "create_dataset", "create_job", "create_token", "decode_cursor",
+    "STEP_TIME_METRIC", "Beat", "Capacity", "Conflict", "Forbidden", "JobProgress", "NotFound", "add_event", "add_logs", "add_samples",
+    "check_job_visible", "count_jobs_by_status", "count_live_tokens", "create_dataset", "create_job", "delete_dataset", "jobs_using_dataset", "user_dataset_bytes", "create_token", "decode_cursor",
     "downsample", "encode_cursor", "finite_or_none", "get_artifact", "get_dataset", "get_job", "get_or_create_user",
     "heartbeat", "job_by_idempotency_key", "job_progress", "job_status", "job_view", "list_artifacts", "list_datasets", "list_events",
     "list_histograms", "list_jobs", "list_logs", "list_samples", "list_tokens", "mark_artifacts_deleted",
     "metric_history", "metric_names", "metrics_cursor", "new_metrics", "register_artifact", "request_cancel",
-    "retry_job", "revoke_token", "stale_jobs", "stream_heads", "transition", "upsert_histogram", "upsert_metrics",
+    "retry_job", "revoke_token", "stale_jobs", "stream_heads", "token_is_live", "transition", "upsert_histogram", "upsert_metrics",
     "user_for_token", "user_artifact_bytes", "beat_worker", "live_workers", "register_worker", "unregister_worker",
 ]

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from backend.lifecycle import FINAL, JobStatus
 from backend.persistence.crud.common import NotFound, _insert
 from backend.persistence.crud.jobs import get_job
 from backend.persistence.models import Artifact, Dataset, Job, User, utcnow
@@ -61,6 +62,24 @@ def user_artifact_bytes(session: Session, user: User) -> int:
     stmt = (select(func.coalesce(func.sum(Artifact.size), 0)).join(Job, Job.id == Artifact.job_id)
             .where(Job.owner_id == user.id, Artifact.deleted_at.is_(None)))
     return int(session.scalar(stmt) or 0)
+
+
+def user_dataset_bytes(session: Session, user: User) -> int:
+    """Bytes of `user`'s uploaded datasets (the quota counts them with the artifacts)."""
+    stmt = select(func.coalesce(func.sum(Dataset.size), 0)).where(Dataset.owner_id == user.id)
+    return int(session.scalar(stmt) or 0)
+
+
+def jobs_using_dataset(session: Session, ds: Dataset) -> list[int]:
+    """Ids of the queued or running jobs (not final) whose spec names the dataset by id."""
+    live = [s.value for s in JobStatus if s not in FINAL]
+    stmt = select(Job.id, Job.spec).where(Job.owner_id == ds.owner_id, Job.status.in_(live))
+    return [jid for jid, spec in session.execute(stmt) if (spec.get("dataset") or {}).get("dataset_id") == ds.id]
+
+
+def delete_dataset(session: Session, ds: Dataset) -> None:
+    session.delete(ds)
+    session.commit()
 
 
 def create_dataset(session: Session, owner: User, **fields: Any) -> Dataset:

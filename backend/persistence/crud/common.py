@@ -14,6 +14,10 @@ class Conflict(ValueError):
     pass
 
 
+class Forbidden(PermissionError):
+    """The caller may see the row but not do this to it (403)."""
+
+
 def _insert(session: Session, model: type):  # type: ignore[no-untyped-def]
     dialect = session.get_bind().dialect.name
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(model)

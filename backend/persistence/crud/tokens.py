@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from backend.core.security import hash_token, new_token
-from backend.persistence.crud.common import Conflict, NotFound
+from backend.persistence.crud.common import Conflict, Forbidden, NotFound
 from backend.persistence.models import ApiToken, User, utcnow
 
 
@@ -76,6 +76,21 @@ def user_for_token(session: Session, secret: str) -> User | None:
     return user
 
 
+def count_live_tokens(session: Session, user_name: str) -> int:
+    """Unrevoked tokens of the user named `user_name` (0 for an unknown name)."""
+    stmt = (select(func.count()).select_from(ApiToken).join(User, User.id == ApiToken.user_id)
+            .where(User.name == user_name, ApiToken.revoked_at.is_(None)))
+    return int(session.scalar(stmt) or 0)
+
+
+_TOKEN_LIVE = select(ApiToken.id).where(ApiToken.token_hash == bindparam("token_hash"), ApiToken.revoked_at.is_(None))
+
+
+def token_is_live(session: Session, secret: str) -> bool:
+    """Whether the token exists and is not revoked (a read only: an open stream re-checks its token with it)."""
+    return session.execute(_TOKEN_LIVE, {"token_hash": hash_token(secret)}).first() is not None
+
+
 def list_tokens(session: Session, owner: User | None = None) -> Sequence[ApiToken]:
     """All tokens, or only `owner`'s."""
     stmt = select(ApiToken)
@@ -84,11 +99,14 @@ def list_tokens(session: Session, owner: User | None = None) -> Sequence[ApiToke
     return session.scalars(stmt.order_by(ApiToken.id)).all()
 
 
-def revoke_token(session: Session, token_id: int, owner: User | None = None) -> ApiToken:
-    """Revoke (idempotent). With `owner`, only that user's token: another's is NotFound (ids don't leak)."""
+def revoke_token(session: Session, token_id: int, owner: User | None = None, *, by_admin: bool = True) -> ApiToken:
+    """Revoke (idempotent). With `owner`, only that user's token: another's is NotFound (ids don't leak). An admin
+    token is revoked only `by_admin` (an admin token): a lesser token of the same user is Forbidden."""
     token = session.get(ApiToken, token_id)
     if token is None or (owner is not None and token.user_id != owner.id):
         raise NotFound(f"token {token_id} not found")
+    if token.admin and not by_admin:
+        raise Forbidden(f"token {token_id} is an admin token: only an admin token revokes it")
     if token.revoked_at is None:
         token.revoked_at = utcnow()
         session.commit()

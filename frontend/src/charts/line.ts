@@ -62,6 +62,9 @@ export class LineChart {
 
   names(): string[] { return this.specs.map((s) => s.name); }
 
+  /** What the chart says while it has no data (default "no data yet"). */
+  setEmptyText(text: string): void { this.empty.textContent = text; }
+
   private rebuild(): void {
     this.u?.destroy();
     this.u = null;

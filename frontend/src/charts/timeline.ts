@@ -67,7 +67,7 @@ export class GpuTimeline {
     const legend = h("div", { class: "legend" }, ...Object.entries(PHASES).map(([k, c]) =>
       h("span", {}, h("i", { style: `background:${c}` }), k)));
     this.box = h("div", { class: "chart", "data-chart": "gpu-timeline" },
-      this.title = h("div", { class: "chart-title" }, `GPU timeline — last ${steps} steps`),
+      this.title = h("div", { class: "chart-title" }, `${ngpu ? "GPU" : "CPU"} timeline — last ${steps} steps`),
       this.canvas, legend);
     this.box.classList.add("wide");
     parent.append(this.box);
@@ -94,7 +94,7 @@ export class GpuTimeline {
     // per lane: the GPU's own phases when reported, else the even split of the step totals
     const perLane = steps.map((st, k) => Array.from({ length: lanes }, (_, g) => laneSegments(this.store!, st, g) ?? shared[k]));
     const estimated = steps.some((st) => laneSegments(this.store!, st, 0) === null);
-    this.title.textContent = `GPU timeline — last ${this.steps} steps${estimated && lanes > 1 ? " (per-GPU split estimated from step totals)" : ""}`;
+    this.title.textContent = `${this.ngpu ? "GPU" : "CPU"} timeline — last ${this.steps} steps${estimated && lanes > 1 ? " (per-GPU split estimated from step totals)" : ""}`;
     const span = (k: number) => Math.max(0, ...perLane[k].map((segs) => (segs.length ? segs[segs.length - 1].end : 0)));
     const total = steps.reduce((a, _, k) => a + span(k), 0) || 1;
     const w = this.width - L - 8;

@@ -1,4 +1,5 @@
-// The chart panels of the job page, built once and updated from the MetricStore: long tail, GPU time and harvest,
+// The chart panels of the job page, built once and updated from the MetricStore: long tail, device time and harvest
+// (named after the job's device: GPU or CPU),
 // speculative decoding, reward/validation, step time (stacked) and throughput, and every other metric. Every panel
 // reads names the worker writes (worker/tlt/metric_catalog.py); units, 0-1 axes and "cumulative" come from the
 // catalogue (GET /metrics/catalog). What the headline figures are: frontend/README.md.
@@ -52,6 +53,32 @@ export function armShares(store: MetricStore, arms: string[], out: MetricStore):
   out.loadHistory(arms.map((n, i) => ({ name: n, points: rows.map((r) => ({ step: r.step, value: r.shares[i] })) })));
 }
 
+/** The mean of a series over every step it has, and its step range (a whole-run figure, not the last step's). */
+function runMean(store: MetricStore, name: string): { mean: number; first: number; last: number } | null {
+  const s = store.series.get(name);
+  if (!s || !s.steps.length) return null;
+  const vals = s.steps.map((st) => store.at(name, st)).filter((v): v is number => v !== null);
+  if (!vals.length) return null;
+  return { mean: vals.reduce((a, b) => a + b, 0) / vals.length, first: s.steps[0], last: s.steps[s.steps.length - 1] };
+}
+
+/** Why the cost switch (rollout.sd_switch: step_costs) left SD on or off, from its latest per-bucket figures:
+sd/pays/<bucket>, sd/gain/<bucket>, sd/step_s_plain/<bucket>, sd/step_s_sd/<bucket>. Null for a job without it. */
+export function costSwitchText(store: MetricStore): string | null {
+  const buckets = store.names().filter((n) => n.startsWith("sd/step_s_plain/")).map((n) => n.slice("sd/step_s_plain/".length));
+  if (!buckets.length) return null;
+  const judged = buckets.filter((b) => store.latest(`sd/pays/${b}`) !== null);
+  if (!judged.length) return "SD switch by measured step costs: no batch size judged yet (SD off until its costs are measured)";
+  const parts = judged.map((b) => {
+    const on = store.latest(`sd/pays/${b}`)! > 0.5, gain = store.latest(`sd/gain/${b}`);
+    const plain = store.latest(`sd/step_s_plain/${b}`), sd = store.latest(`sd/step_s_sd/${b}`);
+    const cost = plain && sd ? `, an SD step ${fmt(sd / plain, 2)}× a plain step's time` : "";
+    return `${b} active: ${on ? "on" : "off"} (SD ${gain !== null ? fmt(gain, 2) : "?"}× plain tokens/s per sequence${cost})`;
+  });
+  const anyOn = judged.some((b) => store.latest(`sd/pays/${b}`)! > 0.5);
+  return `SD switch by measured step costs: ${anyOn ? "on where it pays" : "off, SD would slow the rollout"} — ${parts.join("; ")}`;
+}
+
 /** The newest step at which every name has a value, and those values. */
 function latestCommon(store: MetricStore, names: string[]): { step: number; values: number[] } | null {
   const first = store.series.get(names[0]);
@@ -79,13 +106,19 @@ export class Panels {
   private val: LineChart;
   private otherGrid: HTMLElement;
   private others = new Map<string, LineChart>();
-  private harvest = stat("harvest ratio (job)", "harvest-ratio",
-    "idle GPU time used by drafter training / idle time offered: since the job started, or at the latest step for a job without the cumulative harvest counters");
-  private sdRan = stat("SD ran", "sd-on-fraction", "decode steps that drafted and verified / all decode steps (latest step)");
+  private harvest: ReturnType<typeof stat>;
+  private sdRan = stat("SD ran (whole run)", "sd-on-fraction",
+    "decode steps that drafted and verified / all decode steps, the mean over the job's steps (the latest step's in brackets)");
+  private sdWhy = h("p", { class: "muted small", "data-testid": "sd-decision" });
   private tailGain = stat("tail speed-up", "tail-speedup",
     "one sequence's tail tokens/s with SD / without SD, at the latest step whose tail ran both");
 
-  constructor(root: HTMLElement, ngpu: number) {
+  /** ngpu: the job's GPUs (0: a CPU job, whose time and idle time are CPU-seconds); validation: whether the job
+  validates (eval_steps and a validation split), else its chart says how to turn it on. */
+  constructor(root: HTMLElement, ngpu: number, validation = true) {
+    const dev = ngpu > 0 ? "GPU" : "CPU";
+    this.harvest = stat("harvest ratio (job)", "harvest-ratio", `idle ${dev} time used by drafter training / idle time ` +
+      "offered: since the job started, or at the latest step for a job without the cumulative harvest counters");
     const tail = section(root, "Response length — the long tail", "long-tail");
     this.stepHist = new StepHistogram(tail);
     this.heat = new LengthHeatmap(tail);
@@ -93,14 +126,15 @@ export class Panels {
       { name: "response_length/p50" }, { name: "response_length/p90" }, { name: "response_length/max", color: "#e15759" },
       { name: "response_length/mean", dash: true }], { testid: "length-lines", yLabel: "tokens" });
 
-    const gpu = section(root, "GPU time and idle-time harvesting", "gpu", this.harvest.el);
+    const gpu = section(root, `${dev} time and idle-time harvesting`, "gpu", this.harvest.el);
     this.timeline = new GpuTimeline(gpu, ngpu);
-    this.line(gpu, "Idle time per step: offered vs used by drafter training", [
-      { name: "harvest/idle_gpu_s", label: "idle offered" }, { name: "harvest/used_gpu_s", label: "used" }],
-    { testid: "harvest-lines", minY: 0 });
+    this.line(gpu, `Idle ${dev} time per step (${dev}-s): offered vs used by drafter training`, [
+      { name: "harvest/idle_gpu_s", label: `idle offered (${dev}-s)` }, { name: "harvest/used_gpu_s", label: `used (${dev}-s)` }],
+    { testid: "harvest-lines", minY: 0, yLabel: `${dev}-s` });
     this.line(gpu, "Harvest ratio per step", [{ name: "harvest/ratio" }], { testid: "harvest-ratio-line", minY: 0 });
 
     const sd = section(root, "Speculative decoding", "sd", this.sdRan.el, this.tailGain.el);
+    sd.before(this.sdWhy);
     this.line(sd, "Accept length (tokens per verify)", [{ name: "sd/accept_len" }], { testid: "sd-accept-len" });
     this.posBars = new BarChart(sd, "Acceptance per draft position (latest step)", { xLabel: "position", testid: "sd-pos-bars", maxY: 1 });
     this.posLines = this.line(sd, "Acceptance per position over steps", [], { testid: "sd-pos-lines" });
@@ -117,6 +151,10 @@ export class Panels {
     const rl = section(root, "Reward and validation", "reward");
     this.line(rl, "Reward mean / std", [{ name: "reward/mean" }, { name: "reward/std", dash: true }], { testid: "reward" });
     this.val = this.line(rl, "Validation", [], { testid: "validation" });
+    if (!validation) {
+      this.val.setEmptyText("Validation is off for this job: set eval_steps (validate every N steps) and " +
+        "dataset.validation_size (held-out rows) in the spec to turn it on.");
+    }
     this.line(rl, "Fraction of groups with zero reward std", [{ name: "frac_reward_zero_std" }], { testid: "zero-std" });
 
     const time = section(root, "Step time and throughput", "time");
@@ -128,7 +166,7 @@ export class Panels {
 
     this.otherGrid = h("div", { class: "grid" });
     root.append(h("section", { class: "panel", "data-panel": "other" },
-      h("details", {}, h("summary", {}, h("h2", {}, "All other metrics")), this.otherGrid)));
+      h("details", {}, h("summary", { "data-testid": "other-metrics" }, h("h2", {}, "All other metrics")), this.otherGrid)));
   }
 
   /** Units and 0-1 axes from the metric catalogue; charts already drawn are rebuilt with them. */
@@ -185,8 +223,10 @@ export class Panels {
     const ratio = job ? (idle > 0 ? used / idle : 0) : store.latest("harvest/ratio");
     this.harvest.set(ratio === null ? "–" : `${fmt(ratio * 100, 3)} %`,
       job ? "harvest ratio (job)" : "harvest ratio (latest step)");
-    const ran = store.latest("sd/spec_step_fraction");
-    this.sdRan.set(ran === null ? "–" : `${fmt(ran * 100, 3)} %`);
+    const ran = runMean(store, "sd/spec_step_fraction"), ranLast = store.latest("sd/spec_step_fraction");
+    this.sdRan.set(ran === null ? "–" : `${fmt(ran.mean * 100, 3)} % (latest step ${fmt((ranLast ?? 0) * 100, 3)} %)`,
+      ran === null ? undefined : `SD ran (mean of steps ${ran.first}-${ran.last})`);
+    this.sdWhy.textContent = costSwitchText(store) ?? "";
     const tail = latestCommon(store, [TAIL_SD, TAIL_PLAIN]);
     this.tailGain.set(tail && tail.values[1] > 0 ? `${fmt(tail.values[0] / tail.values[1], 3)}× (step ${tail.step})` : "–");
 

@@ -13,6 +13,7 @@ import { append, clear, fmt, fmtTime, h, throttle } from "../dom";
 import { metricCatalog } from "../job/catalog";
 import { Panels } from "../job/panels";
 import { MetricStore } from "../job/store";
+import { TltPanel } from "../job/tlt_panel";
 import { artifactsTable, EventsLog, samplesTable } from "../job/tables";
 import type { Cleanup } from "../router";
 import { EventStream, type SseMessage } from "../sse";
@@ -27,11 +28,18 @@ const STREAM_BACKLOG_MAX = 20_000;
 const SKIP_METRICS = String(Number.MAX_SAFE_INTEGER);
 const POLL_MS = 1000;
 
+/** Whether a job validates: every eval_steps steps, on a held-out split of dataset.validation_size rows. */
+function validates(spec: Job["spec"]): boolean {
+  const data = spec.dataset as Record<string, unknown> | undefined;
+  return Number(spec.eval_steps ?? 0) > 0 && Number(data?.validation_size ?? 64) > 0;
+}
+
 export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   const store = new MetricStore();
   let job: Job | null = null;
   let hists: Histogram[] = [];
   let panels: Panels | null = null;
+  let tlt: TltPanel | null = null;
   let stream: EventStream | null = null;
   let startCursor = "";
   let pollMetrics = false;
@@ -94,6 +102,7 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
   const redraw = throttle(() => {
     if (!alive || !panels) return;
     panels.update(store);
+    tlt?.update(store);
     liveStep.textContent = store.lastStep >= 0 ? String(store.lastStep) : "–";
     const st = store.latest("timing_s/step");
     liveStepTime.textContent = st === null ? "–" : `${fmt(st)} s`;
@@ -180,8 +189,9 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
       job = await fetchJson<Job>(`jobs/${jobId}`);
       drawHead();
       const gpus = Number((job.spec.resources as Record<string, unknown> | undefined)?.gpus ?? 0);
-      const ps = new Panels(chartsRoot, gpus);
+      const ps = new Panels(chartsRoot, gpus, validates(job.spec));
       panels = ps;
+      tlt = new TltPanel(chartsRoot);
       void metricCatalog(abort.signal).then((c) => { if (alive) { ps.setCatalog(c); redraw(); } });
       const hist = await fetchJson<MetricHistory>(`jobs/${jobId}/metrics${qs({ points: HISTORY_POINTS })}`);
       store.loadHistory(hist.series);
@@ -206,5 +216,5 @@ export function jobPage(root: HTMLElement, jobId: number): Cleanup {
     }
   })();
 
-  return () => { alive = false; abort.abort(); clearTimeout(pollTimer); stream?.stop(); panels?.destroy(); };
+  return () => { alive = false; abort.abort(); clearTimeout(pollTimer); stream?.stop(); panels?.destroy(); tlt?.destroy(); };
 }

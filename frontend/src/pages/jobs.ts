@@ -1,6 +1,6 @@
 // Job list: status filter, cursor pagination ("more"), and per job its latest step and step time (the list's own
 // last_step / last_step_time_s fields), refreshed every few seconds.
-import { get, qs, type Job, type JobPage } from "../api";
+import { get, qs, type Job, type JobPage, type User } from "../api";
 import { clear, fmt, fmtTime, h } from "../dom";
 import type { Cleanup } from "../router";
 
@@ -17,6 +17,7 @@ export function jobsPage(root: HTMLElement): Cleanup {
   const tbody = h("tbody");
   const more = h("button", { class: "link" }, "more…");
   const err = h("p", { class: "error" });
+  const scope = h("p", { class: "muted", "data-testid": "jobs-scope" });
   let jobs: Job[] = [];
   let cursor: string | null = null;
   let timer = 0;
@@ -24,6 +25,7 @@ export function jobsPage(root: HTMLElement): Cleanup {
 
   root.append(
     h("div", { class: "row" }, h("h1", {}, "Jobs"), filter, h("a", { class: "button", href: "#/jobs/new" }, "New job")),
+    scope,
     h("table", { class: "jobs", "data-testid": "jobs-table" },
       h("thead", {}, h("tr", {}, ...["id", "name", "status", "step", "step time", "attempt", "owner", "worker",
         "created"].map((c) => h("th", {}, c)))),
@@ -73,6 +75,12 @@ export function jobsPage(root: HTMLElement): Cleanup {
     await load();
     if (alive) timer = window.setTimeout(() => void poll(), POLL_MS);
   }
+
+  // Whose jobs these are: an ordinary token sees its own user's only, so an empty list is not "no jobs anywhere".
+  void get<User>("users/me").then((me) => {
+    scope.textContent = me.is_admin ? "Every user's jobs (admin token)."
+      : `Jobs of ${me.name} only (an ordinary token); an admin token (tlt token create --admin) shows every user's.`;
+  }).catch(() => { scope.textContent = ""; });
 
   filter.value = params.get("status") ?? "";
   filter.addEventListener("change", () => { jobs = []; cursor = null; void load(); });

@@ -8,7 +8,10 @@ export function signInPage(root: HTMLElement): Cleanup {
   const msg = h("p", { class: "error", "data-testid": "signin-error" });
   const form = h("form", { class: "card narrow" },
     h("h1", {}, "Sign in"),
-    h("p", {}, "Paste an API token. Create one with ", h("code", {}, "tlt token create --user NAME"), "."),
+    h("p", { "data-testid": "signin-hint" }, "Paste an API token. Create one with ",
+      h("code", {}, "tlt token create --admin"),
+      " (an admin token: every user's jobs, the demo's included); ",
+      h("code", {}, "tlt token create --user NAME"), " makes an ordinary token that sees NAME's jobs only."),
     h("label", {}, "API token ", input),
     h("button", { type: "submit" }, "Sign in"),
     msg,

@@ -17,6 +17,8 @@ hands `summary()` to the Reporter at the end of the rollout. Names (worker/tlt/m
 - `perf/seq_tokens_per_s_tail_sd` / `perf/seq_tokens_per_s_tail_plain`: over the tail's steps that drafted and
   verified / that decoded plainly, tokens / sum of (active x seconds): one sequence's speed with and without SD in
   the same rollout (their ratio is the tail speed-up the dashboard shows);
+- `perf/tail_s` / `perf/tail_sd_s`: wall seconds of the tail's decode steps, all of them / those that drafted and
+  verified (the time-saved estimate of worker/tlt/sd_savings.py prices the latter's tokens at the plain rate);
 - `perf/tokens_per_s_bucket/<label>`: the same per batch-size bucket ("1", "2-4", "5-20", "ge21");
 - `perf/seq_tokens_per_s_bucket/<label>`: per bucket, tokens / sum over steps of (active x seconds): the rate of one
   sequence. Two runs (SD off, adaptive) that spend their steps in a bucket at different batch sizes compare fairly
@@ -157,6 +159,9 @@ class RolloutSdMetrics:
         for key, totals in ((mc.TOKENS_PER_S_FULL, self.full), (mc.TOKENS_PER_S_TAIL, self.tail)):
             if totals.tokens_per_s is not None:
                 out[key] = totals.tokens_per_s
+        if self.tail.steps:
+            out[mc.TAIL_S] = self.tail.seconds
+            out[mc.TAIL_SD_S] = self.tail_sd.seconds
         for key, totals in ((mc.SEQ_TOKENS_PER_S_TAIL_SD, self.tail_sd), (mc.SEQ_TOKENS_PER_S_TAIL_PLAIN, self.tail_plain)):
             if totals.seq_tokens_per_s is not None:
                 out[key] = totals.seq_tokens_per_s

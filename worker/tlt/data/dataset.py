@@ -21,6 +21,7 @@ from pathlib import Path
 
 from worker.tlt.config import DatasetSource
 from worker.tlt.data.toy import toy_count_rows
+from worker.tlt.file_guard import current as file_guard
 
 ChatMessages = list[dict[str, str]]
 
@@ -46,8 +47,8 @@ def resolve_path(source: DatasetSource, datasets_dir: Path | None = None) -> Pat
     """The file a non-synthetic source reads from."""
     if source.builtin is not None:
         return builtin_path(source.builtin)
-    if source.path is not None:
-        return Path(source.path)
+    if source.path is not None:  # a file named by the spec: it must resolve inside the allowed roots
+        return file_guard().file(source.path)
     root = datasets_dir or (Path(os.environ["TLT_DATASETS_DIR"]) if os.environ.get("TLT_DATASETS_DIR") else None)
     if root is None:
         raise ValueError("dataset_id needs a datasets directory (argument datasets_dir or env TLT_DATASETS_DIR)")

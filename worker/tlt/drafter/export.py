@@ -7,7 +7,8 @@ Names and shapes follow the public loaders (read, not copied):
   `eagle_config.use_aux_hidden_state: true` (vLLM: fc present); weights `fc.weight [H, 3H]`,
   `midlayer.self_attn.{q,k,v}_proj.weight [*, 2H]`, `midlayer.self_attn.o_proj.weight`,
   `midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`, `midlayer.mlp.{gate,up,down}_proj.weight`,
-  `norm.weight`, `lm_head.weight [draft_vocab, H]`, `d2t [draft_vocab] int64` (target id - draft id), `t2d [V] bool`.
+  `norm.weight`, `lm_head.weight [draft_vocab, H]`; with a reduced draft vocabulary also `d2t [draft_vocab] int64`
+  (target id - draft id) and `t2d [V] bool` (a full-vocabulary drafter writes neither: vLLM fails on them).
   Our fused `qkv_proj` / `gate_up_proj` are written under these HF names (model/hf_names.py `to_hf`); loading back
   fuses them again (the drafter's `load_state_dict` takes HF names). Feature layers are the loaders' defaults (hidden
   states entering target layers 2, L//2, L-3), so no layer ids are written (vLLM and SGLang read explicit ids with
@@ -68,10 +69,14 @@ def export_eagle3(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype
         tie_word_embeddings=False,
         eagle_config={"use_aux_hidden_state": True},
     )
+    # A full-vocabulary drafter's mapping is the identity, and vLLM has no mapping parameter for it (it still renames
+    # d2t to one, so the load fails): only a reduced draft vocabulary writes d2t / t2d. SGLang treats both the same.
+    reduced_vocab = drafter.draft_vocab_size != drafter.target.args.vocab_size
     tensors: dict[str, torch.Tensor] = {}
     for name, t in to_hf(drafter.state_dict(), drafter.args).items():
         if name in ("d2t", "t2d"):
-            tensors[name] = t.to(torch.int64 if name == "d2t" else torch.bool)
+            if reduced_vocab:
+                tensors[name] = t.to(torch.int64 if name == "d2t" else torch.bool)
         elif name.startswith(_LAYER_PARTS):
             tensors["midlayer." + name] = t.to(dtype)
         else:  # fc, norm, lm_head
@@ -122,6 +127,11 @@ def load_exported(
             continue
         key = name.removeprefix("midlayer.").removeprefix("layers.0.")
         ours[key] = t
+    if kind == "eagle3" and "d2t" not in ours:  # a full-vocabulary export: the identity mapping
+        if drafter.draft_vocab_size != target.args.vocab_size:
+            raise ValueError(f"EAGLE-3 drafter without d2t/t2d has draft_vocab_size {drafter.draft_vocab_size}, "
+                             f"not the target's vocabulary {target.args.vocab_size}")
+        ours["d2t"], ours["t2d"] = drafter.d2t, drafter.t2d
     drafter.load_state_dict(ours, strict=True)
     dev = device if device is not None else target.head_weight.device
     drafter.to(device=dev, dtype=dtype)

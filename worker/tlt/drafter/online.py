@@ -43,6 +43,7 @@ from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.drafter.online_config import OnlineDrafterConfig
 from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
+from worker.tlt.file_guard import current as file_guard
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.types import GenerationOutput
 
@@ -51,7 +52,8 @@ def build_drafter(config: OnlineDrafterConfig, target: Transformer) -> EagleDraf
     """A fresh drafter of the configured kind (or the warm-start directory's weights), on the target's device."""
     ttt = 3 if config.kind == "eagle3" else 1
     if config.warm_start_dir:
-        return load_exported(config.warm_start_dir, target, ttt_steps=ttt)
+        # every file of the directory must stay inside the allowed roots (worker/tlt/file_guard.py)
+        return load_exported(file_guard().tree(config.warm_start_dir), target, ttt_steps=ttt)
     cfg = EagleConfig(kind=config.kind, ttt_steps=ttt)
     return EagleDrafter(target, cfg).to(target.head_weight.device)
 

@@ -6,7 +6,8 @@ config.json, model.safetensors, generation_config.json and the tokenizer files.
 Our fused projections are split back into HF's names (`self_attn.{q,k,v}_proj`, `mlp.{gate,up}_proj`; model/hf_names.py
 `to_hf`), the other weights keep their names; a tied head is not written (HF ties it from `tie_word_embeddings`). HF
 tokenizers are saved with `save_pretrained`; the tiny models' `ByteTokenizer` becomes an equivalent `tokenizers`
-byte-level tokenizer (ids 0..255 = bytes, 256/257/258 = <bos>/<eos>/<pad>). The directory is written under a temporary
+byte-level tokenizer (ids 0..255 = bytes, 256/257/258 = <bos>/<eos>/<pad>); tokenizer_config.json is written so that
+every transformers the pyproject allows loads it (`_portable_tokenizer_config`). The directory is written under a temporary
 name and renamed, so a reader never sees half an export.
 """
 
@@ -60,6 +61,27 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
+# Keys transformers 5 writes about its own loading state, not the tokenizer; older releases would keep them as kwargs.
+_LOADER_STATE_KEYS = ("backend", "is_local", "local_files_only")
+
+
+def _portable_tokenizer_config(out: Path) -> None:
+    """Make tokenizer_config.json load on every transformers the pyproject allows (>= 4.45), not only the one that
+    wrote it: transformers 5 names its own `TokenizersBackend` class (unknown before 5) and puts the chat template in
+    a separate chat_template.jinja (read only by newer releases). `PreTrainedTokenizerFast` over tokenizer.json is the
+    same tokenizer on every version; the template goes inline, where all of them read it."""
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in _LOADER_STATE_KEYS:
+        config.pop(key, None)
+    template = out / "chat_template.jinja"
+    if template.exists():
+        config["chat_template"] = template.read_text()
+        template.unlink()
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
 def save_tokenizer(tokenizer: TokenizerLike, out: Path) -> None:
     if isinstance(tokenizer, Tokenizer):
         tokenizer.hf.save_pretrained(str(out))
@@ -67,6 +89,7 @@ def save_tokenizer(tokenizer: TokenizerLike, out: Path) -> None:
         _byte_level_tokenizer_files(tokenizer, out)
     else:
         raise TypeError(f"cannot export tokenizer of type {type(tokenizer).__name__}")
+    _portable_tokenizer_config(out)
 
 
 def export_policy(

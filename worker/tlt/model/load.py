@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from worker.tlt.builtin_models import SMOLLM2, WIDENED
 from worker.tlt.config import ModelSource
+from worker.tlt.file_guard import current as file_guard
 from worker.tlt.model.args import ModelArgs, preset
 from worker.tlt.model.build import build_model
 from worker.tlt.model.gguf import gguf_checkpoint, smollm2_gguf_path
@@ -59,14 +61,15 @@ def load_hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else None
+    guard = file_guard()  # each file must itself stay inside the allowed roots (worker/tlt/file_guard.py)
+    files = sorted(set(json.loads(guard.file(index).read_text())["weight_map"].values())) if index.exists() else None
     if files is None:
         files = [p.name for p in sorted(path.glob("*.safetensors"))]
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {path}")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
-        sd.update(load_file(str(path / f)))
+        sd.update(load_file(str(guard.file(path / f))))
     return sd
 
 
@@ -79,9 +82,9 @@ def load_model(source: ModelSource, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None) -> tuple[Transformer, TokenizerLike]:
     """The policy and its tokenizer. dtype None = the source's dtype ("auto": bf16 on CUDA, fp32 on CPU)."""
     dt = dtype if dtype is not None else resolve_dtype(source.dtype, device)
-    if source.builtin == "smollm2-135m-instruct":
+    if source.builtin == SMOLLM2:
         return load_gguf(smollm2_gguf_path(), device, dt)
-    if source.builtin is not None and "@" in source.builtin:
+    if source.builtin in WIDENED:
         from worker.tlt.model.widen import load_widened  # widen builds on model/gguf.py's reader
 
         return load_widened(source.builtin, device, dt)
@@ -89,10 +92,10 @@ def load_model(source: ModelSource, device: torch.device | str = "cpu",
         args = preset(source.builtin)
         return random_model(args, seed=0, device=device, dtype=dt), ByteTokenizer(args.vocab_size)
     if source.gguf is not None:
-        return load_gguf(source.gguf, device, dt)
+        return load_gguf(file_guard().file(source.gguf), device, dt)
     if source.hf_dir is not None:
-        path = Path(source.hf_dir)
-        args = ModelArgs.from_hf_config(json.loads((path / "config.json").read_text()))
+        path = file_guard().tree(source.hf_dir)  # the tokenizer reader opens the directory's files by itself
+        args = ModelArgs.from_hf_config(json.loads(file_guard().file(path / "config.json").read_text()))
         model = build_model(args, load_hf_state_dict(path), device, dt)
         return model, Tokenizer.from_dir(str(path), extra_eos=args.eos_token_ids)
     raise ValueError(f"unsupported model source {source}")

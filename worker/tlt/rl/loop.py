@@ -22,6 +22,7 @@ from worker.tlt.data.prompts import RenderedPrompt
 from worker.tlt.reporting import Reporter
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.run_dir import export_final, resume_from, save_checkpoint
+from worker.tlt.sd_savings import SdSavings
 
 StepResult = tuple[dict[str, float], list[dict], tuple[list[float], list[int]]]  # metrics, samples, (edges, counts)
 
@@ -80,12 +81,12 @@ class SingleDevice:
 
 
 def step_line(spec: JobSpec, step: int, metrics: dict[str, float], world: int) -> str:
-    """The train.log line of one step."""
+    """The train.log line of one step (a loss that rounds to zero prints 0.0000, not -0.0000)."""
     ranks = f" ({world} ranks)" if world > 1 else ""
     harvest = f" harvest {metrics['harvest/ratio']:.2f}" if "harvest/ratio" in metrics else ""
     return (
         f"step {step}/{spec.max_steps}{ranks} reward {metrics['reward/mean']:.4f} "
-        f"loss {metrics['actor/pg_loss']:.4f} len {metrics['response_length/mean']:.1f} "
+        f"loss {round(metrics['actor/pg_loss'], 4) + 0.0:.4f} len {metrics['response_length/mean']:.1f} "
         f"step {metrics['timing_s/step']:.2f}s{harvest}"
     )
 
@@ -109,6 +110,7 @@ def train_loop(spec: JobSpec, trainer: GRPOTrainer, strategy: StepStrategy, val:
         strategy.barrier()
 
     step = start
+    savings = SdSavings()  # time SD saved in the tail, for the metrics and the closing line (since this start)
     while step < spec.max_steps:
         if strategy.should_stop(reporter.should_stop()):
             if strategy.is_main:
@@ -121,6 +123,7 @@ def train_loop(spec: JobSpec, trainer: GRPOTrainer, strategy: StepStrategy, val:
         if spec.eval_steps and step % spec.eval_steps == 0:
             metrics.update(trainer.validate(val))
         if strategy.is_main:
+            metrics.update(savings.observe(metrics))
             reporter.metrics(step, metrics)
             reporter.histogram(step, "response_length", edges, counts)
             reporter.samples(step, samples)
@@ -130,5 +133,5 @@ def train_loop(spec: JobSpec, trainer: GRPOTrainer, strategy: StepStrategy, val:
     if strategy.is_main:
         policy = export_final(spec, trainer, run_dir, reporter, step)
         ranks = f" on {strategy.world} ranks" if strategy.world > 1 else ""
-        reporter.log(f"done: {step} steps{ranks}; policy exported to {policy}")
+        reporter.log(f"done: {step} steps{ranks}; {savings.summary()}; policy exported to {policy}")
     strategy.barrier()

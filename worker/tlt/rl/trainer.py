@@ -127,8 +127,11 @@ class GRPOTrainer:
         if self.algo.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.plan, self.ds = update if update is not None else build_update(spec, model, torch.device(device))
-        if not self.plan.fits:
+        if not self.plan.fits and torch.device(device).type == "cuda":
             log.warning("the policy update may not fit: %s", "; ".join(self.plan.lines()))
+        elif not self.plan.fits:  # on CPU the plan's budgets are host memory and its activations a worst case
+            log.info("policy update on the CPU: estimated peak %.1f GB of %.1f GB host memory (an upper bound)",
+                     self.plan.gpu_bytes / 1e9, self.plan.gpu_budget / 1e9)
         self.policy_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ResponseLogits(model)
         if self.ds is not None:
             self.master = MasterWeights(trainable_params(model), enabled=False)  # DeepSpeed keeps its own
