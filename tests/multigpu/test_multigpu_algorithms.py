@@ -2,7 +2,8 @@
 its shard of a fixed ragged batch (one empty response included), normalises by its own shard, scales its gradient by
 `loss_share` (multigpu/update.py, the algorithm's aggregation) and SUM-reduces it with `all_reduce_grads`; the result
 equals the gradient of the single-process loss over the whole batch, and so does the sum of the ranks' shared
-losses.
+losses. Batch-wide advantages (REINFORCE++) computed on each rank's shard with its statistics summed over the ranks
+equal the single-process advantages of the whole batch.
 
 Run: python -m pytest tests/multigpu/test_multigpu_algorithms.py -q
 """
@@ -21,7 +22,7 @@ from worker.tlt.multigpu.context import DistContext
 from worker.tlt.multigpu.harvest import HarvestRecord
 from worker.tlt.multigpu.rollout_shard import ShardSummary, shard_bounds
 from worker.tlt.multigpu.update import all_reduce_grads, loss_share
-from worker.tlt.rl.algorithms.base import LossNorm
+from worker.tlt.rl.algorithms.base import AdvantageInput, LossNorm
 from worker.tlt.rl.algorithms.registry import BUILTIN_ALGORITHMS, resolve
 
 pytestmark = pytest.mark.slow
@@ -37,6 +38,20 @@ def batch() -> dict[str, torch.Tensor]:
     return {"x": torch.randn(b, t, d, generator=g), "old": -1.0 + 0.1 * torch.randn(b, t, generator=g),
             "adv": torch.randn(b, generator=g),
             "mask": (torch.arange(t)[None] < torch.tensor(LENGTHS)[:, None]).float()}
+
+
+REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25, 1.0]
+BATCH_WIDE = ["reinforce_plus_plus"]
+
+
+def whole_batch_advantages(name: str, lengths: list[int], rows: slice = slice(None),
+                           ctx: DistContext | None = None) -> torch.Tensor:
+    """The algorithm's advantages of `rows` of the batch (REWARDS, `lengths`); across ranks, statistics summed
+    through the process group as the data-parallel trainer does."""
+    inp = AdvantageInput(torch.tensor(REWARDS[rows]), 1, torch.tensor(lengths[rows]))
+    if ctx is not None:
+        inp = AdvantageInput(inp.rewards, 1, inp.lengths, ctx.all_reduce_floats)
+    return resolve(name).advantages(inp, CFG)
 
 
 def loss_and_grad(name: str, rows: slice, norm: LossNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +82,9 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
         shared_loss = loss * share
         torch.distributed.all_reduce(shared_loss)
         out[name] = (p.grad, shared_loss, share)
+    for name in BATCH_WIDE:  # a ragged batch, and one with no response tokens at all
+        out[f"adv/{name}"] = [whole_batch_advantages(name, lengths, slice(*bounds[rank]), ctx)
+                              for lengths in (LENGTHS, [0] * len(LENGTHS))]
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     ctx.close()
 
@@ -85,3 +103,12 @@ def test_two_ranks_give_the_single_process_gradient(rank_results: list[dict[str,
         torch.testing.assert_close(reduced, grad, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(shared_loss, loss, rtol=1e-5, atol=1e-7)
     assert sum(rank_results[r][name][2] for r in range(WORLD)) == pytest.approx(1.0)  # shares of one whole
+
+
+@pytest.mark.parametrize("name", BATCH_WIDE)
+def test_two_ranks_give_the_single_process_batch_advantages(rank_results: list[dict[str, Any]], name: str) -> None:
+    for case, lengths in enumerate((LENGTHS, [0] * len(LENGTHS))):
+        reference = whole_batch_advantages(name, lengths)
+        assert reference.abs().sum() > 0
+        gathered = torch.cat([rank_results[r][f"adv/{name}"][case] for r in range(WORLD)])
+        torch.testing.assert_close(gathered, reference, rtol=1e-6, atol=1e-6)

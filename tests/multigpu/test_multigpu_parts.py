@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 
 from worker.tlt.config import AlgorithmConfig
-from worker.tlt.multigpu.data_parallel import apply_data_parallel
 from worker.tlt.multigpu.harvest import HarvestRecord
 from worker.tlt.multigpu.metrics import combine_mean_std, merge_step_metrics
 from worker.tlt.multigpu.rollout_shard import ShardSummary, shard_bounds
@@ -75,10 +72,3 @@ def test_merge_step_metrics_rules() -> None:
     assert m["timeline/gpu0/drafter_s"] == 1.5 and m["timeline/gpu0/idle_s"] == 2.5
     assert m["timeline/gpu1/update_s"] == 0.7 and m["dist/world_size"] == 2
 
-
-def test_batch_advantages_are_refused_across_ranks() -> None:
-    """REINFORCE++ whitens advantages over the whole step's batch, which one rank's shard cannot do: refused with
-    the reason before anything is built."""
-    trainer = SimpleNamespace(algorithm=resolve("reinforce_plus_plus"), spec=None)
-    with pytest.raises(ValueError, match="'reinforce_plus_plus' normalises advantages over the whole batch"):
-        apply_data_parallel(trainer, SimpleNamespace(world=2))  # type: ignore[arg-type]

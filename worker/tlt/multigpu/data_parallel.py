@@ -3,6 +3,7 @@
 
     trainer, val = build_trainer(spec, reporter)
     dp = apply_data_parallel(trainer, ctx)           # sharded rollout + harvest + DP or DeepSpeed update + drafter
+                                                     # + advantage statistics summed over the ranks
     train_loop(spec, trainer, dp, val, run_dir, reporter, resume=True)
 
 Every rank runs every collective in the same order: the stop decision (an all-reduce, so a cancel seen by one rank
@@ -75,9 +76,6 @@ class DataParallel:
 def apply_data_parallel(trainer: GRPOTrainer, ctx: DistContext) -> DataParallel:
     """Turn a single-GPU trainer into one rank of a data-parallel job, in place (see the module docstring)."""
     spec = trainer.spec
-    if trainer.algorithm.batch_advantages:
-        raise ValueError(f"algorithm {trainer.algorithm.name!r} normalises advantages over the whole batch, which a "
-                         "rank holding only its shard cannot do yet: run it with resources.gpus <= 1")
     if spec.algorithm.prompts_per_step < ctx.world:
         raise ValueError(f"prompts_per_step={spec.algorithm.prompts_per_step} is below the {ctx.world} ranks: "
                          "a rank with no prompts would have no update to join")
@@ -89,6 +87,7 @@ def apply_data_parallel(trainer: GRPOTrainer, ctx: DistContext) -> DataParallel:
     harvester = Harvester(ctx, drafter, spec.drafter.max_train_steps_per_rl_step)
     rollout = ShardedRollout(inner, ctx, harvester, seed=spec.seed + spec.rollout.seed)
     trainer.rollout = rollout
+    trainer.batch_sums = ctx.all_reduce_floats  # batch-wide advantages (REINFORCE++) see every rank's shard
     if drafter is not None:
         trainer.drafter = DistDrafterHook(ctx, drafter, lambda: [s.harvest for s in rollout.last_gather])
     update = None

@@ -5,7 +5,8 @@ trajectories.
     rollout = ShardedRollout(inner, ctx, harvester)     # inner: rl/engine_adapter.py EngineRollout (or any Rollout)
     trajs, sd = rollout(prompts, n, greedy=False)       # this rank's shard only; rollout.last_gather = all ranks'
 
-Sharding is by prompt, so each GRPO group lives on one rank and advantages stay local (no gather before the update).
+Sharding is by prompt, so each GRPO group lives on one rank and group advantages stay local (no gather before the
+update); batch-wide advantages (REINFORCE++) all-reduce a few sums instead (`GRPOTrainer.batch_sums`).
 Every rank samples the same prompts (same PromptSampler seed), so shards need no exchange either. Training
 rollouts return the local shard (the update is data-parallel, update.py); validation (greedy) rollouts return all
 ranks' trajectories in prompt order, so `GRPOTrainer.validate` scores the whole validation set on every rank.

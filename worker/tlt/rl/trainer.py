@@ -50,7 +50,7 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rewards.registry import RewardFn
 from worker.tlt.rewards.shaping import overlong_penalty
 from worker.tlt.rewards.streaming import StreamingScorer
-from worker.tlt.rl.algorithms.base import AdvantageInput, LossNorm, zero_std_groups
+from worker.tlt.rl.algorithms.base import AdvantageInput, BatchSums, LossNorm, local_sums, zero_std_groups
 from worker.tlt.rl.algorithms.registry import resolve
 from worker.tlt.rl.batch import MicroBatch, UpdateSeq, micro_batches
 from worker.tlt.rl.deepspeed_update import DeepSpeedUpdate, build_update
@@ -117,6 +117,9 @@ class GRPOTrainer:
     ) -> None:
         self.spec, self.algo = spec, spec.algorithm
         self.algorithm = resolve(spec.algorithm.algorithm_name)  # advantages + policy loss (rl/algorithms/)
+        # batch-wide advantage statistics: this process's batch is the step's, unless data parallelism sums the
+        # ranks' shards (multigpu/data_parallel.py)
+        self.batch_sums: BatchSums = local_sums
         self.model, self.tokenizer, self.rollout = model, tokenizer, rollout
         self.reward_fns, self.device, self.drafter = reward_fns, device, drafter
         self.reward_names = reward_names or list(spec.algorithm.reward_funcs)
@@ -273,7 +276,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()  # 2. rewards
         rewards, reward_metrics = self.score(trajs)
         lengths_t = torch.tensor([len(t.response) for t in trajs])
-        adv = self.algorithm.advantages(AdvantageInput(rewards, g, lengths_t), algo)  # [N]
+        adv = self.algorithm.advantages(AdvantageInput(rewards, g, lengths_t, self.batch_sums), algo)  # [N]
         zero_std = zero_std_groups(rewards, g)  # [P]
         t_reward = time.perf_counter() - t0
 

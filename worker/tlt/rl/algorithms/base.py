@@ -3,7 +3,7 @@ losses, which also fixes how data-parallel ranks share the step's loss. The trai
 (registry.py) and never branches on it; the built-ins are in builtin.py.
 
     algo = resolve(spec.algorithm.algorithm_name)
-    adv = algo.advantages(AdvantageInput(rewards, group_size, lengths), cfg)             # [N]
+    adv = algo.advantages(AdvantageInput(rewards, group_size, lengths, batch_sums), cfg) # [N]
     loss, stats = algo.loss(logp, old_logp, adv, mask, cfg, norm, ref_logp)              # one micro-batch's share
     share = algo.share(cfg, local=LossNorm(...), total=LossNorm(...))                    # data-parallel gradient scale
 
@@ -35,13 +35,24 @@ class LossNorm:
         return LossNorm(num_sequences=sum(1 for n in lengths if n > 0), num_tokens=sum(lengths))
 
 
+BatchSums = Callable[[list[float]], list[float]]  # sums over the whole step's batch of each rank's partial sums
+
+
+def local_sums(partial: list[float]) -> list[float]:
+    """A single process holds the whole batch: its sums are the batch's."""
+    return partial
+
+
 @dataclass(frozen=True)
 class AdvantageInput:
-    """What an advantage estimator reads: one scalar reward per response, groups of `group_size` contiguous."""
+    """What an advantage estimator reads: one scalar reward per response, groups of `group_size` contiguous. Groups
+    never span data-parallel ranks; an estimator reading the whole batch (not one group) combines its statistics with
+    `batch_sums`, which all-reduces them across ranks (multigpu/data_parallel.py) and is the identity otherwise."""
 
     rewards: torch.Tensor  # [N] float
     group_size: int
     lengths: torch.Tensor  # [N] response lengths in tokens (token-weighted statistics)
+    batch_sums: BatchSums = local_sums
 
 
 @dataclass(frozen=True)
@@ -105,9 +116,6 @@ class Algorithm:
     advantages: AdvantageFn
     policy_loss: PolicyLossFn
     aggregation: Aggregation
-    # advantages read the whole step's batch, not one group: a data-parallel rank holding only its shard of the
-    # batch cannot compute them alone (refused with resources.gpus > 1)
-    batch_advantages: bool = False
 
     def loss(
         self,

@@ -56,15 +56,17 @@ def leave_one_out_advantages(inp: AdvantageInput, cfg: AlgorithmConfig) -> torch
 
 def batch_whitened_advantages(inp: AdvantageInput, cfg: AlgorithmConfig) -> torch.Tensor:
     """(r - mean) / sqrt(var + 1e-8) over every response token of the batch (each response weighs by its length;
-    var unbiased over the token count). [N] -> [N]."""
-    r = inp.rewards.float()
-    w = inp.lengths.float()
-    n = float(w.sum())
-    if n <= 1:
-        return r - r.mean()
-    mean = (w * r).sum() / n
-    var = (w * (r - mean) ** 2).sum() / (n - 1)
-    return (r - mean) * torch.rsqrt(var + WHITEN_EPS)
+    var unbiased over the token count). [N] -> [N]. The mean, then the squared deviations from it, are summed over
+    the whole batch by `inp.batch_sums` (two passes, as the single-process formula), so a data-parallel rank's
+    shard gets the advantages the whole batch would."""
+    r = inp.rewards.double()
+    w = inp.lengths.double()
+    n, weighted, count, total = inp.batch_sums([float(w.sum()), float((w * r).sum()), float(len(r)), float(r.sum())])
+    if n <= 1:  # no tokens to weigh by: centre on the mean response reward
+        return (r - total / max(count, 1)).float()
+    mean = weighted / n
+    (squares,) = inp.batch_sums([float((w * (r - mean) ** 2).sum())])
+    return ((r - mean) / (squares / (n - 1) + WHITEN_EPS) ** 0.5).float()
 
 
 def clip_range(cfg: AlgorithmConfig) -> tuple[float, float]:
@@ -101,5 +103,4 @@ DAPO = Algorithm("dapo", group_advantages, clipped_token_loss, TOKEN_MEAN)
 DR_GRPO = Algorithm("dr_grpo", group_advantages, clipped_token_loss, SEQ_MEAN_TOKEN_SUM_NORM)
 GSPO = Algorithm("gspo", group_advantages, sequence_ratio_loss, SEQ_MEAN_TOKEN_MEAN)
 RLOO = Algorithm("rloo", leave_one_out_advantages, clipped_token_loss, TOKEN_MEAN)
-REINFORCE_PLUS_PLUS = Algorithm("reinforce_plus_plus", batch_whitened_advantages, clipped_token_loss, TOKEN_MEAN,
-                                batch_advantages=True)
+REINFORCE_PLUS_PLUS = Algorithm("reinforce_plus_plus", batch_whitened_advantages, clipped_token_loss, TOKEN_MEAN)
