@@ -107,7 +107,7 @@ def test_builtin_task_brings_its_reward_unless_the_spec_names_one() -> None:
 def test_adaptive_bandit_state_is_checkpointed_and_restored(tmp_path: Path, toy_spec) -> None:
     """Adaptive SD: what the bandit learned survives a resume (its arm statistics are not re-learned from zero)."""
     from worker.tlt.build import build_trainer
-    from worker.tlt.run_dir import _adaptive, resume_from
+    from worker.tlt.run_dir import resume_from
 
     spec = toy_spec(max_steps=2, save_steps=2, drafter={"kind": "ngram"},  # 8 sequences: SD on from the first step
                     rollout={"speculative": "adaptive", "sd_on_below": 16, "sd_patience": 1, "kv_cache_gb": 0.05})
@@ -115,6 +115,6 @@ def test_adaptive_bandit_state_is_checkpointed_and_restored(tmp_path: Path, toy_
     saved = torch.load(tmp_path / "checkpoints/step-2/extra.pt", weights_only=False)["adaptive"]["bandit"]
     assert any(st["round"] > 0 for st in saved["buckets"].values())  # the bandit played during the rollouts
     trainer, _ = build_trainer(spec, FileReporter(tmp_path / "fresh"))
-    assert _adaptive(trainer).state_dict()["bandit"] != saved
+    assert trainer.rollout.sd_controller.state_dict()["bandit"] != saved
     assert resume_from(trainer, tmp_path / "checkpoints") == 2
-    assert _adaptive(trainer).state_dict()["bandit"] == saved
+    assert trainer.rollout.sd_controller.state_dict()["bandit"] == saved

@@ -1,14 +1,14 @@
 """What a training run keeps in its run directory besides the reporter's files: checkpoints/step-N (`save_checkpoint`,
 `resume_from`: model, optimizer, scheduler, RNG and trainer state, plus the online drafter, the adaptive-SD
-controller's bandit and the fp32 master weights when the job has them) and the final exports (`export_final`:
-policy/ as an HF directory, drafter/ when the job trained one online).
+controller's bandit (`Rollout.sd_controller`, single- and multi-GPU alike) and the fp32 master weights when the job
+has them) and the final exports (`export_final`: policy/ as an HF directory, drafter/ when the job trained one
+online).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.export.hf import export_policy
 from worker.tlt.reporting import Reporter
@@ -17,15 +17,9 @@ from worker.tlt.rl.checkpoint import save_checkpoint as write_checkpoint
 from worker.tlt.rl.trainer import GRPOTrainer
 
 
-def _adaptive(trainer: GRPOTrainer) -> AdaptiveSd | None:
-    """The rollout engine's SD controller, when the job runs adaptive SD (its bandit state is part of a resume)."""
-    engine = getattr(trainer.rollout, "engine", None)
-    return getattr(engine, "controller", None)
-
-
 def save_checkpoint(trainer: GRPOTrainer, root: Path, keep: int) -> Path:
     extra: dict = {"drafter": trainer.drafter.state_dict()} if trainer.drafter is not None else {}
-    if (ctl := _adaptive(trainer)) is not None:
+    if (ctl := trainer.rollout.sd_controller) is not None:
         extra["adaptive"] = ctl.state_dict()
     if trainer.master.pairs:  # the bf16 weights are these rounded: an exact resume needs the fp32 copies
         extra["master_weights"] = trainer.master.state_dict()
@@ -58,7 +52,7 @@ def resume_from(trainer: GRPOTrainer, root: Path) -> int:
     restore_rng(ck.rng, trainer.generator)
     if trainer.drafter is not None and "drafter" in ck.extra:
         trainer.drafter.load_state_dict(ck.extra["drafter"])
-    if (ctl := _adaptive(trainer)) is not None and "adaptive" in ck.extra:
+    if (ctl := trainer.rollout.sd_controller) is not None and "adaptive" in ck.extra:
         ctl.load_state_dict(ck.extra["adaptive"])
     return ck.step
 

@@ -25,7 +25,7 @@ import torch
 from worker.tlt.data.prompts import RenderedPrompt
 from worker.tlt.multigpu.context import DistContext
 from worker.tlt.multigpu.harvest import Harvester, HarvestRecord
-from worker.tlt.rl.rollout_io import FinishCallback, Rollout, Trajectory
+from worker.tlt.rl.rollout_io import FinishCallback, LearnedState, Rollout, Trajectory
 
 
 def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -55,6 +55,12 @@ class ShardedRollout:
     @property
     def generator(self) -> torch.Generator:
         return self.inner.generator
+
+    @property
+    def sd_controller(self) -> LearnedState | None:
+        """This rank's controller. Each rank's bandit learns from its own shard; checkpoints keep rank 0's, and every
+        rank resumes from it."""
+        return self.inner.sd_controller
 
     def on_weights_updated(self) -> None:
         self.inner.on_weights_updated()

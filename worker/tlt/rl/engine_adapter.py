@@ -92,10 +92,11 @@ class EngineRollout:
     """`RolloutFn` over an `Engine`: prompts x n samples -> Trajectories grouped by prompt."""
 
     def __init__(self, engine: Engine, tokenizer: TokenizerLike, sampling: RequestSampling, release_kv: bool = False,
-                 drafter: OnlineDrafter | None = None) -> None:
+                 drafter: OnlineDrafter | None = None, controller: AdaptiveSd | None = None) -> None:
         """sampling: the training rollouts' settings (n and greedy are per call); release_kv: free the engine's KV
-        cache after training rollouts (rollout.release_kv_for_update)."""
+        cache after training rollouts (rollout.release_kv_for_update); controller: the one the engine plans with."""
         self.engine, self.tokenizer, self.sampling = engine, tokenizer, sampling
+        self.controller = controller
         self.drafter = drafter  # also the trainer's DrafterHook when set
         self.rollouts = 0  # training rollouts so far (the drafter buffer's step numbers)
         self.release_kv = release_kv
@@ -103,6 +104,10 @@ class EngineRollout:
     @property
     def generator(self) -> torch.Generator:
         return self.engine.gen
+
+    @property
+    def sd_controller(self) -> AdaptiveSd | None:
+        return self.controller
 
     def __call__(
         self, prompts: Sequence[RenderedPrompt], n: int, greedy: bool, on_finish: FinishCallback | None = None
@@ -205,4 +210,4 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
                     hidden_hook=drafter.hidden_hook if drafter is not None else None, tail_hook=tail_hook)
     if device.type == "cuda":  # capture every CUDA graph now, not inside the first step's timed rollout
         engine.warmup(engine.slots, config.max_len, params=replace(request_sampling(spec), max_new_tokens=1))
-    return EngineRollout(engine, tokenizer, request_sampling(spec), ro.release_kv_for_update, drafter)
+    return EngineRollout(engine, tokenizer, request_sampling(spec), ro.release_kv_for_update, drafter, ctl)

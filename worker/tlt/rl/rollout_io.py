@@ -31,10 +31,23 @@ class Trajectory:
 FinishCallback = Callable[[int, Trajectory], None]
 
 
+class LearnedState(Protocol):
+    """What a rollout learns across steps and a resume must restore (the adaptive SD controller's bandit)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, d: dict) -> None: ...
+
+
 class Rollout(Protocol):
     @property
     def generator(self) -> torch.Generator:
         """The generator every sampled token draws from (saved and restored by checkpoints)."""
+        ...
+
+    @property
+    def sd_controller(self) -> LearnedState | None:
+        """The SD controller whose learned state checkpoints keep (run_dir.py); None when decoding plainly."""
         ...
 
     def __call__(

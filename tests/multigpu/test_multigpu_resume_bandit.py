@@ -1,0 +1,70 @@
+"""A 2-rank job (gloo) with adaptive SD, stopped mid-run, keeps what its bandit learned: the checkpoint holds the
+bandit's state, and every rank that resumes from it plays with that state, not a fresh one. The job runs REINFORCE++,
+whose batch-whitened advantages sum their statistics over the ranks.
+
+Run: python -m pytest tests/multigpu/test_multigpu_resume_bandit.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.multigpu.ranks import Quiet, spawn_ranks
+from tests.multigpu.test_multigpu_gloo import WORLD, StopAfterFirstStep, toy_spec
+from worker.tlt.build import build_trainer
+from worker.tlt.config import JobSpec
+from worker.tlt.multigpu import launch
+from worker.tlt.multigpu.context import DistContext
+from worker.tlt.multigpu.data_parallel import apply_data_parallel
+from worker.tlt.rl.checkpoint import latest_checkpoint
+from worker.tlt.run_dir import resume_from
+
+pytestmark = pytest.mark.slow
+
+
+def adaptive_spec() -> JobSpec:
+    # 4 sequences per rank, below sd_on_below: SD is on from the first step, so the bandit plays
+    return toy_spec(max_steps=4, save_steps=4, algorithm={"name": "reinforce_plus_plus"}, drafter={"kind": "ngram"},
+                    rollout={"speculative": "adaptive", "sd_on_below": 16, "sd_patience": 1})
+
+
+def bandit_of(trainer: Any) -> dict:
+    ctl = trainer.rollout.sd_controller
+    assert ctl is not None
+    return ctl.state_dict()["bandit"]
+
+
+def _resume_ranks(rank: int, init_method: str, out_dir: str) -> None:
+    """A fresh rank of the same job: its bandit before and after resuming from the run's checkpoints."""
+    torch.set_num_threads(1)
+    ctx = DistContext.init(rank, WORLD, init_method, "cpu")
+    trainer, _ = build_trainer(adaptive_spec(), Quiet())  # type: ignore[arg-type]
+    dp = apply_data_parallel(trainer, ctx)
+    fresh = bandit_of(trainer)
+    step = resume_from(trainer, Path(out_dir) / "run" / "checkpoints")
+    dp.resumed(trainer, step)
+    torch.save({"fresh": fresh, "resumed": bandit_of(trainer), "step": step}, Path(out_dir) / f"rank{rank}.pt")
+    trainer.close()
+    ctx.close()
+
+
+def test_a_stopped_two_rank_job_resumes_with_its_bandit(tmp_path: Path) -> None:
+    rep = StopAfterFirstStep()
+    launch.run(adaptive_spec(), tmp_path / "run", rep, world=WORLD)  # type: ignore[arg-type]
+    steps = [args[0] for name, args in rep.calls if name == "metrics"]
+    assert 1 <= len(steps) < 4
+    path = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert path is not None and path.name == f"step-{steps[-1]}"
+    extra = torch.load(path / "extra.pt", weights_only=False)
+    assert "adaptive" in extra, "the multi-GPU checkpoint lost the bandit"
+    saved = extra["adaptive"]["bandit"]
+    assert any(st["round"] > 0 for st in saved["buckets"].values())  # the bandit played during the rollouts
+
+    for r, out in enumerate(spawn_ranks(_resume_ranks, tmp_path, WORLD)):
+        assert out["step"] == steps[-1]
+        assert out["fresh"] != saved, f"rank {r}: a fresh bandit already equals the saved one"
+        assert out["resumed"] == saved, f"rank {r}: the resumed bandit is not the saved one"
