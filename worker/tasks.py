@@ -5,7 +5,8 @@ Contract (Celery "Tasks" guide: take ids, re-read the row, check its state, be i
   queued again by a retry resumes from its last checkpoint); a job still held by another worker (fresh heartbeat) is left alone; a job whose worker stopped heartbeating (SIGKILL,
   power loss: the broker redelivered it thanks to acks_late) becomes recovering and resumes from its last checkpoint.
 - The training runs in `python -m worker.job_child JOB_ID` (its own process group, killed if this worker dies), so a
-  crash or OOM fails the attempt with the exit status and the last output lines, never the worker.
+  crash or OOM fails the attempt with the exit status and the error line (the output, traceback included, is in the
+  job's log), never the worker.
 - A heartbeat thread updates jobs.heartbeat_at and watches for `cancelling`: the child stops cooperatively
   (reporter.should_stop) and is hard-killed after `cancel_grace_s`. The heartbeat also watches the attempt number:
   when this worker was cut off from the database for longer than `heartbeat_timeout_s`, another worker may have
@@ -226,8 +227,9 @@ class JobSupervisor:
             why = f"training process killed by {name}" + (" (out of memory?)" if rc == -signal.SIGKILL else "")
         else:
             why = f"training process exited with status {rc}"
-        tail = "\n".join(self.tail)
-        return S.failed, f"{why}; last output:\n{tail}" if tail else why
+        # users get the error line; the traceback (server install paths) stays in the job's log, owner and admins only
+        error = next((line.strip() for line in reversed(self.tail) if line.strip()), "")
+        return S.failed, f"{why}: {error[:500]} (full output in the job's log)" if error else why
 
     def finish(self, outcome: JobStatus, reason: str) -> None:
         self._stop.set()

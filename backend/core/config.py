@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     cancel_grace_s: float = Field(default=30.0, ge=0)  # after a cancel, the child is hard-killed after this long
     broker_visibility_timeout_s: int = Field(default=3600, ge=1)  # Redis: an unacked job is redelivered after this long
     sse_poll_s: float = Field(default=0.5, gt=0)  # how often the SSE stream polls for new rows (< 1 s latency)
-    log_tail_lines: int = Field(default=30, ge=1)  # child output lines kept in the failure reason
+    log_tail_lines: int = Field(default=30, ge=1)  # child output lines the worker keeps to find the error line
     broker_timeout_s: float = Field(default=10.0, gt=0)  # connect/publish timeout towards the broker
     page_size_max: int = Field(default=500, ge=1)  # largest page a list endpoint returns
     sse_keepalive_s: float = Field(default=15.0, gt=0)  # SSE: a comment line is sent after this long without news

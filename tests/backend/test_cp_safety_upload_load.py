@@ -45,7 +45,9 @@ def test_healthz_answers_while_a_large_upload_is_validated(cp_backend: Any, live
             time.sleep(0.05)
         thread.join()
     assert done["code"] == 201 and done["took"] > 1.0, done  # long enough to have blocked a loop that validated it
-    assert len(waits) >= 5 and max(waits) < 0.5, (done, max(waits), len(waits))
+    # no wait near the upload's length (on a loop that validated, one /healthz waited for nearly all of it); the
+    # bound scales with the upload's time, which a loaded machine stretches
+    assert len(waits) >= 5 and max(waits) < max(0.5, done["took"] / 4), (done, max(waits), len(waits))
 
 
 def test_parquet_that_expands_past_the_cap_is_refused(cp_backend: Any) -> None:

@@ -1,7 +1,7 @@
 """Auth rules, one test per rule: tokens hashed at rest; revoked tokens rejected; users see only their own jobs,
 telemetry, artifacts and datasets (404 for others', so ids don't leak) unless admin; non-admins cannot create tokens
 for others. (Every route but /healthz needing a token is tested over the whole OpenAPI document in
-test_hard_schemathesis.py.)
+test_hard_schemathesis.py; the routes outside it that answer without a token are the ones the README names.)
 
 Run: python -m pytest tests/hardening/test_hard_auth.py -q
 """
@@ -9,8 +9,10 @@ Run: python -m pytest tests/hardening/test_hard_auth.py -q
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
+from fastapi.routing import APIRoute
 from sqlalchemy import select, text
 
 from backend.persistence import crud
@@ -124,3 +126,23 @@ def test_non_admins_cannot_create_tokens_for_others(env: Any) -> None:
     assert env.client.get("/api/v1/users/me", headers=auth(bob)).status_code == 200
     assert env.client.delete(f"/api/v1/tokens/{mine['id']}", headers=auth(alice)).status_code == 200
     assert env.client.get("/api/v1/users/me", headers=auth(mine["token"])).status_code == 401
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_routes_open_without_a_token_are_the_documented_ones(env: Any) -> None:
+    """/docs, /redoc and /openapi.json answered without a token while the README said every route but /healthz
+    needs one. Every route outside the API that answers without a token is named in the README's trust model."""
+    roles = README.read_text().split("- **Roles.**", 1)[1].split("\n- **", 1)[0]
+    open_routes = []
+    for route in env.client.app.routes:
+        path = getattr(route, "path", "")
+        if isinstance(route, APIRoute) or not path.startswith("/") or "{" in path or path in ("", "/"):
+            continue
+        if env.client.get(path).status_code == 200:
+            open_routes.append(path)
+    assert {"/docs", "/redoc", "/openapi.json"} <= set(open_routes), open_routes
+    for path in open_routes:
+        assert f"`{path}`" in roles or path.startswith("/docs/"), (path, roles)
+    assert "`/healthz`" in roles
