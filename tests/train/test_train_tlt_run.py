@@ -37,6 +37,12 @@ def test_quick_run_writes_table_pairs_and_exports(tmp_path: Path) -> None:
         assert p["off_tokens"] > 0 and p["tlt_tokens"] > 0
         assert p["ratio"] == pytest.approx((p["off_s"] / p["off_tokens"]) / (p["tlt_s"] / p["tlt_tokens"]))
         assert p["off_spec_step_fraction"] == 0.0  # the SD-off twin never drafts
+        for twin in ("off", "tlt"):  # what the cost model reads: lengths and per-batch-size step costs
+            d = p[f"{twin}_detail"]
+            assert len(d["lengths"]) == 8 and sum(d["lengths"]) == p[f"{twin}_tokens"]
+            assert sum(e for _, _, e in d["steps"]["decode"].values()) + sum(
+                e for _, _, e in d["steps"]["spec"].values()) <= p[f"{twin}_tokens"]
+        assert p["off_detail"]["steps"]["spec"] == {}
     assert all(r.get("sd/spec_step_fraction", 0.0) == 0.0 for r in res["steps"]["off"])
     v = res["verdict"]
     assert v["ratio_equal_steps"] == pytest.approx(v["off"]["step_s"] / v["tlt"]["step_s"])
