@@ -38,7 +38,7 @@ from worker.tlt import metric_catalog as mc
 from worker.tlt.bench import BenchReporter, fmt, warm_up
 from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.rl.trainer import GRPOTrainer
-from worker.tlt.rollout.types import Request
+from worker.tlt.rollout.types import GenerationOutput, Request
 from worker.tlt.sd_savings import SdSavings
 from worker.tlt.spec_file import merge_spec
 from worker.tlt.spec_translate import controller, request_sampling
@@ -72,7 +72,23 @@ def sync(trainer: GRPOTrainer) -> None:
         torch.cuda.synchronize()
 
 
-def paired_rollout(spec: JobSpec, trainer: GRPOTrainer) -> dict[str, float]:
+def rollout_detail(res: GenerationOutput) -> dict[str, Any]:
+    """What a cost model needs of one rollout (bench/tlt_projection.py): the response lengths, prefill seconds, the
+    acceptance rate by draft position, and per kind of step and active batch size: steps, seconds, emitted tokens."""
+    steps: dict[str, dict[int, list[float]]] = {"decode": {}, "spec": {}}
+    for st in res.steps:
+        if st.kind != "prefill":
+            acc = steps[st.kind].setdefault(st.active, [0, 0.0, 0])
+            acc[0] += 1
+            acc[1] += st.seconds
+            acc[2] += st.emitted
+    pos = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in res.sd_metrics.items() if k.startswith("sd/accept_rate_pos_"))
+    return {"lengths": sorted(len(s.tokens) for s in res.sequences),
+            "prefill_s": sum(st.seconds for st in res.steps if st.kind == "prefill"),
+            "accept_rate_pos": [float(v) for _, v in pos], "steps": steps}
+
+
+def paired_rollout(spec: JobSpec, trainer: GRPOTrainer) -> dict[str, Any]:
     """The next step's prompts decoded by the current policy with SD off and with TLT's controller (see docstring)."""
     engine = trainer.rollout.engine  # type: ignore[attr-defined]
     prompts = copy.deepcopy(trainer.sampler).next_batch(spec.algorithm.prompts_per_step)  # the sampler is untouched
@@ -83,7 +99,7 @@ def paired_rollout(spec: JobSpec, trainer: GRPOTrainer) -> dict[str, float]:
     saved = engine.controller, engine.hidden_hook, engine.tail.hook
     engine.restore_memory()  # a no-op unless the update released the cache
     engine.hidden_hook, engine.tail.hook = None, None
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     try:
         for name, ctl in (("off", controller(spec.model_copy(update={"rollout": spec.rollout.model_copy(
                 update={"speculative": "off"})}), [])), ("tlt", saved[0])):
@@ -99,6 +115,7 @@ def paired_rollout(spec: JobSpec, trainer: GRPOTrainer) -> dict[str, float]:
             out[f"{name}_spec_step_fraction"] = float(res.sd_metrics.get(mc.SD_SPEC_STEP_FRACTION, 0.0))
             if mc.SD_ACCEPT_LEN in res.sd_metrics:
                 out[f"{name}_accept_len"] = float(res.sd_metrics[mc.SD_ACCEPT_LEN])
+            out[f"{name}_detail"] = rollout_detail(res)
     finally:
         engine.controller, engine.hidden_hook, engine.tail.hook = saved
         engine.gen.set_state(rng)
@@ -130,7 +147,7 @@ def run(a: argparse.Namespace, progress: Callable[[dict[str, Any]], object]) -> 
     trainers = {m: build_trainer(specs[m], BenchReporter())[0] for m in MODES}
     savings = SdSavings()
     rows: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
-    pairs: list[dict[str, float]] = []
+    pairs: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     try:
         for step in range(1, a.steps + 1):
