@@ -7,4 +7,5 @@ bash scripts/setup.sh --dev
 . .venv/bin/activate
 ruff check backend worker tests bench
 mypy backend worker
+bash scripts/lanes.sh vllm hf-floor  # test lanes in .lanes/: vLLM's CPU build, transformers' floor (reused while pins match)
 python -m pytest -q --durations=20 "$@"
