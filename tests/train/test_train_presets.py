@@ -1,7 +1,7 @@
 """Presets and the README agree with the spec model: every preset validates, the README's presets table lists each
 one, the README's example specs validate and the first runs on the quick-start machine (CPU), and `demo-cpu` is set
-up to show the product (the real model, a task with reward variance, SD switching on in the tail, a learned drafter
-that is exported).
+up to show the product (the real model, a task with reward variance, SD considered in the tail and switched by
+measured step costs, a learned drafter that is exported).
 
 Run: python -m pytest tests/train/test_train_presets.py -q
 """
@@ -42,6 +42,7 @@ def test_demo_preset_shows_learning_sd_and_an_exported_drafter() -> None:
     assert 8 <= d.max_steps <= 10 and d.algorithm.learning_rate >= 5e-5  # enough steps and lr for the reward to rise
     assert d.algorithm.loss_type == "grpo"  # each response weighs alike: long prose cannot drown the short answers
     batch = d.algorithm.num_generations * d.algorithm.prompts_per_step
-    assert d.rollout.speculative == "adaptive" and d.rollout.sd_on_below >= batch  # on once the first response ends
+    assert d.rollout.speculative == "adaptive" and d.rollout.sd_on_below >= batch  # considered once one response ends
+    assert d.rollout.sd_switch == "step_costs"  # ... and kept only where measured costs say it pays (CPU: off)
     assert d.drafter.kind in ("eagle1", "eagle3") and d.drafter.export_kind == d.drafter.kind
     assert d.drafter.max_train_steps_per_rl_step > 0

@@ -278,10 +278,10 @@ PRESETS: dict[str, dict] = {
     # (0.33 -> 0.73, 0.41 -> 0.64). dapo's token sum let the long prose outweigh the short answers: at 1e-4 one
     # step sent every answer to the length limit (reward flat at 0.24-0.39), at 5e-5 one run rose to 0.86 and
     # another fell back to prose; grpo at 1e-4 rose fastest but one seed collapsed to empty answers (reward 0).
-    # 8 responses, SD on below 8 active: the switch turns on as soon as the first response ends (while answers are
-    # long, the first steps), and the bandit picks plain decoding, the n-gram arm or the EAGLE-1 drafter; the drafter
-    # spot-trains and is exported. Its spot steps are the dearest part of a late CPU step (3-6 s each on a near-idle
-    # 2-core machine): 2 per RL step.
+    # SD by measured step costs (rollout.sd_switch step_costs, below 8 active): the controller measures plain and
+    # speculative steps (n-gram and EAGLE-1 arms) and keeps SD only where it emits more tokens per second; on CPU
+    # a verify costs about as much per token as decoding, so it measures SD, judges it off and says so (sd/pays/*,
+    # sd/gain/*); the drafter still trains (2 steps per RL step) and is exported.
     "demo-cpu": {
         "name": "demo-smollm2-toy-count",
         "model": {"builtin": "smollm2-135m-instruct"},
@@ -289,7 +289,7 @@ PRESETS: dict[str, dict] = {
         "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40, "learning_rate": 5e-5,
                       "loss_type": "grpo", "temperature": 0.8, "reward_funcs": ["toy_count", "brevity"],
                       "reward_weights": [0.5, 0.5]},
-        "rollout": {"speculative": "adaptive", "sd_on_below": 8, "sd_patience": 2},
+        "rollout": {"speculative": "adaptive", "sd_on_below": 8, "sd_patience": 2, "sd_switch": "step_costs"},
         "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 2},
         "max_steps": 8,
         "save_steps": 8,
