@@ -37,7 +37,8 @@ def test_demo_preset_shows_learning_sd_and_an_exported_drafter() -> None:
     d = preset("demo-cpu")
     assert d.model.builtin == "smollm2-135m-instruct" and d.resources.gpus == 0
     # the task's reward plus one the model learns in a few steps (test_train_demo_learns.py runs it), in [0, 1]
-    assert d.dataset.builtin == "toy-count" and d.algorithm.reward_funcs == ["toy_count", "brevity"]
+    # toy_many: many target letters pay, a lone one does not, so short answers keep differing (no collapse)
+    assert d.dataset.builtin == "toy-count" and d.algorithm.reward_funcs == ["toy_many", "brevity"]
     assert d.algorithm.reward_weights is not None and sum(d.algorithm.reward_weights) == 1.0
     assert 8 <= d.max_steps <= 10 and d.algorithm.learning_rate >= 5e-5  # enough steps and lr for the reward to rise
     assert d.algorithm.loss_type == "grpo"  # each response weighs alike: long prose cannot drown the short answers
