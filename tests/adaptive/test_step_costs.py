@@ -201,3 +201,27 @@ def test_engine_rollout_with_the_cost_switch(capsys) -> None:
     r = json.loads(capsys.readouterr().out)
     assert r["sequences"] == 6 and "sd/on_fraction" in r["sd_metrics"]
     assert sum(b["tokens"] for b in r["buckets"]) + 6 == r["tokens"]  # every decode step was recorded
+
+
+def test_free_probes_reach_a_verdict_where_the_budget_alone_would_not() -> None:
+    """With the budget spent by one probe, a bucket still takes its `free_probes` SD steps, so it is judged (here
+    off: 1 token per sequence for 3 plain steps' time) instead of staying unjudged; then the budget rules again."""
+    costs = StepCosts(StepCostConfig(min_plain=1, free_probes=4), ONE_GPU_BUCKETS)
+    b = ONE_GPU_BUCKETS.bucket(6)
+    for _ in range(4):
+        costs.observe(6, False, 6, 0.01)
+    probes = 0
+    while costs.sd_pays(b):  # the budget is spent by the first probe: the rest are the free ones
+        costs.observe(6, True, int(6 * 1.1), 0.03)
+        probes += 1
+        assert probes <= 4
+    assert probes == 2  # a clear case (gain 0.2 < decisive 0.5): judged after two
+    assert costs.buckets[b].on is False and costs.summary()["sd/pays/5-8"] == 0.0
+    assert costs.summary()["sd/step_s_sd/5-8"] == 0.03 and costs.summary()["sd/step_s_plain/5-8"] == 0.01
+    other = ONE_GPU_BUCKETS.bucket(3)
+    costs.observe(3, False, 3, 0.01)
+    no_free = StepCosts(StepCostConfig(min_plain=1), ONE_GPU_BUCKETS)
+    no_free.observe(6, False, 6, 0.01)
+    no_free.observe(6, True, 6, 0.03)
+    assert not no_free.sd_pays(b)  # the default: the budget alone, spent by the first probe
+    assert costs.sd_pays(other)  # another bucket's own free probes

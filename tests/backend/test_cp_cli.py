@@ -162,3 +162,16 @@ def test_demo_summary_shows_first_last_and_highest() -> None:
     ]}
     (line,) = demo_summary(history)
     assert "step 1: 0.350" in line and "step 8: 0.500" in line and "highest 0.810 at step 7" in line
+
+
+def test_switch_summary_says_why_sd_is_off() -> None:
+    from worker.cli.up import switch_summary
+
+    pts = lambda v: [{"step": 1, "value": None}, {"step": 2, "value": v}]  # noqa: E731 - the last value counts
+    history = {"series": [{"name": "sd/pays/5-8", "points": pts(0.0)}, {"name": "sd/gain/5-8", "points": pts(0.62)},
+                          {"name": "sd/step_s_plain/5-8", "points": pts(0.063)},
+                          {"name": "sd/step_s_sd/5-8", "points": pts(0.101)},
+                          {"name": "sd/on_fraction", "points": pts(0.5)}]}
+    assert switch_summary(history) == ["  SD switch at 5-8 active: off (measured: plain step 63 ms, SD step 101 ms; "
+                                       "SD gives 0.62x plain decoding's tokens/s per sequence)"]
+    assert switch_summary({"series": [{"name": "sd/on_fraction", "points": pts(0.5)}]}) == []

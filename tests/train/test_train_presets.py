@@ -1,7 +1,7 @@
 """Presets and the README agree with the spec model: every preset validates, the README's presets table lists each
 one, the README's example specs validate and the first runs on the quick-start machine (CPU), and `demo-cpu` is set
-up to show the product (the real model, a task with reward variance, SD switching on in the tail, a learned drafter
-that is exported).
+up to show the product (the real model, a task with reward variance, SD considered in the tail and switched by
+measured step costs, a learned drafter that is exported).
 
 Run: python -m pytest tests/train/test_train_presets.py -q
 """
@@ -37,11 +37,13 @@ def test_demo_preset_shows_learning_sd_and_an_exported_drafter() -> None:
     d = preset("demo-cpu")
     assert d.model.builtin == "smollm2-135m-instruct" and d.resources.gpus == 0
     # the task's reward plus one the model learns in a few steps (test_train_demo_learns.py runs it), in [0, 1]
-    assert d.dataset.builtin == "toy-count" and d.algorithm.reward_funcs == ["toy_count", "brevity"]
+    # toy_many: many target letters pay, a lone one does not, so short answers keep differing (no collapse)
+    assert d.dataset.builtin == "toy-count" and d.algorithm.reward_funcs == ["toy_many", "brevity"]
     assert d.algorithm.reward_weights is not None and sum(d.algorithm.reward_weights) == 1.0
     assert 8 <= d.max_steps <= 10 and d.algorithm.learning_rate >= 5e-5  # enough steps and lr for the reward to rise
     assert d.algorithm.loss_type == "grpo"  # each response weighs alike: long prose cannot drown the short answers
     batch = d.algorithm.num_generations * d.algorithm.prompts_per_step
-    assert d.rollout.speculative == "adaptive" and d.rollout.sd_on_below >= batch  # on once the first response ends
+    assert d.rollout.speculative == "adaptive" and d.rollout.sd_on_below >= batch  # considered once one response ends
+    assert d.rollout.sd_switch == "step_costs"  # ... and kept only where measured costs say it pays (CPU: off)
     assert d.drafter.kind in ("eagle1", "eagle3") and d.drafter.export_kind == d.drafter.kind
     assert d.drafter.max_train_steps_per_rl_step > 0

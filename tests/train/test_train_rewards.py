@@ -104,3 +104,15 @@ def test_pyproject_entry_points_name_the_builtins() -> None:
         fn = getattr(__import__(module, fromlist=[attr]), attr)
         assert BUILTIN_REWARDS[name] is fn
     assert set(table) == set(BUILTIN_REWARDS)
+
+
+def test_toy_many_pays_for_many_target_letters_not_for_one() -> None:
+    from worker.tlt.data.toy import TOY_MANY, toy_many_reward
+
+    one, many = toy_many_reward("b", "b"), toy_many_reward("b" * TOY_MANY, "b")
+    assert one == pytest.approx(1 / TOY_MANY) and many == pytest.approx(1.0)
+    assert toy_many_reward("b " * TOY_MANY, "b") == pytest.approx(1.0)  # blanks between the letters are free
+    assert toy_many_reward("B" * TOY_MANY, "b") == pytest.approx(1.0)  # either case
+    assert toy_many_reward("b" * (2 * TOY_MANY), "b") == pytest.approx(1.0)  # more than many: no penalty here
+    assert toy_many_reward("bbbbbaaaaa", "b") == pytest.approx(0.5 * 5 / TOY_MANY)  # wrong letters dilute it
+    assert toy_many_reward("  \n", "b") == 0.0 and toy_many_reward("", "b") == 0.0

@@ -133,7 +133,8 @@ def _run_demo(url: str, artifacts: Path, procs: list[subprocess.Popen[bytes]], s
     final = client.job(job["id"])
     out(f"demo job {final['id']} {final['status']} in {time.monotonic() - t0:.0f} s"
          + (f": {final['reason']}" if final.get("reason") else ""))
-    for text in demo_summary(client.metrics(job["id"], names=list(DEMO_SUMMARY))):
+    history = client.metrics(job["id"])
+    for text in demo_summary(history) + switch_summary(history):
         out(text)
     for art in client.artifacts(job["id"]):
         out(f"  {art['kind']:<11} step {art['step']}  {art['size']:>12} bytes  sha256 {art['sha256'][:16]}...")
@@ -160,3 +161,21 @@ def demo_summary(history: dict[str, Any]) -> list[str]:
             out.append(f"  {DEMO_SUMMARY[series['name']]:<40} step {first['step']}: {first['value']:.3f}  ->  "
                        f"step {last['step']}: {last['value']:.3f}  (highest {top['value']:.3f} at step {top['step']})")
     return out
+
+
+def switch_summary(history: dict[str, Any]) -> list[str]:
+    """The SD switch's verdict per batch size when it went by measured step costs (sd/pays/<bucket>, with the costs
+    it read at the last step: sd/step_s_plain, sd/step_s_sd, sd/gain), one line each; nothing for a threshold switch."""
+    last = {s["name"]: next((p["value"] for p in reversed(s["points"]) if p["value"] is not None), None)
+            for s in history.get("series", [])}
+    lines = []
+    for name, pays in sorted(last.items()):
+        if not name.startswith("sd/pays/") or pays is None:
+            continue
+        b = name.removeprefix("sd/pays/")
+        plain, sd, gain = last.get(f"sd/step_s_plain/{b}"), last.get(f"sd/step_s_sd/{b}"), last.get(f"sd/gain/{b}")
+        costs = f"plain step {plain * 1e3:.0f} ms, SD step {sd * 1e3:.0f} ms" if plain and sd else "costs not kept"
+        gain_text = f"{gain:.2f}x" if gain is not None else "?"
+        lines.append(f"  SD switch at {b} active: {'on' if pays > 0.5 else 'off'} (measured: {costs}; SD gives "
+                     f"{gain_text} plain decoding's tokens/s per sequence)")
+    return lines

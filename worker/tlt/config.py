@@ -271,25 +271,24 @@ class JobSpec(_Strict):
 # Named presets (the README's demo job and the benchmarks use these).
 PRESETS: dict[str, dict] = {
     # What `tlt up --demo` (the quick start) submits, on 2 CPU cores: the real SmolLM2 on toy-count, rewarded half by
-    # the task's target-letter share, half by brevity. SmolLM2 answers "Write the letter b many times" with prose
-    # whose toy_count reward barely varies (0.35-0.40: no signal); brevity varies from the first step, and once the
-    # answers are short the letter part varies too (a lone "b" scores 1, "a" 0.5). With 8 responses a step the
-    # update is noisy; measured (README "Quick start"), loss_type grpo at lr 5e-5 rose in 4 steps on two seeds
-    # (0.33 -> 0.73, 0.41 -> 0.64). dapo's token sum let the long prose outweigh the short answers: at 1e-4 one
-    # step sent every answer to the length limit (reward flat at 0.24-0.39), at 5e-5 one run rose to 0.86 and
-    # another fell back to prose; grpo at 1e-4 rose fastest but one seed collapsed to empty answers (reward 0).
-    # 8 responses, SD on below 8 active: the switch turns on as soon as the first response ends (while answers are
-    # long, the first steps), and the bandit picks plain decoding, the n-gram arm or the EAGLE-1 drafter; the drafter
-    # spot-trains and is exported. Its spot steps are the dearest part of a late CPU step (3-6 s each on a near-idle
-    # 2-core machine): 2 per RL step.
+    # `toy_many` (the target letter, many times: a lone letter scores 0.1), half by brevity. SmolLM2 first answers
+    # "Write the letter b many times" with prose that runs to the length limit (toy_many near 0); brevity varies from
+    # the first step, and once answers are short the letter runs vary too: the best answer is about ten target
+    # letters, so the rewards of a group keep differing instead of collapsing to one-letter answers that all score
+    # the same (what toy_count + brevity did: no signal left after step 5). loss_type grpo at lr 5e-5: dapo's token
+    # sum let the long prose outweigh the short answers, and a higher rate collapsed one seed to empty answers.
+    # SD by measured step costs (rollout.sd_switch step_costs, below 8 active): the controller measures plain and
+    # speculative steps (n-gram and EAGLE-1 arms) and keeps SD only where it emits more tokens per second; on CPU
+    # a verify costs about as much per token as decoding, so it measures SD, judges it off and says so (sd/pays/*,
+    # sd/gain/*); the drafter still spot-trains (2 steps per RL step) and is exported.
     "demo-cpu": {
         "name": "demo-smollm2-toy-count",
         "model": {"builtin": "smollm2-135m-instruct"},
         "dataset": {"builtin": "toy-count", "validation_size": 0, "system_prompt": None},
         "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40, "learning_rate": 5e-5,
-                      "loss_type": "grpo", "temperature": 0.8, "reward_funcs": ["toy_count", "brevity"],
+                      "loss_type": "grpo", "temperature": 0.8, "reward_funcs": ["toy_many", "brevity"],
                       "reward_weights": [0.5, 0.5]},
-        "rollout": {"speculative": "adaptive", "sd_on_below": 8, "sd_patience": 2},
+        "rollout": {"speculative": "adaptive", "sd_on_below": 8, "sd_patience": 2, "sd_switch": "step_costs"},
         "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 2},
         "max_steps": 8,
         "save_steps": 8,

@@ -134,6 +134,10 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(SD_SAVED_S, "s", _STEP,
                "Time SD saved in this step's tail: sd/plain_estimate_s - perf/tail_sd_s (negative = SD cost time)."),
     MetricSpec(SD_SAVED_S_TOTAL, "s", _CUM, "Time SD saved in the tail since the job started, or since its last resume (sum of sd/saved_s)."),
+    MetricSpec("sd/step_s_plain/{bucket}", "s", _STEP,
+               "Per batch-size bucket, as measured so far: seconds of a plain decode step (what the cost switch uses)."),
+    MetricSpec("sd/step_s_sd/{bucket}", "s", _STEP,
+               "Per batch-size bucket, as measured so far: seconds of a speculative step of the best SD arm."),
     MetricSpec("sd/accepted_draft_tokens", "tokens", _STEP, "Draft tokens accepted in the rollout."),
     MetricSpec("sd/verify_steps", "steps", _STEP, "Verify steps observed."),
     # --- drafter

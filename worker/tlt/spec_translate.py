@@ -85,8 +85,13 @@ def request_sampling(spec: JobSpec, n: int = 1, greedy: bool = False) -> Request
 def controller(spec: JobSpec, drafters: Sequence[DrafterKind]) -> AdaptiveSd:
     """The SD controller of `rollout.speculative` over the drafters the engine has (none: pinned off), switched by
     the active batch or by measured step costs (`rollout.sd_switch`)."""
-    costs = StepCostConfig() if spec.rollout.sd_switch == "step_costs" else None
-    return AdaptiveSd.from_spec(spec.rollout, drafters=drafters, step_costs=costs)
+    gpu = spec.resources.gpus > 0
+    costs = None
+    if spec.rollout.sd_switch == "step_costs":
+        # on CPU nothing compiles and a probe costs a few plain steps: each batch bucket gets the probes of a verdict
+        costs = StepCostConfig() if gpu else StepCostConfig(free_probes=StepCostConfig.probe_steps)
+    # CUDA graphs are captured at an arm's first use on a GPU only; on CPU that step is a measurement like any other
+    return AdaptiveSd.from_spec(spec.rollout, drafters=drafters, step_costs=costs, captures=gpu)
 
 
 def drafter_config(spec: JobSpec) -> OnlineDrafterConfig:

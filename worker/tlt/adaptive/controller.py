@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 class AdaptiveSd:
     def __init__(self, switch: SwitchConfig, bandit: WindowBandit | None, fixed_arm: Arm = NO_SD,
-                 scheme: BucketScheme = TLT_BUCKETS, costs: StepCosts | None = None) -> None:
+                 scheme: BucketScheme = TLT_BUCKETS, costs: StepCosts | None = None, captures: bool = True) -> None:
         if switch.mode == "adaptive" and bandit is None:
             raise ValueError("adaptive mode needs a bandit")
         # costs: SD on where measured step costs say it pays (adaptive/step_costs.py), below switch.off_threshold
@@ -44,10 +44,11 @@ class AdaptiveSd:
         self.bandit = bandit  # None unless adaptive
         self.fixed_arm = fixed_arm  # the arm of mode "on"
         self.scheme = scheme
-        self.metrics = RolloutSdMetrics(on_below=switch.on_below, scheme=scheme)
+        self.metrics = RolloutSdMetrics(on_below=switch.on_below, scheme=scheme, costs=costs)
         # (arm, bucket) pairs this process has run: the first SD step of each captures its verify and draft graphs
         # (seconds, next to ms steps), a one-time cost the bandit and the step costs must not learn from
         self._warm: set[tuple[str, int]] = set()
+        self.captures = captures  # False (CPU: nothing is captured): every step is measured, the first ones too
         # arm shape (drafter, depth, topk) -> the smallest bucket from which it is out of the bandit, because its
         # measured steps there cost more than plain decoding could emit in the time at full acceptance (a tree at a
         # 7B-class width: 0.5 s against a 5 ms plain step); by shape, since a tree's verify width (its name) changes
@@ -57,10 +58,11 @@ class AdaptiveSd:
     @classmethod
     def from_spec(cls, rollout: RolloutConfig, drafters: Sequence[DrafterKind],
                   scheme: BucketScheme = ONE_GPU_BUCKETS, step_costs: StepCostConfig | None = None,
-                  sd_below: int | None = None) -> AdaptiveSd:
+                  sd_below: int | None = None, captures: bool = True) -> AdaptiveSd:
         """From the job spec's rollout section; `drafters` are the drafter kinds the engine has now; buckets: one
         GPU's (arms.ONE_GPU_BUCKETS), finer than TLT's. `step_costs`: switch by measured step costs (SD considered
-        below `sd_below` active sequences, default the threshold switch's off point) instead of the threshold."""
+        below `sd_below` active sequences, default the threshold switch's off point) instead of the threshold.
+        `captures`: whether an arm's first step in a bucket captures graphs (CUDA), so is left out of what is learnt."""
         switch = SwitchConfig.from_rollout(rollout)
         if step_costs is not None and sd_below is not None:
             switch = SwitchConfig(mode=switch.mode, on_below=switch.on_below, patience=switch.patience,
@@ -73,7 +75,7 @@ class AdaptiveSd:
         if switch.mode == "adaptive":
             bandit = make_bandit(arms_table(drafters, scheme), BanditConfig(kind=rollout.bandit), seed=rollout.seed)
         costs = StepCosts(step_costs, scheme) if step_costs is not None else None
-        return cls(switch, bandit, fixed, scheme, costs)
+        return cls(switch, bandit, fixed, scheme, costs, captures)
 
     @classmethod
     def fixed(cls, arm: Arm) -> AdaptiveSd:
@@ -83,7 +85,7 @@ class AdaptiveSd:
     def start_rollout(self) -> None:
         """A new rollout starts with a full batch: switch off, metrics empty; the bandit keeps what it learned."""
         self.switch.reset()
-        self.metrics = RolloutSdMetrics(on_below=self.switch.config.on_below, scheme=self.scheme)
+        self.metrics = RolloutSdMetrics(on_below=self.switch.config.on_below, scheme=self.scheme, costs=self.costs)
 
     def plan(self, active: int) -> Arm:
         """The arm of this decode step (NO_SD = plain decoding). Call exactly once per step."""
@@ -91,7 +93,14 @@ class AdaptiveSd:
             return NO_SD
         if self.bandit is None:
             return self.fixed_arm
-        return self.bandit.select(self.scheme.bucket(active))
+        bucket = self.scheme.bucket(active)
+        arm = self.bandit.select(bucket)
+        if not arm.is_sd and self.costs is not None and self.costs.free_probe(bucket):
+            # a free probe measures SD (the arm measured least here), or the bucket would stay unjudged
+            sd_arms = [a for a in self.bandit.arms(bucket) if a.is_sd]
+            if sd_arms:
+                arm = min(sd_arms, key=lambda a: self.costs.probed(bucket, a.name))  # type: ignore[union-attr]
+        return arm
 
     def record(self, active: int, arm: Arm, emitted: int, seconds: float, accepted_per_pos: Sequence[int] = (),
                drafted_per_pos: Sequence[int] | None = None, accepted: int | None = None,
@@ -103,7 +112,7 @@ class AdaptiveSd:
         plain decode steps before it learns their emitted counts passes it, since the switch may have moved since."""
         on = self.switch.on if sd_on is None else sd_on
         bucket = self.scheme.bucket(active)
-        learn = not arm.is_sd or (arm.name, bucket) in self._warm
+        learn = not arm.is_sd or not self.captures or (arm.name, bucket) in self._warm
         self._warm.add((arm.name, bucket))
         if self.costs is not None:
             self.costs.observe(active, arm.is_sd, emitted, seconds, first_use=not learn, arm=arm.name)

@@ -20,6 +20,8 @@ hands `summary()` to the Reporter at the end of the rollout. Names (worker/tlt/m
 - `perf/tail_s` / `perf/tail_sd_s`: wall seconds of the tail's decode steps, all of them / those that drafted and
   verified (the time-saved estimate of worker/tlt/sd_savings.py prices the latter's tokens at the plain rate);
 - `perf/tokens_per_s_bucket/<label>`: the same per batch-size bucket ("1", "2-4", "5-20", "ge21");
+- with the cost switch (`costs`): `sd/gain/<label>`, `sd/pays/<label>`, `sd/step_s_plain/<label>` and
+  `sd/step_s_sd/<label>` (adaptive/step_costs.py `StepCosts.summary`), the measured costs it decided by;
 - `perf/seq_tokens_per_s_bucket/<label>`: per bucket, tokens / sum over steps of (active x seconds): the rate of one
   sequence. Two runs (SD off, adaptive) that spend their steps in a bucket at different batch sizes compare fairly
   on it; tokens/s mixes in how full the bucket's batches happened to be (a 17-32 bucket at 22 vs 19 rows on average
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 
 from worker.tlt import metric_catalog as mc
 from worker.tlt.adaptive.arms import TLT_BUCKETS, BucketScheme
+from worker.tlt.adaptive.step_costs import StepCosts
 from worker.tlt.adaptive.switch import in_tail
 
 
@@ -78,6 +81,7 @@ class _Totals:
 class RolloutSdMetrics:
     on_below: int = 32  # steps with fewer active sequences are the tail (use the switch's on_below)
     scheme: BucketScheme = TLT_BUCKETS  # buckets of the per-bucket tokens/s
+    costs: StepCosts | None = None  # the cost switch's measurements (kept across rollouts), reported with the rest
     steps: int = 0
     sd_on_steps: int = 0
     spec_steps: int = 0  # steps that drafted and verified
@@ -170,6 +174,8 @@ class RolloutSdMetrics:
                 out[f"perf/tokens_per_s_bucket/{self.scheme.label(b)}"] = totals.tokens_per_s
             if totals.seq_tokens_per_s is not None:
                 out[f"perf/seq_tokens_per_s_bucket/{self.scheme.label(b)}"] = totals.seq_tokens_per_s
+        if self.costs is not None:
+            out.update(self.costs.summary())
         return out
 
     def per_bucket(self) -> list[dict]:

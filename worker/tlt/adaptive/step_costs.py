@@ -41,12 +41,18 @@ class StepCostConfig:
     probe_steps: int = 4  # SD steps measured in a bucket before it is judged ...
     decisive: float = 0.5  # ... or 2 steps when SD's gain is below this (or above its inverse): a clear case
     margin: float = 0.05  # SD turns on when its tokens/s per sequence beats plain's by this fraction
-    probe_budget: float = 0.01  # probing may lose at most this fraction of the observed time (plus one step)
+    probe_budget: float = 0.01  # probing may lose at most this fraction of the observed time (plus one step) ...
+    # ... after a bucket's first `free_probes` SD steps, which it may always take: enough for a verdict where a probe
+    # costs a few plain steps (CPU, where nothing compiles), so a short job judges SD instead of leaving it unjudged
+    free_probes: int = 0
     reprobe_every: int = 2048  # plain steps in an off bucket after which it is probed again
     # plain steps in a row that a bucket judged on may run with the switch on (the bandit choosing plain decoding)
     # before it is judged afresh: the switch stays on only where SD is still played
     decline_limit: int = 64
-    ema: float = 0.1  # weight of a new step in the running means (after the first `probe_steps` plain means)
+    ema: float = 0.1  # weight of a new step in the running mean of tokens emitted per SD step
+    # plain steps whose median is a bucket's plain step cost: a median, as for SD arms, so the first steps of a
+    # process (allocations, lazy initialisation: 1 s next to 60 ms on CPU) do not make plain decoding look dear
+    plain_window: int = 9
     # an SD step counts at most this many plain steps: one that needs longer cannot pay at any accept length, and a
     # first use that compiles or captures (2.2 s next to 10 ms plain steps on an H200) must not poison the means
     outlier: float = 8.0
@@ -76,14 +82,20 @@ class BucketCosts:
     """Running means of one bucket. SD is judged by its best arm: the bandit that picks the arm learns which one
     that is, so arms that cannot pay (a slow tree at a large width, a weak chain) must not hide one that does."""
 
-    plain_s: float = 0.0  # seconds per plain step
+    plain_recent: deque[float] = field(default_factory=lambda: deque(maxlen=StepCostConfig.plain_window))
     plain_n: int = 0
     arms: dict[str, ArmCosts] = field(default_factory=dict)  # by arm name, since the last (re)probe started
     sd_n: int = 0  # SD steps since the last (re)probe started, all arms
+    probes: int = 0  # SD steps while unjudged, first uses included (against StepCostConfig.free_probes)
     on: bool | None = None  # None: not judged yet
     plain_since_judged: int = 0
     declined: int = 0  # plain steps in a row run with the switch on while judged on (`StepCosts.decline`)
     ruled_out: bool = False  # warm-up costs say no draft can pay here
+
+    @property
+    def plain_s(self) -> float:
+        """Seconds per plain step: the median of the last ones (a sliding window: costs drift with context length)."""
+        return statistics.median(self.plain_recent) if self.plain_recent else 0.0
 
     def gain(self) -> float | None:
         """The best arm's SD tokens/s per sequence over plain's (None until plain and an SD step are measured). A
@@ -108,13 +120,16 @@ class StepCosts:
     probe_loss_s: float = 0.0  # seconds probing SD steps cost beyond plain steps for the same tokens
 
     def _b(self, bucket: int) -> BucketCosts:
-        return self.buckets.setdefault(bucket, BucketCosts())
+        if bucket not in self.buckets:
+            self.buckets[bucket] = BucketCosts(plain_recent=deque(maxlen=self.config.plain_window))
+        return self.buckets[bucket]
 
     def prime(self, bucket: int, plain_s: float, sd_s: float, best_emitted: float) -> None:
         """Warm-up measurement: plain and SD step seconds of this bucket, and the most tokens per sequence an SD step
         can emit (the verify width). A bucket where even that cannot pay is ruled out."""
         b = self._b(bucket)
-        b.plain_s, b.plain_n = plain_s, max(b.plain_n, 1)
+        b.plain_recent.append(plain_s)
+        b.plain_n = max(b.plain_n, 1)
         b.ruled_out = best_emitted * plain_s <= sd_s * (1.0 + self.config.margin)
 
     def observe(self, active: int, is_sd: bool, emitted: int, seconds: float, first_use: bool = False,
@@ -126,16 +141,17 @@ class StepCosts:
         self.observed_s += seconds
         if not is_sd:
             b.plain_n += 1
-            b.plain_s = _mean(b.plain_s, seconds, b.plain_n, cfg.ema)
+            b.plain_recent.append(seconds)
             if b.on is False:
                 b.plain_since_judged += 1
                 if b.plain_since_judged >= cfg.reprobe_every:  # drafts may have improved: measure SD afresh
-                    b.on, b.sd_n, b.plain_since_judged = None, 0, 0
+                    b.on, b.sd_n, b.probes, b.plain_since_judged = None, 0, 0, 0
                     b.arms.clear()
             return
         per_seq = emitted / max(active, 1)
         if b.on is None and b.plain_n:  # the whole wall time: a first use that compiles is lost all the same
             self.probe_loss_s += max(0.0, seconds - per_seq * b.plain_s)
+            b.probes += 1
         if b.plain_n:
             seconds = min(seconds, cfg.outlier * b.plain_s)
         b.declined = 0
@@ -164,8 +180,19 @@ class StepCosts:
             return
         b.declined += 1
         if b.declined >= self.config.decline_limit:
-            b.on, b.sd_n, b.declined, b.plain_since_judged = None, 0, 0, 0
+            b.on, b.sd_n, b.probes, b.declined, b.plain_since_judged = None, 0, 0, 0, 0
             b.arms.clear()
+
+    def free_probe(self, bucket: int) -> bool:
+        """Whether this bucket's next switch-on step is one of its `free_probes`: it should then measure an SD arm
+        (plain decoding chosen there would leave the bucket unjudged)."""
+        cfg, b = self.config, self._b(bucket)
+        return b.on is None and not b.ruled_out and b.plain_n >= cfg.min_plain and b.probes < cfg.free_probes
+
+    def probed(self, bucket: int, arm: str) -> int:
+        """SD steps of the arm named `arm` measured in this bucket since its last (re)probe."""
+        a = self._b(bucket).arms.get(arm)
+        return a.n if a is not None else 0
 
     def cannot_pay(self, active: int, arm: str, most_tokens: int) -> bool:
         """Whether the arm named `arm`, whose steps emit at most `most_tokens` per sequence, measured its steps
@@ -190,15 +217,21 @@ class StepCosts:
             return False
         if any(i > bucket and on for i, on in judged):
             return True
+        if b.probes < cfg.free_probes:
+            return True
         return self.probe_loss_s <= cfg.probe_budget * self.observed_s
 
     def summary(self) -> dict[str, float]:
-        """Per bucket: sd/gain/<label> (SD tokens/s per sequence over plain's) and sd/pays/<label> (1 on, 0 off)."""
+        """Per bucket: sd/gain/<label> (SD tokens/s per sequence over plain's), sd/pays/<label> (1 on, 0 off), and
+        the costs behind them: sd/step_s_plain/<label> and sd/step_s_sd/<label> (the best arm's step seconds)."""
         out: dict[str, float] = {}
         for i, b in sorted(self.buckets.items()):
             label = self.scheme.label(i)
+            if b.plain_n:
+                out[f"sd/step_s_plain/{label}"] = b.plain_s
             if (g := b.gain()) is not None:
                 out[f"sd/gain/{label}"] = g
+                out[f"sd/step_s_sd/{label}"] = max(b.arms.values(), key=lambda a: a.gain(b.plain_s)).step_s
             if b.on is not None:
                 out[f"sd/pays/{label}"] = float(b.on)
         return out
