@@ -25,14 +25,18 @@ from backend.main import create_app
 def test_healthz_answers_while_a_large_upload_is_validated(cp_backend: Any, live_server: Any) -> None:
     settings = cp_backend.settings.model_copy(update={"max_upload_mb": 64.0})
     rows = "".join(json.dumps({"question": f"what is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(300_000))
-    body = rows.encode()
+    # the multipart body built up front: the client thread shares this process's GIL with the server it measures
+    boundary = "tlt-upload-boundary"
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n{rows}\r\n--{boundary}--\r\n").encode()
     with live_server(settings) as base:
-        h = {"Authorization": f"Bearer {cp_backend.token()}"}
+        h = {"Authorization": f"Bearer {cp_backend.token()}",
+             "Content-Type": f"multipart/form-data; boundary={boundary}"}
         done: dict[str, Any] = {}
 
         def upload() -> None:
             start = time.monotonic()
-            r = httpx.post(f"{base}/api/v1/datasets", files={"file": ("big.jsonl", body)}, headers=h, timeout=120)
+            r = httpx.post(f"{base}/api/v1/datasets", content=body, headers=h, timeout=120)
             done["code"], done["took"] = r.status_code, time.monotonic() - start
 
         thread = threading.Thread(target=upload)
@@ -45,9 +49,9 @@ def test_healthz_answers_while_a_large_upload_is_validated(cp_backend: Any, live
             time.sleep(0.05)
         thread.join()
     assert done["code"] == 201 and done["took"] > 1.0, done  # long enough to have blocked a loop that validated it
-    # no wait near the upload's length (on a loop that validated, one /healthz waited for nearly all of it); the
-    # bound scales with the upload's time, which a loaded machine stretches
-    assert len(waits) >= 5 and max(waits) < max(0.5, done["took"] / 4), (done, max(waits), len(waits))
+    # no wait near the upload's length (on a loop that validated, one /healthz waited for 94% of it). In-process the
+    # validating thread still competes for the GIL with the loop: waits of a second were seen on 2 busy cores
+    assert len(waits) >= 5 and max(waits) < 0.6 * done["took"], (done, max(waits), len(waits))
 
 
 def test_parquet_that_expands_past_the_cap_is_refused(cp_backend: Any) -> None:
