@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from worker.tlt import metric_catalog as mc
-from worker.tlt.bench import BenchReporter, fmt, warm_up
+from worker.tlt.bench import BenchReporter, fmt, tiny_model_overrides, warm_up
 from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.rollout.types import GenerationOutput, Request
@@ -59,11 +59,7 @@ def run_spec(a: argparse.Namespace, mode: str) -> JobSpec:
         "max_steps": a.steps, "seed": a.seed, "dataset": {"validation_size": 0},
     }
     if a.model == "tiny":
-        over["model"] = {"builtin": "tiny-llama", "dtype": "bfloat16"}
-        over["dataset"] = {"builtin": "toy-count", "validation_size": 0, "system_prompt": None}
-        over["algorithm"]["reward_funcs"] = ["toy_count"]
-        over["resources"] = {"gpus": 0}
-        over["rollout"]["cuda_graphs"] = False
+        tiny_model_overrides(over)
     return JobSpec.model_validate(merge_spec(PRESETS[MODES[mode]], over))
 
 

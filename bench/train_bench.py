@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from worker.tlt.bench import BenchReporter, fmt, ratio, run_trainer_steps
+from worker.tlt.bench import BenchReporter, fmt, ratio, run_trainer_steps, tiny_model_overrides
 from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.spec_file import merge_spec
 
@@ -70,11 +70,7 @@ def bench_spec(a: argparse.Namespace, mode: str, max_new: int, extra_steps: int 
     if a.drafter_warm_start and mode == "tlt":
         over["drafter"]["warm_start"] = a.drafter_warm_start
     if a.model == "tiny":
-        over["model"] = {"builtin": "tiny-llama", "dtype": "bfloat16"}
-        over["dataset"] = {"builtin": "toy-count", "validation_size": 0, "system_prompt": None}
-        over["algorithm"]["reward_funcs"] = ["toy_count"]
-        over["resources"] = {"gpus": 0}
-        over["rollout"]["cuda_graphs"] = False
+        tiny_model_overrides(over)
     else:
         over["dataset"] = {"validation_size": 0}
     return JobSpec.model_validate(merge_spec(PRESETS[MODE_PRESETS[mode]], over))

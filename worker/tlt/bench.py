@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -119,6 +120,16 @@ def make_engine(model: Transformer, tok: TokenizerLike, max_len: int, slots: int
                        fused_kernels=fused)
     return Engine(model, eos_ids=tok.eos_ids, config=cfg, controller=controller,
                   proposers={"ngram": NGramProposer(NGramConfig())})
+
+
+def tiny_model_overrides(over: dict[str, Any]) -> None:
+    """A training bench's spec overrides made to run in seconds on CPU (its smoke tests): the tiny random Llama on
+    the toy-count task, no CUDA graphs. `over` needs "algorithm" and "rollout" sections."""
+    over["model"] = {"builtin": "tiny-llama", "dtype": "bfloat16"}
+    over["dataset"] = {"builtin": "toy-count", "validation_size": 0, "system_prompt": None}
+    over["algorithm"]["reward_funcs"] = ["toy_count"]
+    over["resources"] = {"gpus": 0}
+    over["rollout"]["cuda_graphs"] = False
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
