@@ -124,12 +124,14 @@ def make_engine(model: Transformer, tok: TokenizerLike, max_len: int, slots: int
 
 def tiny_model_overrides(over: dict[str, Any]) -> None:
     """A training bench's spec overrides made to run in seconds on CPU (its smoke tests): the tiny random Llama on
-    the toy-count task, no CUDA graphs. `over` needs "algorithm" and "rollout" sections."""
+    the toy-count task, no CUDA graphs, SD switched by the active batch alone (on CPU the cost switch rightly keeps it
+    off, and the smoke tests must see SD run). `over` needs "algorithm" and "rollout" sections."""
     over["model"] = {"builtin": "tiny-llama", "dtype": "bfloat16"}
     over["dataset"] = {"builtin": "toy-count", "validation_size": 0, "system_prompt": None}
     over["algorithm"]["reward_funcs"] = ["toy_count"]
     over["resources"] = {"gpus": 0}
     over["rollout"]["cuda_graphs"] = False
+    over["rollout"]["sd_switch"] = "active_batch"
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
