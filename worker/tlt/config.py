@@ -273,9 +273,9 @@ PRESETS: dict[str, dict] = {
     # What `tlt up --demo` (the quick start) submits, on 2 CPU cores: the real SmolLM2 on toy-count, rewarded half by
     # `toy_many` (the target letter, many times: a lone letter scores 0.1), half by brevity. SmolLM2 first answers
     # "Write the letter b many times" with prose that runs to the length limit (toy_many near 0); brevity varies from
-    # the first step, and once answers are short the letter runs vary too: the best answer is about ten target
-    # letters, so the rewards of a group keep differing instead of collapsing to one-letter answers that all score
-    # the same (what toy_count + brevity did: no signal left after step 5). loss_type grpo at lr 5e-5: dapo's token
+    # the first step, and once answers are short the letter runs can vary too (the best answer is about ten target
+    # letters), where toy_count + brevity left no signal after step 5; at lr 5e-5 the policy still settles on one- or
+    # two-letter answers by step 3 on an idle machine (README: what to expect). loss_type grpo at lr 5e-5: dapo's token
     # sum let the long prose outweigh the short answers, and a higher rate collapsed one seed to empty answers.
     # SD by measured step costs (rollout.sd_switch step_costs, below 8 active): the controller measures plain and
     # speculative steps (n-gram and EAGLE-1 arms) and keeps SD only where it emits more tokens per second; on CPU
