@@ -40,6 +40,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A worker or API outlives a test run that is killed (no teardown runs); then, once the run's Redis claim lapses, it
+# would consume the next run's tasks from the same database number. The kernel kills them when the run's process dies.
+DIE_WITH_THE_RUN = ["setpriv", "--pdeathsig", "KILL", "--"]
+
+
 @dataclass
 class Stack:
     kind: str
@@ -55,7 +60,8 @@ class Stack:
         n = len(self.workers)
         logf = open(self.home / f"worker{n}.log", "wb")  # noqa: SIM115 - closed with the process
         p = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "cpu,gpu", "--pool", "threads",
+            [*DIE_WITH_THE_RUN, sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "cpu,gpu",
+             "--pool", "threads",
              "--concurrency", "1", "-n", f"w{n}@%h", "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
             env=self.env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -68,7 +74,7 @@ class Stack:
         port = self.url.rsplit(":", 1)[1]
         with open(self.home / "api.log", "ab") as logf:
             self.api = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory", "--port", port,
+                [*DIE_WITH_THE_RUN, sys.executable, "-m", "uvicorn", "backend.main:create_app", "--factory", "--port", port,
                  "--log-level", "warning"], env=self.env, stdout=logf, stderr=subprocess.STDOUT,
                 start_new_session=True)
         self.procs.append(self.api)

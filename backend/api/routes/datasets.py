@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
+from anyio import to_process
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile, status
-from starlette.concurrency import run_in_threadpool
 
 from backend import dataset_store
 from backend.admission import check_quota
@@ -51,12 +52,12 @@ async def upload_dataset(
                 h.update(chunk)
                 out.write(chunk)
         try:
-            # off the event loop: validating a large file takes seconds (the request's session holds no connection
-            # here: authentication committed, so this thread never waits for one)
-            report = await run_in_threadpool(
+            # in a worker process: validating a large file takes seconds of pure Python, which in a thread would hold
+            # the API's GIL against its event loop (the request's session holds no connection while it waits)
+            report = await to_process.run_sync(partial(
                 dataset_store.validate, dest, fmt, wanted, max_rows=settings.max_dataset_rows,
                 max_row_bytes=int(settings.max_dataset_row_kb * 1024),
-                max_decoded_bytes=int(settings.max_dataset_decoded_mb * 1024 * 1024))
+                max_decoded_bytes=int(settings.max_dataset_decoded_mb * 1024 * 1024)))
         except dataset_store.TooLarge as e:
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"{e}; nothing was stored") from e
         except (OSError, UnicodeDecodeError, ValueError) as e:  # pyarrow's errors are OSError/ValueError subclasses
