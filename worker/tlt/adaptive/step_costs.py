@@ -97,12 +97,18 @@ class BucketCosts:
         """Seconds per plain step: the median of the last ones (a sliding window: costs drift with context length)."""
         return statistics.median(self.plain_recent) if self.plain_recent else 0.0
 
+    def best_arm(self) -> ArmCosts | None:
+        """The arm whose tokens/s per sequence beats plain's most (None until plain and an SD step are measured)."""
+        if self.plain_n == 0 or self.sd_n == 0:
+            return None
+        plain_s = self.plain_s
+        return max(self.arms.values(), key=lambda a: a.gain(plain_s))
+
     def gain(self) -> float | None:
         """The best arm's SD tokens/s per sequence over plain's (None until plain and an SD step are measured). A
         lucky step can turn a bucket on; its arm's running mean turns it off again (hysteresis in `observe`)."""
-        if self.plain_n == 0 or self.sd_n == 0:
-            return None
-        return max(a.gain(self.plain_s) for a in self.arms.values())
+        best = self.best_arm()
+        return None if best is None else best.gain(self.plain_s)
 
 
 def _mean(old: float, new: float, n: int, ema: float) -> float:
@@ -229,9 +235,9 @@ class StepCosts:
             label = self.scheme.label(i)
             if b.plain_n:
                 out[f"sd/step_s_plain/{label}"] = b.plain_s
-            if (g := b.gain()) is not None:
-                out[f"sd/gain/{label}"] = g
-                out[f"sd/step_s_sd/{label}"] = max(b.arms.values(), key=lambda a: a.gain(b.plain_s)).step_s
+            if (best := b.best_arm()) is not None:
+                out[f"sd/gain/{label}"] = best.gain(b.plain_s)
+                out[f"sd/step_s_sd/{label}"] = best.step_s
             if b.on is not None:
                 out[f"sd/pays/{label}"] = float(b.on)
         return out
