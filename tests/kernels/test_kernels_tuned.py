@@ -124,3 +124,25 @@ def test_an_unreadable_file_is_ignored_and_replaced(cache_dir: Path) -> None:
     assert [p.name for p in cache_dir.iterdir()] == ["GPU_C.json"]  # no temporary left behind
     tuning.forget()
     assert tuning.table("GPU C").configs == {("attention", 4, 128): Config(64, 128, 4, 2, 64)}
+
+
+def test_a_candidate_the_gpu_cannot_launch_is_skipped(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """H100 has less shared memory per block than the widest candidate tile asks: tuning keeps the ones that launch,
+    and says so when none does."""
+    from triton.runtime.errors import OutOfResources
+
+    def cost(c: Config) -> float:
+        if c == cands[0]:
+            raise OutOfResources(245760, 232448, "shared memory")
+        return 40.0 + cands.index(c)
+
+    monkeypatch.setattr(tuning, "time_us", lambda fn: fn())
+    key = ("linear_residual", 576, 576)
+    cands = tuning.candidates(*key)
+    assert tuning.tune(tuning.table("GPU T"), key, cost, None) == cands[1]
+
+    def never(c: Config) -> float:
+        raise OutOfResources(1, 0, "shared memory")
+
+    with pytest.raises(RuntimeError, match="no launch config"):
+        tuning.tune(tuning.table("GPU T"), ("linear_residual", 64, 64), never, None)

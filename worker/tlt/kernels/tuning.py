@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from worker.tlt.kernels.common import Config, default_config
 from worker.tlt.kernels.settings import current
@@ -158,8 +159,14 @@ def time_us(fn: Callable[[], object], launches: int = LAUNCHES, replays: int = R
 def tune(tab: Table, key: Key, launch: Launch, torch_launch: Callable[[], object] | None) -> Config:
     """Time the candidates of `key` (and torch's equivalent) on the call's inputs; keep and save the winner."""
     timed: dict[Config, float] = {}
-    for c in candidates(*key):
-        timed[c] = time_us(functools.partial(launch, c))
+    default, *_ = cands = candidates(*key)
+    for c in cands:
+        try:
+            timed[c] = time_us(functools.partial(launch, c))
+        except OutOfResources as e:  # e.g. H100's shared memory is smaller than the widest tile a candidate asks
+            log.info("skipped %s for %s: %s", c, key, e)
+    if not timed:
+        raise RuntimeError(f"no launch config of {key} fits {tab.gpu}")
     best = min(timed, key=timed.__getitem__)
     tab.configs[key] = best
     note = ""
@@ -169,7 +176,7 @@ def tune(tab: Table, key: Key, launch: Launch, torch_launch: Callable[[], object
             tab.torch_faster.add(key)
         note = f", torch {t_torch:.1f} us"
     log.info("tuned %s on %s: %s %.1f us (default %.1f us%s)", key, tab.gpu, best, timed[best],
-             next(iter(timed.values())), note)
+             timed.get(default, float("nan")), note)
     try:
         tab.save()
     except OSError as e:  # a read-only home still runs with the tuned configs in memory
