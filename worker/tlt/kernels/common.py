@@ -133,6 +133,31 @@ def prefetch_lines(k: int, w: torch.Tensor, on: bool = True) -> tuple[int, int]:
 
 
 @triton.jit
+def kv_columns(bt_ptr, row, stride_bt, cols, ok, PAGE: tl.constexpr, stride_cp, stride_ct):
+    """int64 offsets of cache columns `cols` of cache row(s) `row` into a layer's pages [n_pages, Hkv, PAGE, D]
+    (head 0): column c at page block_table[row, c // PAGE], offset c % PAGE (decoding/kv_cache.py). Entries where
+    `ok` is False read page 0 (the scratch page; the row layout's first row): in range, never attended."""
+    page = tl.load(bt_ptr + row.to(tl.int64) * stride_bt + cols // PAGE, mask=ok, other=0)
+    return page.to(tl.int64) * stride_cp + (cols % PAGE) * stride_ct
+
+
+_IDENTITY: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def block_table(table: torch.Tensor | None, ck: torch.Tensor) -> torch.Tensor:
+    """The block table a kernel reads: `table` [slots, pages_per_row] int32, or for a cache passed in the row layout
+    (ck [slots, Hkv, T, D], table None) the identity (kept per device and size: graphs capture its address)."""
+    if table is not None:
+        assert table.dtype == torch.int32 and table.stride(1) == 1
+        return table
+    key = (ck.device, int(ck.shape[0]))
+    ident = _IDENTITY.get(key)
+    if ident is None:
+        ident = _IDENTITY[key] = torch.arange(key[1], dtype=torch.int32, device=ck.device)[:, None]
+    return ident
+
+
+@triton.jit
 def wait_for_previous(USE_GDC: tl.constexpr):
     """PDL: block until the previous kernel in the stream has finished and its writes are visible, then let the
     next kernel's programs be scheduled (module docstring). Call before the first load of anything a previous
