@@ -65,8 +65,8 @@ def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence
     pool = state.pages
     if pool is not None:  # the paged layout: each prompt's pages (and a window's lookahead) before its forward
         for i, r in enumerate(uniq):
-            plen = len(requests[r].prompt)
-            need = int(row_need(state, plen, plen + requests[r].params.max_new_tokens))
+            n_prompt = len(requests[r].prompt)
+            need = int(row_need(state, n_prompt, n_prompt + requests[r].params.max_new_tokens))
             if not pool.grow(r0 + i, need):
                 raise RuntimeError("prefill admitted more sequences than the free pages hold (rollout/paging.admit)")
         state.flush_table()
@@ -103,10 +103,10 @@ def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence
     if src and pool is not None:
         copies: list[tuple[int, int]] = []
         for i, (r, _) in enumerate(order[len(uniq):]):
-            dst, plen = r0 + len(uniq) + i, len(requests[r].prompt)
-            got = pool.share(src[i], dst, plen)
-            need = int(row_need(state, plen, plen + requests[r].params.max_new_tokens))
-            if got is None or not pool.grow(dst, need):
+            row, n_prompt = r0 + len(uniq) + i, len(requests[r].prompt)
+            got = pool.share(src[i], row, n_prompt)
+            need = int(row_need(state, n_prompt, n_prompt + requests[r].params.max_new_tokens))
+            if got is None or not pool.grow(row, need):
                 raise RuntimeError("prefill admitted more sequences than the free pages hold (rollout/paging.admit)")
             copies += got
         if copies:
