@@ -108,8 +108,14 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     def upload_table(self, row0: int, rows: np.ndarray) -> None:
-        """Block-table rows row0.. from the host (stream-ordered: steps already launched read the old entries)."""
-        self.block_table[row0: row0 + rows.shape[0]].copy_(torch.from_numpy(rows))
+        """Block-table rows row0.. from the host, stream-ordered (steps already launched read the old entries) and on
+        CUDA without a host sync: from a pinned snapshot, which the caching host allocator keeps until the copy ran."""
+        src = torch.from_numpy(np.ascontiguousarray(rows))
+        dst = self.block_table[row0: row0 + rows.shape[0]]
+        if dst.is_cuda:
+            dst.copy_(src.pin_memory(), non_blocking=True)
+        else:
+            dst.copy_(src)
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:  # src, dst [M] int64 row indices (disjoint)
         if self.paged:

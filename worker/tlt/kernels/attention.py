@@ -198,7 +198,7 @@ def cache_attention(
     table: torch.Tensor | None = None,  # [slots, pages_per_row] int32 block table (None: the row layout's identity)
 ) -> torch.Tensor:  # [M, Hq * D] in q's dtype
     m = q.shape[0]
-    table = block_table(table, ck)
+    table, page = block_table(table, ck)
     _, n_kv, _, d = ck.shape
     g = q.shape[1] // (n_kv * d)
     tk = mask.shape[2]
@@ -220,7 +220,7 @@ def cache_attention(
         q, ck, cv, table, mask_u8, widx, out, part_acc, part_ml, counters,
         mask.shape[1], row0, tk, n_splits, 1.0 / math.sqrt(d),
         ck.stride(0), ck.stride(1), ck.stride(2), table.stride(0), mask_u8.stride(0), mask_u8.stride(1),
-        mask_u8.stride(2), PAGE=ck.shape[2], NQ=g * n_kv, NKV=n_kv, G=g, D=d, DOT_PREC=dot_precision(q.dtype), BLOCK_G=max(16, triton.next_power_of_2(g)),
+        mask_u8.stride(2), PAGE=page, NQ=g * n_kv, NKV=n_kv, G=g, D=d, DOT_PREC=dot_precision(q.dtype), BLOCK_G=max(16, triton.next_power_of_2(g)),
         BLOCK_N=cfg.block_n, SPLIT=split, EMPTY_MAX=EMPTY_MAX, KV_LINES=kv_lines, EPL=epl, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl_args(q.device, m),
     )

@@ -103,7 +103,7 @@ def rope_cache(
     table: torch.Tensor | None = None,  # [slots, pages_per_row] int32 block table (None: the row layout's identity)
 ) -> torch.Tensor:  # q [M, Hq * D] after RoPE
     m = qkv.shape[0]
-    table = block_table(table, ck)
+    table, page = block_table(table, ck)
     n_kv, d = ck.shape[1], ck.shape[3]
     assert qkv.stride(1) == 1 and ck.stride(3) == 1 and cv.stride() == ck.stride() and cos.stride(1) == 1
     assert pos.is_contiguous() and widx.is_contiguous() and qkv.shape[1] == (n_heads + 2 * n_kv) * d
@@ -112,7 +112,7 @@ def rope_cache(
     _rope_cache_kernel[(m, n_heads + 2 * n_kv)](
         qkv, nw, k_norm if k_norm is not None else nw, cos, sin, pos, widx, q, ck, cv, table,
         s, row0, eps, cos.shape[0] - 1, qkv.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
-        table.stride(0), PAGE=ck.shape[2], NQ=n_heads, NKV=n_kv, D=d, QK_NORM=q_norm is not None, num_warps=1,
+        table.stride(0), PAGE=page, NQ=n_heads, NKV=n_kv, D=d, QK_NORM=q_norm is not None, num_warps=1,
     )
     return q
 

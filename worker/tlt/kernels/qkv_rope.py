@@ -162,7 +162,7 @@ def qkv_rope_cache(
     table: torch.Tensor | None = None,  # [slots, pages_per_row] int32 block table (None: the row layout's identity)
 ) -> torch.Tensor:  # q [M, Hq * D] after RoPE
     m, k = x.shape
-    table = block_table(table, ck)
+    table, page = block_table(table, ck)
     n_kv, d = ck.shape[1], ck.shape[3]
     assert ck.stride(3) == 1 and cv.stride() == ck.stride() and w.stride(1) == 1 and cos.stride(1) == 1
     assert pos.is_contiguous() and widx.is_contiguous()  # read as flat [M] arrays
@@ -182,7 +182,7 @@ def qkv_rope_cache(
         k_norm if k_norm is not None else ln, cos, sin, pos, widx, q, ck, cv, table,
         m, k, s, row0, eps, cos.shape[0] - 1,
         x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2), table.stride(0),
-        PAGE=ck.shape[2], NQ=n_heads, NKV=n_kv, D=d, HAS_NORM=ln_w is not None, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
+        PAGE=page, NQ=n_heads, NKV=n_kv, D=d, HAS_NORM=ln_w is not None, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
         DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
         HALF_PAD=max(16, block_n // 2), LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device, m),
     )
