@@ -14,6 +14,13 @@ per sequence, the same whatever the schedule), and the share of it reached (pref
 Then decode alone at batch `--decode-batch` with contexts `--decode-contexts` (rows set to that length directly,
 their K/V left as allocated: speed does not depend on its values), against the same roofline.
 
+Each row of the table is written as soon as it is measured; `--append` adds a run's rows to those of earlier runs
+(the same `--json-out`), so one table can come from several runs that each fit a time limit:
+
+    python bench/rollout_long.py --models qwen2.5-7b --max-len 16384 --decode-contexts '' --json-out J --out M
+    python bench/rollout_long.py --models qwen2.5-1.5b --max-len 32768 --decode-contexts '' --append --json-out J ...
+    python bench/rollout_long.py --models qwen2.5-7b --no-rollout --append --json-out J --out M
+
 The KV memory is `--kv-gb`, or what the device has free after the weights less the engine's working memory
 (model/memory_plan.py), for every layout alike. The markdown table (`--out`) and JSON (`--json-out`) are rewritten
 after every row, so a run cut short keeps what it measured.
@@ -210,6 +217,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--fused-max-seqs", type=int, default=1024)
     ap.add_argument("--sync-every", type=int, default=16)
     ap.add_argument("--prefill-tokens", type=int, default=16384)
+    ap.add_argument("--no-rollout", action="store_true", help="decode rows only")
+    ap.add_argument("--append", action="store_true", help="add to the rows already in --json-out (one table from "
+                    "several runs, each within a time limit)")
     ap.add_argument("--decode-batch", type=int, default=64)
     ap.add_argument("--decode-contexts", default="2048,8192,16384", help="'' for none")
     ap.add_argument("--decode-steps", type=int, default=64)
@@ -239,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             f"capped), forced; greedy")
     rollouts: list[dict[str, Any]] = []
     decodes: list[dict[str, Any]] = []
+    if a.append and a.json_out and Path(a.json_out).exists():
+        old = json.loads(Path(a.json_out).read_text())
+        rollouts, decodes = old["rollouts"], old["decode"]
 
     def write() -> None:
         text = markdown(head, rollouts, decodes)
@@ -253,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         args = preset(name) if a.quick else named_args(name)
         model = random_on_device(args, device, dtype, max_seq_len=max(max_len, 16384) + 256)
         budget = kv_budget(a, args, device) if not a.quick else int(a.kv_gb * 2**30)
-        for page in pages:
+        for page in pages if not a.no_rollout else []:
             rollouts.append(rollout_row(a, model, name, max_len, page, budget, bw))
             write()
         if name in a.decode_models.split(","):

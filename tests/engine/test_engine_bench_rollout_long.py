@@ -38,6 +38,10 @@ def test_quick_run_compares_rows_and_pages(tmp_path: Path) -> None:
     assert max(rows["kv_gib"], paged["kv_gib"]) <= 0.0002  # both within the same KV memory (--quick's)
     assert len(res["decode"]) == 2 and all(d["tok_s"] > 0 for d in res["decode"])
     assert "| paged 16 |" in out.read_text()
+    # a decode-only run appends to the same table
+    assert _bench().main(["--quick", "--no-rollout", "--append", "--out", str(out), "--json-out", str(js)]) == 0
+    more = json.loads(js.read_text())
+    assert len(more["rollouts"]) == 2 and len(more["decode"]) == 4
 
 
 def test_kv_read_bytes_counts_each_steps_context() -> None:
