@@ -34,6 +34,10 @@ logits). Hidden-state capture: `hidden_hook(seq_ids, token_ids, hidden [N, H])` 
 state at every position whose K/V entered the cache (rollout/hidden_rows.py); with `EngineConfig.capture_layers`
 (EAGLE-3: (2, L//2, L-3)) the hook gets cat(hidden entering each of those layers, final-norm hidden) [N, (k+1)H]
 from the same forwards; the decode and verify graphs then output that width.
+KV layout (decoding/kv_cache.py): rows of max_len columns per sequence by default; with `EngineConfig.page_size`
+pages handed out as sequences grow, admission by free pages and preemption of the youngest sequence when they run
+out (swapped to host memory and back, bit for bit: rollout/paging.py); `Engine.preemptions` counts the last
+generate()'s.
 Memory: `release_memory()` frees the KV cache and every graph that reads it while the engine is idle (the policy
 update), `restore_memory()` allocates it again; generate() refuses to run in between (rollout/memory.py).
 Run the tests: `python -m pytest tests/engine -q`.
