@@ -1025,6 +1025,8 @@ export interface components {
             fused_kernels?: boolean | null;
             /** Kv Cache Gb */
             kv_cache_gb?: number | null;
+            /** Kv Page Size */
+            kv_page_size?: number | null;
             /**
              * Release Kv For Update
              * @default false

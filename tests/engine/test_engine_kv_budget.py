@@ -65,3 +65,18 @@ def test_cpu_default_is_unchanged(model: Any) -> None:
     assert _spec().rollout.kv_cache_gb is None
     unset, explicit = engine_config(_spec(), model), engine_config(_spec(kv_cache_gb=CPU_KV_CACHE_GB), model)
     assert unset == explicit and unset.kv_cache_gb == CPU_KV_CACHE_GB and unset.max_slots == 32
+
+
+def test_paged_spec_sizes_a_pool_of_pages(model: Any) -> None:
+    from worker.tlt.decoding.kv_cache import pages_for_budget
+    from worker.tlt.model.memory_plan import plan_pages
+
+    cfg = engine_config(_spec(kv_page_size=16, kv_cache_gb=0.01), model)
+    assert cfg.page_size == 16 and cfg.max_slots == 32  # every sequence of the step a row; admission by pages
+    assert cfg.kv_pages == pages_for_budget(model.args, 16, 0.01, torch.float32)
+    # planned from free memory: the pages of what the row plan would have spent on rows of the longest sequence
+    pages = plan_pages(model.args, 16, max_len(_spec()) + KV_SLACK, free_bytes=64 * GIB, dtype_bytes=4)
+    rows = plan_kv(model.args, max_len(_spec()) + KV_SLACK, free_bytes=64 * GIB, dtype_bytes=4)
+    assert pages * 16 >= rows.slots * (max_len(_spec()) + KV_SLACK)
+    with pytest.raises(ValueError, match="no sequence"):
+        plan_pages(model.args, 16, 4096, free_bytes=1 << 20, dtype_bytes=4)

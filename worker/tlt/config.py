@@ -153,6 +153,10 @@ class RolloutConfig(_Strict):
     sd_switch: Literal["active_batch", "step_costs"] = "active_batch"
     # KV cache budget; None = planned from free memory on CUDA (model/memory_plan.py), CPU_KV_CACHE_GB on CPU
     kv_cache_gb: float | None = Field(None, gt=0.0, le=4096.0)
+    # KV layout: None = a row of prompt + completion columns per sequence; P = pages of P columns allocated as
+    # sequences grow (every sequence of a step admitted while pages are free, the youngest preempted when they run
+    # out: rollout/paging.py), so the bulk of a long-tail rollout runs at the concurrency its mean length allows
+    kv_page_size: int | None = Field(None, ge=1, le=1 << 16)
     cuda_graphs: bool = True  # captured per (batch bucket, verify length) on CUDA only
     # decode / verify forwards in fused Triton kernels (worker/tlt/kernels); None = wherever they run (CUDA + triton)
     fused_kernels: bool | None = None

@@ -21,10 +21,10 @@ from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.adaptive.step_costs import StepCostConfig
 from worker.tlt.config import CPU_KV_CACHE_GB, JobSpec
 from worker.tlt.decoding.arms import DrafterKind
-from worker.tlt.decoding.kv_cache import slots_for_budget
+from worker.tlt.decoding.kv_cache import pages_for_budget, slots_for_budget
 from worker.tlt.drafter.online_config import OnlineDrafterConfig
 from worker.tlt.model.args import ModelArgs
-from worker.tlt.model.memory_plan import plan_kv
+from worker.tlt.model.memory_plan import plan_kv, plan_pages
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.deepspeed_update import plan_for
 from worker.tlt.rollout.types import EngineConfig, RequestSampling
@@ -41,8 +41,8 @@ def kv_budget(spec: JobSpec, args: ModelArgs, dtype: torch.dtype, free_bytes: in
     """(sequences resident at once, KV budget in GB), at most every sequence of an RL step: an explicit
     `rollout.kv_cache_gb` wins; unset, the plan of `free_bytes` (model/memory_plan.py) when given (CUDA), else
     CPU_KV_CACHE_GB (CPU)."""
-    algo, ro = spec.algorithm, spec.rollout
-    want = max(algo.prompts_per_step * algo.num_generations, 1)
+    ro = spec.rollout
+    want = want_rows(spec)
     cols = max_len(spec) + KV_SLACK
     if ro.kv_cache_gb is None and free_bytes is not None:
         try:
@@ -70,8 +70,29 @@ def engine_config(spec: JobSpec, model: Transformer, capture_layers: tuple[int, 
     planned = ro.kv_cache_gb is None and device.type == "cuda"
     slots, gb = kv_budget(spec, model.args, model.head_weight.dtype,
                           free_for_kv(spec, model, device) if planned else None)
+    if ro.kv_page_size is not None:  # paged: the pool from the KV memory, every sequence of a step a row
+        return EngineConfig(max_len=max_len(spec), max_slots=want_rows(spec), page_size=ro.kv_page_size,
+                            kv_pages=kv_pages(spec, model, gb, planned), cuda_graphs=ro.cuda_graphs,
+                            fused_kernels=ro.fused_kernels, seed=ro.seed + spec.seed, capture_layers=capture_layers)
     return EngineConfig(max_len=max_len(spec), max_slots=slots, kv_cache_gb=gb, cuda_graphs=ro.cuda_graphs,
                         fused_kernels=ro.fused_kernels, seed=ro.seed + spec.seed, capture_layers=capture_layers)
+
+
+def want_rows(spec: JobSpec) -> int:
+    """Every sequence of an RL step at once."""
+    return max(spec.algorithm.prompts_per_step * spec.algorithm.num_generations, 1)
+
+
+def kv_pages(spec: JobSpec, model: Transformer, gb: float, planned: bool) -> int:
+    """The paged layout's pool: pages of `rollout.kv_page_size` in the planned free memory (CUDA, kv_cache_gb unset),
+    else in `gb` GiB."""
+    page, dtype = spec.rollout.kv_page_size, model.head_weight.dtype
+    assert page is not None
+    if planned:
+        return plan_pages(model.args, page, max_len(spec) + KV_SLACK, dtype_bytes=dtype.itemsize,
+                          max_batch=want_rows(spec),
+                          free_bytes=free_for_kv(spec, model, model.head_weight.device))
+    return pages_for_budget(model.args, page, gb, dtype)
 
 
 def request_sampling(spec: JobSpec, n: int = 1, greedy: bool = False) -> RequestSampling:

@@ -32,7 +32,9 @@ import triton.language as tl
 
 from worker.tlt.kernels.common import (
     Config,
+    block_table,
     dot_precision,
+    kv_columns,
     pdl_args,
     prefetch,
     prefetch_lines,
@@ -58,10 +60,10 @@ def _online_block(q, kt, v, ok, m_i, l_i, acc, sm_scale, DOT_PREC: tl.constexpr)
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, ck_ptr, cv_ptr, mask_ptr, widx_ptr, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
+    q_ptr, ck_ptr, cv_ptr, bt_ptr, mask_ptr, widx_ptr, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
     S, row0, Tk, n_splits, sm_scale,
-    stride_cr, stride_ch, stride_ct, stride_mb, stride_ms, stride_mt,
-    NQ: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr,
+    stride_cr, stride_ch, stride_ct, stride_bt, stride_mb, stride_ms, stride_mt,
+    PAGE: tl.constexpr, NQ: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, EMPTY_MAX: tl.constexpr,
     USE_GDC: tl.constexpr, KV_LINES: tl.constexpr, EPL: tl.constexpr,
 ):
@@ -84,8 +86,8 @@ def _attention_kernel(
     if USE_GDC and SPLIT > 0 and KV_LINES > 0 and split < n_active:  # this split's K and V lines into L2 while
         # the previous kernel (qkv_rope) runs: it writes only the token's own column, which the prefetch may miss
         c = tl.minimum(lo + tl.arange(0, SPLIT), hi - 1)
-        kv = (row0 + b).to(tl.int64) * stride_cr + kvh * stride_ch + c[:, None] * stride_ct
-        kv += (tl.arange(0, KV_LINES) * EPL)[None, :]
+        kv = kv_columns(bt_ptr, row0 + b, stride_bt, c, c >= 0, PAGE, stride_cr, stride_ct) + kvh * stride_ch
+        kv = kv[:, None] + (tl.arange(0, KV_LINES) * EPL)[None, :]
         prefetch(ck_ptr + kv)
         prefetch(cv_ptr + kv)
     if split < n_active:  # splits past the token's columns do nothing (not even the counter)
@@ -96,10 +98,11 @@ def _attention_kernel(
         fresh_from = tl.load(widx_ptr + b * S)
         cols0 = lo + tl.arange(0, BLOCK_N)
         in0 = cols0 < hi
-        kv_base = (row0 + b).to(tl.int64) * stride_cr + kvh * stride_ch  # int64: caches pass 2**31 elements
         offs_d = tl.arange(0, D)
-        k_at = ck_ptr + kv_base + cols0[None, :] * stride_ct + offs_d[:, None]  # [D, BN]
-        v_at = cv_ptr + kv_base + cols0[:, None] * stride_ct + offs_d[None, :]  # [BN, D]
+        # int64 offsets of the block's columns through the block table (caches pass 2**31 elements)
+        at0 = kv_columns(bt_ptr, row0 + b, stride_bt, cols0, in0, PAGE, stride_cr, stride_ct) + kvh * stride_ch
+        k_at = ck_ptr + at0[None, :] + offs_d[:, None]  # [D, BN]
+        v_at = cv_ptr + at0[:, None] + offs_d[None, :]  # [BN, D]
         stable = in0 & (cols0 < fresh_from)
         kt = tl.load(k_at, mask=stable[None, :], other=0.0)
         v = tl.load(v_at, mask=stable[:, None], other=0.0)
@@ -120,10 +123,9 @@ def _attention_kernel(
             cols = start + tl.arange(0, BLOCK_N)
             in_range = cols < hi
             allowed = tl.load(mask_ptr + b * stride_mb + s * stride_ms + cols * stride_mt, mask=in_range, other=0)
-            kt = tl.load(ck_ptr + kv_base + cols[None, :] * stride_ct + offs_d[:, None], mask=in_range[None, :],
-                         other=0.0)  # [D, BN]
-            v = tl.load(cv_ptr + kv_base + cols[:, None] * stride_ct + offs_d[None, :], mask=in_range[:, None],
-                        other=0.0)  # [BN, D]
+            at = kv_columns(bt_ptr, row0 + b, stride_bt, cols, in_range, PAGE, stride_cr, stride_ct) + kvh * stride_ch
+            kt = tl.load(ck_ptr + at[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)  # [D, BN]
+            v = tl.load(cv_ptr + at[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)  # [BN, D]
             m_i, l_i, acc = _online_block(q, kt, v, in_range & (allowed != 0), m_i, l_i, acc, sm_scale, DOT_PREC)
         if n_active == 1:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row with no allowed column: zeros (never NaN)
@@ -188,19 +190,21 @@ def split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def cache_attention(
     q: torch.Tensor,  # [M, Hq * D] tokens b * S + s
-    ck: torch.Tensor,  # [slots, Hkv, T, D]
-    cv: torch.Tensor,  # [slots, Hkv, T, D]
+    ck: torch.Tensor,  # [n_pages, Hkv, P, D] (the row layout: [slots, Hkv, T, D])
+    cv: torch.Tensor,  # [n_pages, Hkv, P, D]
     mask: torch.Tensor,  # [B, S, Tk] bool over cache columns
     widx: torch.Tensor,  # [M] int64 each token's own cache column
     *, row0: int, config: Config | None = None,  # config: the sweep's candidate (default: config_for)
+    table: torch.Tensor | None = None,  # [slots, pages_per_row] int32 block table (None: the row layout's identity)
 ) -> torch.Tensor:  # [M, Hq * D] in q's dtype
     m = q.shape[0]
+    table, page = block_table(table, ck)
     _, n_kv, _, d = ck.shape
     g = q.shape[1] // (n_kv * d)
     tk = mask.shape[2]
     cfg = config or config_for("attention", g, d, q.device,
                                launch=lambda c: cache_attention(q[:1], ck, cv, mask[:1, :1], widx[:1], row0=row0,
-                                                                config=c))  # tuned on the call's first token
+                                                                config=c, table=table))  # tuned on the call's first token
     split = max(cfg.split, 0)
     n_splits = triton.cdiv(tk, split) if split else 1  # enough for any row (n_cols <= Tk); the extra ones return
     out = torch.empty_like(q)
@@ -213,10 +217,10 @@ def cache_attention(
     mask_u8 = mask.view(torch.uint8)
     kv_lines, epl = prefetch_lines(d, ck)  # a cache column of D elements spans kv_lines 128-byte lines
     _attention_kernel[(m, n_kv, n_splits)](
-        q, ck, cv, mask_u8, widx, out, part_acc, part_ml, counters,
+        q, ck, cv, table, mask_u8, widx, out, part_acc, part_ml, counters,
         mask.shape[1], row0, tk, n_splits, 1.0 / math.sqrt(d),
-        ck.stride(0), ck.stride(1), ck.stride(2), mask_u8.stride(0), mask_u8.stride(1), mask_u8.stride(2),
-        NQ=g * n_kv, NKV=n_kv, G=g, D=d, DOT_PREC=dot_precision(q.dtype), BLOCK_G=max(16, triton.next_power_of_2(g)),
+        ck.stride(0), ck.stride(1), ck.stride(2), table.stride(0), mask_u8.stride(0), mask_u8.stride(1),
+        mask_u8.stride(2), PAGE=page, NQ=g * n_kv, NKV=n_kv, G=g, D=d, DOT_PREC=dot_precision(q.dtype), BLOCK_G=max(16, triton.next_power_of_2(g)),
         BLOCK_N=cfg.block_n, SPLIT=split, EMPTY_MAX=EMPTY_MAX, KV_LINES=kv_lines, EPL=epl, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl_args(q.device, m),
     )

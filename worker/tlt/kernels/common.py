@@ -133,6 +133,34 @@ def prefetch_lines(k: int, w: torch.Tensor, on: bool = True) -> tuple[int, int]:
 
 
 @triton.jit
+def kv_columns(bt_ptr, row, stride_bt, cols, ok, PAGE: tl.constexpr, stride_cp, stride_ct):
+    """int64 offsets of cache columns `cols` of cache row(s) `row` into a layer's pages [n_pages, Hkv, PAGE, D]
+    (head 0): column c at page block_table[row, c // PAGE], offset c % PAGE (decoding/kv_cache.py). Entries where
+    `ok` is False read page 0 (the scratch page): in range, never attended. PAGE 0: the row layout, whose table is
+    the identity (page = row, offset = column), addressed directly: the same code as before pages existed."""
+    if PAGE == 0:
+        return row.to(tl.int64) * stride_cp + cols * stride_ct
+    page = tl.load(bt_ptr + row.to(tl.int64) * stride_bt + cols // PAGE, mask=ok, other=0)
+    return page.to(tl.int64) * stride_cp + (cols % PAGE) * stride_ct
+
+
+_IDENTITY: dict[tuple[torch.device, int], torch.Tensor] = {}  # a pointer for PAGE 0 launches (never read)
+
+
+def block_table(table: torch.Tensor | None, ck: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the block table a kernel reads, its PAGE): `table` [slots, pages_per_row] int32 with the pages' size, or for
+    the row layout (table None, or one page per row: decoding/kv_cache.py's identity) PAGE 0, direct addressing."""
+    if table is not None and table.shape[1] > 1:
+        assert table.dtype == torch.int32 and table.stride(1) == 1
+        return table, int(ck.shape[2])
+    key = (ck.device, int(ck.shape[0]))
+    ident = _IDENTITY.get(key)
+    if ident is None:
+        ident = _IDENTITY[key] = torch.arange(key[1], dtype=torch.int32, device=ck.device)[:, None]
+    return ident, 0
+
+
+@triton.jit
 def wait_for_previous(USE_GDC: tl.constexpr):
     """PDL: block until the previous kernel in the stream has finished and its writes are visible, then let the
     next kernel's programs be scheduled (module docstring). Call before the first load of anything a previous

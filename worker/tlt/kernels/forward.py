@@ -62,6 +62,7 @@ def fused_forward_hidden(
     b, s = input_ids.shape
     m, hdim = b * s, args.dim
     row0, pos, widx, mask = flat_call(positions, cache_rows, write_idx, attn_mask)
+    table = cache.block_table
     x = model.model.embed_tokens(input_ids).reshape(m, hdim)
     eps = args.norm_eps
     captured: dict[int, torch.Tensor] = {}
@@ -75,8 +76,9 @@ def fused_forward_hidden(
             att.q_norm.weight if att.q_norm is not None else None,
             att.k_norm.weight if att.k_norm is not None else None,
             model.rope_cos, model.rope_sin, pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps,
+            table=table,
         )
-        a = cache_attention(q, ck, cv, mask, widx, row0=row0)
+        a = cache_attention(q, ck, cv, mask, widx, row0=row0, table=table)
         # each residual was written two or more kernels back (x: the last layer's down, h: o_proj before norm_gate_up)
         h = linear_residual(a, att.o_proj.weight, x, early_residual=True)
         u = norm_gate_up(h, layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, eps)

@@ -79,6 +79,7 @@ def gemm_forward_hidden(
     b, s = input_ids.shape
     m, hdim = b * s, args.dim
     row0, pos, widx, mask = flat_call(positions, cache_rows, write_idx, attn_mask)
+    table = cache.block_table
     eps = args.norm_eps
     blocks = cast(list[DecoderLayer], model.model.layers)
     x = model.model.embed_tokens(input_ids).reshape(m, hdim)
@@ -92,8 +93,8 @@ def gemm_forward_hidden(
         qkv = linear(y, att.qkv_proj.weight, att.qkv_proj.bias)
         q = rope_cache(qkv, att.q_norm.weight if att.q_norm is not None else None,
                        att.k_norm.weight if att.k_norm is not None else None, model.rope_cos, model.rope_sin,
-                       pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps)
-        a = cache_attention(q, ck, cv, mask, widx, row0=row0)
+                       pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps, table=table)
+        a = cache_attention(q, ck, cv, mask, widx, row0=row0, table=table)
         h, y = add_rms_norm(linear(a, att.o_proj.weight), x, layer.post_attention_layernorm.weight, eps)
         u = silu_mul(linear(y, mlp.gate_up_proj.weight))
         nxt = blocks[i + 1].input_layernorm.weight if i + 1 < len(blocks) else model.model.norm.weight

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.kernels.common import rounded
+from worker.tlt.kernels.common import block_table, kv_columns, rounded
 
 
 @triton.jit
@@ -50,8 +50,8 @@ def add_rms_norm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor,
 
 @triton.jit
 def _rope_cache_kernel(qkv_ptr, qn_w_ptr, kn_w_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr, q_ptr, ck_ptr, cv_ptr,
-                       S, row0, eps, MAX_POS, stride_qkv, stride_rope, stride_cr, stride_ch, stride_ct,
-                       NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr):
+                       bt_ptr, S, row0, eps, MAX_POS, stride_qkv, stride_rope, stride_cr, stride_ch, stride_ct,
+                       stride_bt, PAGE: tl.constexpr, NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr):
     m = tl.program_id(0)
     h = tl.program_id(1)  # q heads, then k heads, then v heads
     dt = q_ptr.dtype.element_ty
@@ -60,7 +60,7 @@ def _rope_cache_kernel(qkv_ptr, qn_w_ptr, kn_w_ptr, cos_ptr, sin_ptr, pos_ptr, w
     y_a = tl.load(src + j).to(tl.float32)  # the head's first half and its RoPE partners D / 2 further on
     y_b = tl.load(src + j + D // 2).to(tl.float32)
     col = tl.load(widx_ptr + m)
-    at = (row0 + m // S).to(tl.int64) * stride_cr + col * stride_ct  # int64: caches pass 2**31 elements
+    at = kv_columns(bt_ptr, row0 + m // S, stride_bt, col, col >= 0, PAGE, stride_cr, stride_ct)  # via the table
     if h >= NQ + NKV:  # v: straight into the cache
         at += (h - NQ - NKV) * stride_ch
         tl.store(cv_ptr + at + j, y_a.to(cv_ptr.dtype.element_ty))
@@ -97,20 +97,22 @@ def rope_cache(
     sin: torch.Tensor,  # [T, D] fp32 sign-folded
     pos: torch.Tensor,  # [M] int64 RoPE positions
     widx: torch.Tensor,  # [M] int64 cache column of each token
-    ck: torch.Tensor,  # [slots, Hkv, T, D] written
-    cv: torch.Tensor,  # [slots, Hkv, T, D] written
+    ck: torch.Tensor,  # [n_pages, Hkv, P, D] written (row layout [slots, Hkv, T, D])
+    cv: torch.Tensor,  # [n_pages, Hkv, P, D] written
     *, s: int, row0: int, n_heads: int, eps: float,
+    table: torch.Tensor | None = None,  # [slots, pages_per_row] int32 block table (None: the row layout's identity)
 ) -> torch.Tensor:  # q [M, Hq * D] after RoPE
     m = qkv.shape[0]
+    table, page = block_table(table, ck)
     n_kv, d = ck.shape[1], ck.shape[3]
     assert qkv.stride(1) == 1 and ck.stride(3) == 1 and cv.stride() == ck.stride() and cos.stride(1) == 1
     assert pos.is_contiguous() and widx.is_contiguous() and qkv.shape[1] == (n_heads + 2 * n_kv) * d
     q = torch.empty((m, n_heads * d), device=qkv.device, dtype=qkv.dtype)
     nw = q_norm if q_norm is not None else cos  # unused pointers get any tensor
     _rope_cache_kernel[(m, n_heads + 2 * n_kv)](
-        qkv, nw, k_norm if k_norm is not None else nw, cos, sin, pos, widx, q, ck, cv,
+        qkv, nw, k_norm if k_norm is not None else nw, cos, sin, pos, widx, q, ck, cv, table,
         s, row0, eps, cos.shape[0] - 1, qkv.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
-        NQ=n_heads, NKV=n_kv, D=d, QK_NORM=q_norm is not None, num_warps=1,
+        table.stride(0), PAGE=page, NQ=n_heads, NKV=n_kv, D=d, QK_NORM=q_norm is not None, num_warps=1,
     )
     return q
 

@@ -23,7 +23,9 @@ import triton.language as tl
 from worker.tlt.kernels.common import (
     BLOCK_M,
     Config,
+    block_table,
     dot_precision,
+    kv_columns,
     normed_tile,
     pdl_args,
     prefetch_lines,
@@ -48,10 +50,10 @@ def _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, dt: tl.
 @triton.jit(do_not_specialize=["M"])
 def _qkv_rope_kernel(
     x_ptr, ln_w_ptr, w_ptr, b_ptr, qn_w_ptr, kn_w_ptr, cos_ptr, sin_ptr, pos_ptr, widx_ptr,
-    q_ptr, ck_ptr, cv_ptr,
+    q_ptr, ck_ptr, cv_ptr, bt_ptr,
     M, K, S, row0, eps, MAX_POS,
-    stride_xm, stride_wn, stride_rope, stride_cr, stride_ch, stride_ct,
-    NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    stride_xm, stride_wn, stride_rope, stride_cr, stride_ch, stride_ct, stride_bt,
+    PAGE: tl.constexpr, NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
     QK_NORM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HALF_PAD: tl.constexpr, USE_GDC: tl.constexpr, LINES: tl.constexpr, EPL: tl.constexpr,
 ):
@@ -122,8 +124,8 @@ def _qkv_rope_kernel(
     q_row = offs_m[:, None] * (NQ * D)
     tl.store(q_ptr + q_row + rows_a[None, :], out_a.to(dt), mask=store & is_q[None, :])
     tl.store(q_ptr + q_row + rows_b[None, :], out_b.to(dt), mask=store & is_q[None, :])
-    # K / V: cache[row0 + m // S, kv head, write_idx[m], :]
-    base = (row0 + offs_m // S).to(tl.int64) * stride_cr + col * stride_ct  # int64: caches pass 2**31 elements
+    # K / V: cache[row0 + m // S, kv head, write_idx[m], :] through the block table (int64 offsets)
+    base = kv_columns(bt_ptr, row0 + offs_m // S, stride_bt, col, m_mask, PAGE, stride_cr, stride_ct)
     kvh = tl.maximum(tl.where(is_v, head - NQ - NKV, head - NQ), 0)  # q heads: masked, kept in range
     at = base[:, None] + (kvh * stride_ch)[None, :]
     is_k = ~is_q & ~is_v
@@ -153,19 +155,21 @@ def qkv_rope_cache(
     sin: torch.Tensor,  # [T, D] fp32 sign-folded
     pos: torch.Tensor,  # [M] int64 RoPE positions (clamped into the table's rows)
     widx: torch.Tensor,  # [M] int64 cache column of each token
-    ck: torch.Tensor,  # [slots, Hkv, T, D] this layer's K cache (written)
-    cv: torch.Tensor,  # [slots, Hkv, T, D] V cache (written)
+    ck: torch.Tensor,  # [n_pages, Hkv, P, D] this layer's K pages (written; row layout [slots, Hkv, T, D])
+    cv: torch.Tensor,  # [n_pages, Hkv, P, D] V pages (written)
     *, s: int, row0: int, n_heads: int, eps: float,
     config: Config | None = None,  # the sweep's candidate (default: config_for)
+    table: torch.Tensor | None = None,  # [slots, pages_per_row] int32 block table (None: the row layout's identity)
 ) -> torch.Tensor:  # q [M, Hq * D] after RoPE
     m, k = x.shape
+    table, page = block_table(table, ck)
     n_kv, d = ck.shape[1], ck.shape[3]
     assert ck.stride(3) == 1 and cv.stride() == ck.stride() and w.stride(1) == 1 and cos.stride(1) == 1
     assert pos.is_contiguous() and widx.is_contiguous()  # read as flat [M] arrays
     cfg = config or config_for(  # a first use tunes on the call's first token (rewriting its K/V as they are)
         "qkv_rope", w.shape[0], k, x.device,
         launch=lambda c: qkv_rope_cache(x[:1], ln_w, w, bias, q_norm, k_norm, cos, sin, pos[:1], widx[:1], ck, cv, s=s,
-                                        row0=row0, n_heads=n_heads, eps=eps, config=c))
+                                        row0=row0, n_heads=n_heads, eps=eps, config=c, table=table))
     block_n = head_tile(cfg.block_n, d, qk_norm=q_norm is not None)
     # a whole head where the config meant a narrower tile: two [BLOCK_K, D] weight tiles per step, half as deep
     block_k = cfg.block_k if block_n == cfg.block_n else min(cfg.block_k, 128)
@@ -175,10 +179,10 @@ def qkv_rope_cache(
     lines, epl = prefetch_lines(k, w, cfg.prefetch)
     _qkv_rope_kernel[grid](
         x, ln, w, bias if bias is not None else w, q_norm if q_norm is not None else ln,
-        k_norm if k_norm is not None else ln, cos, sin, pos, widx, q, ck, cv,
+        k_norm if k_norm is not None else ln, cos, sin, pos, widx, q, ck, cv, table,
         m, k, s, row0, eps, cos.shape[0] - 1,
-        x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2),
-        NQ=n_heads, NKV=n_kv, D=d, HAS_NORM=ln_w is not None, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
+        x.stride(0), w.stride(0), cos.stride(0), ck.stride(0), ck.stride(1), ck.stride(2), table.stride(0),
+        PAGE=page, NQ=n_heads, NKV=n_kv, D=d, HAS_NORM=ln_w is not None, HAS_BIAS=bias is not None, QK_NORM=q_norm is not None,
         DOT_PREC=dot_precision(w.dtype), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
         HALF_PAD=max(16, block_n // 2), LINES=lines, EPL=epl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device, m),
     )

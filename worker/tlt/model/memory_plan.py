@@ -5,7 +5,9 @@ device's free memory less the update's peak when `rollout.kv_cache_gb` is unset 
 A 7B model in bf16 on an H200 leaves ~125 GiB free after its 15 GB of weights; at 57 KB of K/V per token
 (Qwen2.5-7B: 28 layers x 2 x 4 KV heads x 128 x 2 bytes) that is ~2M cached tokens after the working memory, e.g.
 493 rows of 4,096 columns, where a fixed 8 GB budget holds 35. The engine takes the result as
-`EngineConfig.max_slots`.
+`EngineConfig.max_slots`. With the paged layout (`rollout.kv_page_size`), `plan_pages` gives the pool's pages
+from the same memory instead: sequences take pages as they grow, so the rows planned for the longest sequence no
+longer cap how many run at once.
 """
 
 from __future__ import annotations
@@ -50,4 +52,17 @@ def plan_kv(args: ModelArgs, max_len: int, *, free_bytes: int, dtype_bytes: int 
                          f"{reserve / 2**30:.1f} GiB kept for activations and graphs, {row / 2**20:.0f} MiB per row; "
                          "shorten max_len, lower max_batch / prefill_tokens, or free device memory")
     return KvPlan(slots=slots, cache_bytes=slots * row, reserved_bytes=reserve, free_bytes=free_bytes)
+
+
+def plan_pages(args: ModelArgs, page_size: int, max_len: int, *, free_bytes: int, dtype_bytes: int = 2,
+               max_batch: int = 256, prefill_tokens: int = 16384, fraction: float = 0.9) -> int:
+    """Pages of `page_size` columns that fit in `fraction` of `free_bytes` after the working memory (the paged
+    layout's pool; one is scratch). A ValueError when not one sequence of `max_len` columns fits."""
+    reserve = working_bytes(args, max_batch, prefill_tokens, dtype_bytes)
+    page = kv_bytes(args, batch=1, context=page_size, dtype_bytes=dtype_bytes)
+    pages = (int(free_bytes * fraction) - reserve) // page
+    if pages - 1 < -(-max_len // page_size):
+        raise ValueError(f"no sequence of {max_len} columns fits in pages of {page_size}: {free_bytes / 2**30:.1f} "
+                         f"GiB free, {reserve / 2**30:.1f} GiB kept for activations and graphs")
+    return pages
 

@@ -38,10 +38,14 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 
 
 class LayerCache(Protocol):
-    """What the model needs from a KV cache: per layer, K and V tensors of shape [slots, Hkv, T, D]."""
+    """What the model needs from a KV cache (decoding/kv_cache.py): per layer, K and V pages [n_pages, Hkv, P, D],
+    and the block table [slots, pages_per_row] int32 that puts a row's column c at (table[row, c // P], c % P);
+    `paged` False: the row layout (P = the row's length, identity table: a row is read as a view)."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
+    block_table: torch.Tensor
+    paged: bool
 
 
 class RMSNorm(nn.Module):
@@ -104,10 +108,10 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [B, S, H]
         cos: torch.Tensor,  # [B, S, 1, D]
         sin: torch.Tensor,  # [B, S, 1, D] sign-folded (see apply_rope)
-        kv: tuple[torch.Tensor, torch.Tensor] | None,  # K, V cache of this layer, each [slots, Hkv, T, D]
-        write_at: tuple[torch.Tensor, torch.Tensor] | None,  # cache row [B, 1] and column [B, S] of each new K/V
+        kv: tuple[torch.Tensor, torch.Tensor] | None,  # K, V pages of this layer, each [n_pages, Hkv, P, D]
+        write_at: tuple[torch.Tensor, torch.Tensor] | None,  # page [B, S] and offset [B, S] of each new K/V
         mask: torch.Tensor | None,  # [B, 1, G*S, Tk] additive (0 = attend, -inf = not) (None: plain causal)
-        rows: slice,  # cache rows this batch occupies
+        rows: slice | torch.Tensor,  # row layout: the cache rows of this batch; paged: their pages [B, n] to read
     ) -> torch.Tensor:  # [B, S, H]
         b, s, _ = x.shape
         nq, nkv, d = self.n_heads, self.n_kv, self.hd
@@ -127,17 +131,26 @@ class Attention(nn.Module):
         else:
             assert write_at is not None and mask is not None
             ck, cv = kv
-            # cache[row, :, col] = K/V [B, S, Hkv, D]: one indexed write from any strides (index_copy_ would need a
-            # contiguous copy of the fused projection's slices first)
+            # cache[page, :, offset] = K/V [B, S, Hkv, D]: one indexed write from any strides (index_copy_ would
+            # need a contiguous copy of the fused projection's slices first)
             ck[write_at[0], :, write_at[1]] = k_bshd.to(ck.dtype)
             cv[write_at[0], :, write_at[1]] = v.to(cv.dtype)
             tk = mask.shape[-1]
-            keys, vals = ck[rows, :, :tk], cv[rows, :, :tk]  # [B, Hkv, Tk, D] views, no copy
+            if isinstance(rows, slice):  # the row layout: [B, Hkv, Tk, D] views, no copy
+                keys, vals = ck[rows, :, :tk], cv[rows, :, :tk]
+            else:  # paged: the rows' pages gathered into [B, Hkv, n * P, D] (the fused kernels read them in place)
+                keys, vals = (_gather_pages(t, rows)[:, :, :tk] for t in (ck, cv))
             # GQA without copying the cache: fold the G query heads of each KV head into the query length.
             qg = q.reshape(b, nkv, g * s, d)
             with sdpa_kernel(SDPA_BACKENDS):
                 out = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask).reshape(b, nq, s, d)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, nq * d))
+
+
+def _gather_pages(t: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:  # [n_pages, Hkv, P, D], [B, n]
+    b, n = pages.shape
+    _, hkv, p, d = t.shape
+    return t[pages].transpose(1, 2).reshape(b, hkv, n * p, d)  # [B, Hkv, n * P, D]
 
 
 class MLP(nn.Module):
@@ -167,7 +180,7 @@ class DecoderLayer(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor] | None,
         write_at: tuple[torch.Tensor, torch.Tensor] | None,  # cache row [B, 1], column [B, S]
         mask: torch.Tensor | None,  # [B, 1, G*S, Tk]
-        rows: slice,
+        rows: slice | torch.Tensor,
     ) -> torch.Tensor:  # [B, S, H]
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, write_at, mask, rows)
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -248,16 +261,21 @@ class Transformer(nn.Module):
         sin = self.rope_sin[positions].unsqueeze(2)
         x = self.model.embed_tokens(input_ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        rows = cache_rows if cache_rows is not None else slice(0, b)
+        rows: slice | torch.Tensor = cache_rows if cache_rows is not None else slice(0, b)
         write_at, mask = None, None
         if cache is not None:
             if attn_mask is None:
                 raise ValueError("a cached forward needs attn_mask [B, S, Tk]")
             hkv = self.args.n_kv_heads
-            row_ids = torch.arange(rows.start, rows.start + b, device=input_ids.device)
-            write_at = (row_ids[:, None], positions if write_idx is None else write_idx)  # [B, 1], [B, S]
+            assert isinstance(rows, slice)
+            row_ids = torch.arange(rows.start or 0, (rows.start or 0) + b, device=input_ids.device)
+            cols = positions if write_idx is None else write_idx  # [B, S]
+            p, table = cache.k[0].shape[2], cache.block_table
+            write_at = (table[row_ids[:, None], cols // p].long(), cols % p)  # page, offset [B, S]
             g = self.args.n_heads // hkv
             tk = attn_mask.shape[-1]
+            if cache.paged:
+                rows = table[row_ids, : -(-tk // p)].long()  # [B, n] the pages holding columns 0..Tk-1
             # additive mask built once per forward (SDPA would convert a bool mask in every layer)
             mask = torch.full(attn_mask.shape, float("-inf"), dtype=x.dtype, device=x.device).masked_fill_(attn_mask, 0.0)
             mask = mask[:, None, None].expand(b, 1, g, s, tk).reshape(b, 1, g * s, tk)

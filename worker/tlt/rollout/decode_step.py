@@ -153,6 +153,12 @@ class DecodeStep:
             from worker.tlt.kernels.forward import cached_forward  # imports triton: only when asked for
 
             self._fused_forward = cached_forward(model)
+            from worker.tlt.kernels.gemm_forward import prefers_gemm
+
+            # paged: torch's forward would gather every row's pages per layer; the GEMM path (cuBLAS GEMMs, which
+            # do not re-read weights per 16-row tile) reads them in place at any batch
+            if cache.paged and prefers_gemm(model.args, model.head_weight.element_size()):
+                self.fused_max_seqs = 1 << 30
         # the fused sampler where Triton runs on the logits' device: CUDA, or CPU in Triton's interpreter (tests)
         if fused and fused_sampler and fused_available(model.head_weight.device) is None:
             from worker.tlt.kernels.sample_commit import sample_commit, supported

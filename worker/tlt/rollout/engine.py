@@ -34,6 +34,10 @@ logits). Hidden-state capture: `hidden_hook(seq_ids, token_ids, hidden [N, H])` 
 state at every position whose K/V entered the cache (rollout/hidden_rows.py); with `EngineConfig.capture_layers`
 (EAGLE-3: (2, L//2, L-3)) the hook gets cat(hidden entering each of those layers, final-norm hidden) [N, (k+1)H]
 from the same forwards; the decode and verify graphs then output that width.
+KV layout (decoding/kv_cache.py): rows of max_len columns per sequence by default; with `EngineConfig.page_size`
+pages handed out as sequences grow, admission by free pages and preemption of the youngest sequence when they run
+out (swapped to host memory and back, bit for bit: rollout/paging.py); `Engine.preemptions` counts the last
+generate()'s.
 Memory: `release_memory()` frees the KV cache and every graph that reads it while the engine is idle (the policy
 update), `restore_memory()` allocates it again; generate() refuses to run in between (rollout/memory.py).
 Run the tests: `python -m pytest tests/engine -q`.
@@ -51,7 +55,7 @@ from worker.tlt.decoding.arms import Arm
 from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rollout import memory
+from worker.tlt.rollout import memory, paging
 from worker.tlt.rollout.adaptive_loop import AdaptiveLoop, TailBudget, TailHook
 from worker.tlt.rollout.controller import SdController
 from worker.tlt.rollout.decode_step import MIXED, DecodeStep, Mode, StepOut, sampling_mode
@@ -107,6 +111,7 @@ class Engine:
         max_nodes = max([1, *(a.verify_tokens for a in arms)])
         self.state = EngineState(model, config, eos_ids, max_nodes, hidden_hook, clock)
         self.graph_set = memory.new_graphs(self.state)  # restore_memory() attaches fresh ones the same way
+        self.preemptions = 0  # sequences the last generate() preempted (paged layout: rollout/paging.py)
 
     # ------------------------------------------------------------------------------------ state, as callers see it
     @property
@@ -332,16 +337,25 @@ class Engine:
         n_new = len(keep)
         holes = [i for i in range(n_new) if done[i]]
         movers = [i for i in keep if i >= n_new]
+        pool = s.pages
+        if pool is not None:  # the paged layout: pages go back; moved rows take their table rows along
+            for row in fin:
+                pool.release(row)
         if holes:
             src = torch.tensor(movers, device=s.device)
             dst = torch.tensor(holes, device=s.device)
-            s.cache.move_rows(src, dst)
+            if pool is None:
+                s.cache.move_rows(src, dst)
             st.move_rows(src, dst)
             hi = s.row_hi
             for h, mv in zip(holes, movers, strict=True):
                 s.row_seq[h], s.row_sampling[h] = s.row_seq[mv], s.row_sampling[mv]
                 hi[h], s.row_cap[h] = hi[mv], s.row_cap[mv]
                 s.row_known[h], s.row_plen[h] = s.row_known[mv], s.row_plen[mv]
+                s.row_age[h] = s.row_age[mv]
+                if pool is not None:
+                    pool.move(mv, h)
+        s.flush_table()
         st.done[n_new:n] = True
         del s.row_seq[n_new:], s.row_sampling[n_new:]
         s.n_active = n_new
@@ -364,7 +378,11 @@ class Engine:
             if len(req.prompt) + req.params.max_new_tokens > s.max_len:
                 raise ValueError(f"request {i}: prompt {len(req.prompt)} + max_new_tokens "
                                  f"{req.params.max_new_tokens} > EngineConfig.max_len {s.max_len}")
+        if s.pages is not None:
+            paging.check_fits(s, requests)
         queue = deque((r, smp) for r, req in enumerate(requests) for smp in range(req.params.n))
+        swapped: list[paging.Swapped] = []  # preempted sequences (paged layout), readmitted before any new one
+        self.preemptions = 0  # counted afresh per generate()
         results: dict[tuple[int, int], SequenceResult] = {}
         steps: list[StepStats] = []
         ctl = self.controller
@@ -377,10 +395,19 @@ class Engine:
             ctl.start_rollout()
         adaptive = AdaptiveLoop(s, self, ctl, self.tail) if ctl is not None else None
         windows = adaptive.windows if adaptive is not None else PlainWindows(s, self)
-        while queue or s.n_active:
-            if queue and s.n_active < s.slots:
+        while queue or swapped or s.n_active:
+            if s.pages is not None:  # pages for this iteration's writes first, then admission by what is left
+                self.preemptions += paging.reserve(s, swapped)
+                if swapped:
+                    paging.swap_in(s, swapped)
+                items = paging.admit(s, queue, requests) if not swapped else []
+                if items:
+                    steps.append(self.prefill(items, requests))
+            elif queue and s.n_active < s.slots:
                 items = [queue.popleft() for _ in range(min(s.slots - s.n_active, len(queue)))]
                 steps.append(self.prefill(items, requests))
+            if not s.n_active:
+                raise RuntimeError("no sequence could be admitted: the page pool holds none at its first step")
             # plain windows run one ahead of their reads on CUDA (rollout/windows.py): sync once the host has done
             # flags for the current rows
             fresh = adaptive.iteration(steps) if adaptive is not None else windows.step(steps)

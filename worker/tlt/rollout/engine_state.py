@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from worker.tlt.decoding.arms import Arm
-from worker.tlt.decoding.kv_cache import KVCache, slots_for_budget
+from worker.tlt.decoding.kv_cache import KVCache, pages_for_budget, slots_for_budget
+from worker.tlt.decoding.pages import PagePool
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.decoding.uploads import HostStage
 from worker.tlt.kernels import resolve_fused
@@ -71,8 +72,20 @@ class EngineState:
         self.device, self.dtype = w.device, w.dtype
         self.max_nodes, self.max_len = max_nodes, config.max_len
         t = round_up(config.max_len + max_nodes + 2, 64)  # headroom: a verify writes up to max_nodes columns
-        slots = config.max_slots or slots_for_budget(model.args, t, config.kv_cache_gb, self.dtype)
-        self.cache = KVCache.allocate(model.args, slots, t, self.device, self.dtype)
+        self.pages: PagePool | None = None  # the paged layout's allocator (rollout/paging.py), None: rows
+        page = config.page_size
+        if page is not None and page < t:
+            t = round_up(t, page)
+            n_pages = config.kv_pages or (
+                config.max_slots * (t // page) + 1 if config.max_slots
+                else pages_for_budget(model.args, page, config.kv_cache_gb, self.dtype))
+            slots = config.max_slots or min(n_pages - 1, max(config.batch_buckets))
+            self.cache = KVCache.allocate(model.args, slots, t, self.device, self.dtype, page_size=page,
+                                          n_pages=n_pages)
+            self.pages = PagePool(n_pages, page, slots, t // page)
+        else:
+            slots = config.max_slots or slots_for_budget(model.args, t, config.kv_cache_gb, self.dtype)
+            self.cache = KVCache.allocate(model.args, slots, t, self.device, self.dtype)
         if model.rope_cos.shape[0] < t:
             model.init_rope(self.device, t)
         self.rows = RowState(slots, t, config.max_len, max_nodes + 1, self.device)
@@ -94,6 +107,8 @@ class EngineState:
         self.row_cap = np.zeros(slots, dtype=np.int64)
         self.row_known = np.zeros(slots, dtype=np.int64)
         self.row_plen = np.zeros(slots, dtype=np.int64)
+        self.row_age = np.zeros(slots, dtype=np.int64)  # admission order (paging preempts the youngest)
+        self.admitted = 0  # sequences admitted so far (the next row_age)
         self.hist_fresh = False  # histories hold every emitted token of rows 0..n-1 (no device read needed)
         self.done_host: list[int] | None = None  # done flags of rows 0..n-1 read by the last speculative step
         self.rows_version = next(_ROWS_VERSIONS)
@@ -128,6 +143,11 @@ class EngineState:
             hi = self.row_hi  # folds the pending steps in (and drops the cached maximum, set right below)
             self._hi_max = int(hi[: self.n_active].max()) if self.n_active else 0
         return self._hi_max + self.plain_steps
+
+    def flush_table(self) -> None:
+        """Upload the block-table rows the page pool changed (one copy, stream-ordered behind launched steps)."""
+        if self.pages is not None and (dirty := self.pages.take_dirty()) is not None:
+            self.cache.upload_table(*dirty)
 
     def new_rows_version(self) -> None:
         self.rows_version = next(_ROWS_VERSIONS)

@@ -13,7 +13,7 @@ What goes: the K/V tensors (replaced by empty tensors inside the one `KVCache` o
 and the verify body share, so no stale reference keeps them alive), the decode, verify and prefill graphs with their
 static buffers and their memory pool, and what a drafter keeps for the cache's layout (`Proposer.release`: a
 small-model drafter's own KV cache, re-allocated by its next proposal).
-What stays: the row state, the generator (the sampling stream just continues), the EAGLE proposer's chain graphs (they
+What stays: the row state, the block table and the page pool (every page free between rollouts), the generator (the sampling stream just continues), the EAGLE proposer's chain graphs (they
 read its feature ring and its own buffers, not the engine's cache; a few MB).
 Run the tests: `python -m pytest tests/engine/test_engine_release.py -q` (and `-m gpu` on a GPU).
 """
@@ -97,7 +97,9 @@ def restore(state: EngineState) -> bool:
     cache = state.cache
     if not kv_released(cache):
         return False
-    rows = state.rows  # holds the cache's row count and column count (T) for the engine's lifetime
-    fresh = KVCache.allocate(state.model.args, rows.slots, rows.max_len, state.device, state.dtype)
+    rows, pool = state.rows, state.pages  # hold the cache's rows, columns (T) and pages for the engine's lifetime
+    fresh = KVCache.allocate(state.model.args, rows.slots, rows.max_len, state.device, state.dtype,
+                             page_size=pool.page_size if pool is not None else None,
+                             n_pages=pool.n_pages if pool is not None else None)
     cache.k[:], cache.v[:] = fresh.k, fresh.v
     return True

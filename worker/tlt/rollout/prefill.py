@@ -21,6 +21,7 @@ import torch
 from worker.tlt.decoding.row_state import MAX_EOS
 from worker.tlt.rollout.decode_step import choose, hook_rows
 from worker.tlt.rollout.engine_state import EngineState, round_up
+from worker.tlt.rollout.paging import row_need
 from worker.tlt.rollout.prefill_graphs import PrefillGraphs
 from worker.tlt.rollout.types import Request, StepStats
 
@@ -61,6 +62,14 @@ def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence
     r0, m = state.n_active, len(order)
     uniq = [order[i][0] for i in range(len(firsts))]  # request of rows r0 .. r0+u-1
     dev = state.device
+    pool = state.pages
+    if pool is not None:  # the paged layout: each prompt's pages (and a window's lookahead) before its forward
+        for i, r in enumerate(uniq):
+            n_prompt = len(requests[r].prompt)
+            need = int(row_need(state, n_prompt, n_prompt + requests[r].params.max_new_tokens))
+            if not pool.grow(r0 + i, need):
+                raise RuntimeError("prefill admitted more sequences than the free pages hold (rollout/paging.admit)")
+        state.flush_table()
     last_logits = torch.empty(len(uniq), state.model.args.vocab_size, device=dev, dtype=torch.float32)
     j = 0
     while j < len(uniq):  # chunks of distinct prompts within the token budget
@@ -89,9 +98,21 @@ def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence
             seq = [order[j + i] for i in range(c) for _ in range(int(plen[i]))]
             state.hidden_hook(seq, ids[valid], hook_rows(hidden, cap, state.hook_layers)[valid])
         j += c
-    # siblings share their prompt's K/V
+    # siblings share their prompt's K/V: the full pages by reference, a copy of the partial one (paged); a copy
     src = [r0 + firsts[r] for r, _ in order[len(uniq):]]
-    if src:
+    if src and pool is not None:
+        copies: list[tuple[int, int]] = []
+        for i, (r, _) in enumerate(order[len(uniq):]):
+            row, n_prompt = r0 + len(uniq) + i, len(requests[r].prompt)
+            got = pool.share(src[i], row, n_prompt)
+            need = int(row_need(state, n_prompt, n_prompt + requests[r].params.max_new_tokens))
+            if got is None or not pool.grow(row, need):
+                raise RuntimeError("prefill admitted more sequences than the free pages hold (rollout/paging.admit)")
+            copies += got
+        if copies:
+            state.cache.copy_pages(*(torch.tensor(c, device=dev) for c in zip(*copies, strict=True)))
+        state.flush_table()
+    elif src:
         dst = torch.arange(r0 + len(uniq), r0 + m, device=dev)
         state.cache.move_rows(torch.tensor(src, device=dev), dst)
     # row state
@@ -106,6 +127,8 @@ def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence
         state.row_known[r0 + i] = 0
         st.eos[r0 + i] = torch.tensor(list(eos) + [-1] * (MAX_EOS - len(eos)), device=dev)
         state.row_seq.append((r, _))
+        state.row_age[r0 + i] = state.admitted
+        state.admitted += 1
         state.row_sampling.append(p)
         state.row_hi[r0 + i] = plens[i]  # (folds pending plain steps into the old rows first)
         state.row_plen[r0 + i] = plens[i]

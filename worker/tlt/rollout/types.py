@@ -37,7 +37,12 @@ class Request:
 class EngineConfig:
     max_len: int = 2048  # prompt + new tokens per sequence (KV columns, before headroom)
     max_slots: int | None = None  # sequences resident at once; None = from kv_cache_gb
-    kv_cache_gb: float = 8.0  # KV memory budget when max_slots is None
+    kv_cache_gb: float = 8.0  # KV memory budget when max_slots is None (paged: when kv_pages is None)
+    # KV layout (decoding/kv_cache.py): None = rows of max_len columns per sequence; P = pages of P columns handed
+    # out as sequences grow, admission by free pages, the youngest sequence preempted (swapped to host memory and
+    # back) when a running one needs a page and none is free (rollout/paging.py)
+    page_size: int | None = None
+    kv_pages: int | None = None  # paged: pages in the pool; None = what max_slots full rows would take, else kv_cache_gb
     sync_every: int = 8  # plain decode steps between host checks for finished sequences
     # capture the WHOLE plain decode step (forward, sampling, log-probs, commit) per (batch bucket, attention-length
     # bucket, sampling mode) in CUDA graphs sharing Engine.graph_pool; CUDA only
