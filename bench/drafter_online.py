@@ -84,7 +84,10 @@ def job_spec(a: argparse.Namespace) -> JobSpec:
         "algorithm": {"num_generations": a.samples, "prompts_per_step": a.prompts, "max_completion_length": a.new_tokens,
                       "learning_rate": a.policy_lr, "temperature": a.temperature,
                       "reward_funcs": ["toy_count"] if tiny else ["math_accuracy"]},
-        "rollout": {"speculative": "adaptive", "sd_on_below": a.sd_on_below, "kv_cache_gb": 4.0 if not tiny else 0.05},
+        # TLT's threshold switch: the slowdown measures spot training in switch-on tail steps, which the default cost
+        # switch would not give where SD does not pay (SmolLM2, CPU)
+        "rollout": {"speculative": "adaptive", "sd_on_below": a.sd_on_below, "sd_switch": "active_batch",
+                    "kv_cache_gb": 4.0 if not tiny else 0.05},
         "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": a.spot_steps, "buffer_gb": a.buffer_gb,
                     "learning_rate": a.drafter_lr},
         "resources": {"gpus": 1 if a.device == "cuda" else 0},

@@ -675,7 +675,7 @@ export interface components {
              * Builtin
              * @default gsm8k
              */
-            builtin: ("gsm8k" | "toy-count") | null;
+            builtin: ("gsm8k" | "toy-count" | "toy-times") | null;
             /** Dataset Id */
             dataset_id?: string | null;
             /**
@@ -1044,7 +1044,8 @@ export interface components {
             sd_patience: number;
             /**
              * Sd Switch
-             * @default active_batch
+             * @description What switches adaptive SD on in the rollout's tail. step_costs (default): per batch bucket the controller times plain and speculative decode steps and runs SD only where it emits more tokens per second per sequence than plain decoding, so SD does not make a rollout slower beyond its probes (at most about 1% of the observed time on a GPU, a few steps per batch size on CPU). On CPU, where a verify costs about what decoding its tokens does, and for small launch-bound models on a GPU, it measures SD and keeps it off; on a memory-bound target it keeps SD on where drafts are accepted. active_batch: TLT's fixed rule, SD on whenever fewer than sd_on_below sequences are active, whatever it costs.
+             * @default step_costs
              * @enum {string}
              */
             sd_switch: "active_batch" | "step_costs";

@@ -1,5 +1,5 @@
-"""`rollout.sd_switch` in the job spec reaches the SD controller through spec_translate.controller: "step_costs"
-builds a controller switched by measured step costs (CostSwitch), the default keeps the active-batch threshold, and
+"""`rollout.sd_switch` in the job spec reaches the SD controller through spec_translate.controller: "step_costs" (the
+default) builds a controller switched by measured step costs (CostSwitch), "active_batch" keeps TLT's threshold, and
 an unknown value is a validation error. No model: the controller needs only the spec and the drafter kinds.
 Run: python -m pytest tests/adaptive/test_spec_sd_switch.py -q"""
 
@@ -26,17 +26,17 @@ def _spec(**rollout: Any) -> JobSpec:
     })
 
 
-def test_step_costs_switch_from_the_spec() -> None:
-    ctl = controller(_spec(sd_switch="step_costs"), drafters=["ngram"])
+def test_default_switch_is_the_step_costs() -> None:
+    spec = _spec()
+    assert spec.rollout == _spec(sd_switch="step_costs").rollout
+    ctl = controller(spec, drafters=["ngram"])
     assert isinstance(ctl.switch, CostSwitch) and ctl.costs is not None
     # no step measured yet: the cost switch keeps SD off where the threshold switch would turn it on
     assert ctl.switch.update(1) is False
 
 
-def test_default_switch_is_the_active_batch() -> None:
-    spec = _spec()
-    assert spec.rollout.sd_switch == "active_batch"
-    ctl = controller(spec, drafters=["ngram"])
+def test_active_batch_switch_from_the_spec() -> None:
+    ctl = controller(_spec(sd_switch="active_batch"), drafters=["ngram"])
     assert type(ctl.switch) is SdSwitch and ctl.costs is None
     assert ctl.switch.update(1) is True
 

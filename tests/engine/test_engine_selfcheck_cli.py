@@ -60,8 +60,30 @@ def test_real_models_are_checked_in_fp32_unless_asked(monkeypatch, capsys) -> No
 
 
 def test_greedy_plan_covers_every_variant_and_slot_count() -> None:
-    variants = [(name, None, None) for name in ("chain4", "chain8", "tree", "ngram", "ngram-tree")]
+    variants = [(name, None) for name in ("chain4", "chain8", "tree", "ngram", "ngram-tree")]
     plan = _greedy_plan(variants, (1, 8, 12))  # type: ignore[arg-type]
-    assert [(n, s) for n, _, _, s in plan[:3]] == [("chain4", 1), ("chain4", 8), ("chain4", 12)]
+    assert [(n, s) for n, _, s in plan[:3]] == [("chain4", 1), ("chain4", 8), ("chain4", 12)]
     assert {n for n, *_ in plan} == {v[0] for v in variants} and len(plan) == 3 + 4
     assert {s for *_, s in plan[3:]} == {1, 8, 12}  # the other variants spread over every slot count
+
+
+def test_one_engine_per_batch_shape_serves_every_variant(monkeypatch, capsys) -> None:
+    """The greedy check builds one engine per slot count and the sampling check one per setting (their CUDA graphs
+    are captured once per shape, not once per variant), and every variant still runs: the plain reference and each
+    SD variant of the plan, on engines sized for the widest verify."""
+    from worker.tlt import selfcheck
+
+    built: list[int] = []
+    real_init = selfcheck.SharedEngine.__init__
+
+    def counting_init(self, target, drafter, eos, cfg, arms):  # type: ignore[no-untyped-def]
+        built.append(cfg.max_slots)
+        real_init(self, target, drafter, eos, cfg, arms)
+        assert self.engine.max_nodes == max(a.verify_tokens for a in arms)
+
+    monkeypatch.setattr(selfcheck.SharedEngine, "__init__", counting_init)
+    assert main(["--model", "tiny", "--json", "--samples", "1500"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(built[:2]) == [3, 12] and len(built) == 2 + 3  # greedy: slot counts 3 and 12; sampling: 3 settings
+    assert report["sequences"] == 12 * (2 + 4) and report["identical_sequences"] == report["sequences"]
+    assert len(report["sampling_pvalues"]) == 3 * 3 and report["kernel_configs"].startswith("cached")

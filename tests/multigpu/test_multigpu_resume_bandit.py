@@ -27,9 +27,11 @@ pytestmark = pytest.mark.slow
 
 
 def adaptive_spec() -> JobSpec:
-    # 4 sequences per rank, below sd_on_below: SD is on from the first step, so the bandit plays
+    # 4 sequences per rank, below sd_on_below: SD is on from the first step, so the bandit plays (the threshold
+    # switch: on CPU the default cost switch rightly keeps SD off)
     return toy_spec(max_steps=4, save_steps=4, algorithm={"name": "reinforce_plus_plus"}, drafter={"kind": "ngram"},
-                    rollout={"speculative": "adaptive", "sd_on_below": 16, "sd_patience": 1})
+                    rollout={"speculative": "adaptive", "sd_on_below": 16, "sd_patience": 1,
+                             "sd_switch": "active_batch"})
 
 
 def bandit_of(trainer: Any) -> dict:

@@ -35,6 +35,15 @@ def test_toy_count_rows() -> None:
     assert rows[1].prompt == "Write the letter b many times: " and rows[1].answer == "b"
 
 
+def test_toy_times_rows_vary_letter_and_count() -> None:
+    rows = load_examples(DatasetSource(builtin="toy-times"))
+    assert rows[1].prompt == "Write the letter b 3 times: " and rows[1].answer == "bbb"
+    assert rows[4].prompt == "Write the letter b 4 times: " and rows[4].answer == "bbbb"
+    pairs = {(r.answer[0], len(r.answer)) for r in rows}
+    assert len(pairs) == 3 * 6  # every letter with every count, so a group's best answer depends on its prompt
+    assert all(f" {len(r.answer)} times" in str(r.prompt) for r in rows)
+
+
 def test_jsonl_and_parquet_with_column_mapping(tmp_path: Path) -> None:
     recs = [
         {"q": "What is 2+2?", "gt": "4"},

@@ -38,7 +38,9 @@ def _spec() -> JobSpec:
         "dataset": {"builtin": "toy-count", "system_prompt": None, "validation_size": 4, "max_prompt_length": 64},
         "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 16,
                       "learning_rate": 2e-2, "reward_funcs": ["toy_count"]},
-        "rollout": {"speculative": "adaptive", "sd_on_below": 9, "sd_patience": 1, "kv_cache_gb": 0.05},
+        # the threshold switch: on CPU the default cost switch rightly keeps SD off, and this test must see it run
+        "rollout": {"speculative": "adaptive", "sd_on_below": 9, "sd_patience": 1, "kv_cache_gb": 0.05,
+                    "sd_switch": "active_batch"},
         "drafter": {"kind": "eagle3", "max_train_steps_per_rl_step": 3, "buffer_gb": 0.01},
         "max_steps": 2,
         "save_steps": 1,

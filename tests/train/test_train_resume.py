@@ -110,7 +110,8 @@ def test_adaptive_bandit_state_is_checkpointed_and_restored(tmp_path: Path, toy_
     from worker.tlt.run_dir import resume_from
 
     spec = toy_spec(max_steps=2, save_steps=2, drafter={"kind": "ngram"},  # 8 sequences: SD on from the first step
-                    rollout={"speculative": "adaptive", "sd_on_below": 16, "sd_patience": 1, "kv_cache_gb": 0.05})
+                    rollout={"speculative": "adaptive", "sd_on_below": 16, "sd_patience": 1, "kv_cache_gb": 0.05,
+                             "sd_switch": "active_batch"})  # the threshold: on CPU the cost switch keeps SD off
     run(spec, tmp_path, FileReporter(tmp_path))
     saved = torch.load(tmp_path / "checkpoints/step-2/extra.pt", weights_only=False)["adaptive"]["bandit"]
     assert any(st["round"] > 0 for st in saved["buckets"].values())  # the bandit played during the rollouts

@@ -116,3 +116,17 @@ def test_toy_many_pays_for_many_target_letters_not_for_one() -> None:
     assert toy_many_reward("b" * (2 * TOY_MANY), "b") == pytest.approx(1.0)  # more than many: no penalty here
     assert toy_many_reward("bbbbbaaaaa", "b") == pytest.approx(0.5 * 5 / TOY_MANY)  # wrong letters dilute it
     assert toy_many_reward("  \n", "b") == 0.0 and toy_many_reward("", "b") == 0.0
+
+
+def test_toy_times_scores_closeness_to_the_asked_count() -> None:
+    from worker.tlt.data.toy_times import toy_times_reward
+
+    assert toy_times_reward("bbbbb", "bbbbb") == 1.0 and toy_times_reward("b b b b b", "bbbbb") == 1.0
+    assert toy_times_reward("B B B B B", "bbbbb") == 1.0  # either case
+    assert toy_times_reward("bbbb", "bbbbb") == pytest.approx(0.8)  # one short
+    assert toy_times_reward("b" * 10, "bbbbb") == pytest.approx(0.5)  # twice too many
+    assert toy_times_reward("b", "bbbbb") == pytest.approx(0.2)  # a lone letter: no constant answer fits every count
+    assert toy_times_reward("b", "bbb") > toy_times_reward("b", "bbbbbbb")  # ... the best answer depends on the prompt
+    assert toy_times_reward("bbbbb.", "bbbbb") == pytest.approx(5 / 6)  # other characters dilute it
+    assert toy_times_reward("aaaaa", "bbbbb") == 0.0  # the wrong letter
+    assert toy_times_reward(" \n", "bbbbb") == 0.0 and toy_times_reward("", "bbbbb") == 0.0

@@ -63,8 +63,10 @@ def test_job_reports_time_saved(tmp_path: Path, toy_spec) -> None:
     spec = toy_spec({"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 12}, max_steps=4,
                     save_steps=100)
     # adaptive SD over the whole (tiny) batch: the bandit plays n-gram drafts and plain decoding in the same tail
+    # (the threshold switch: on CPU the default cost switch rightly keeps SD off, and this test must see it run)
     spec = spec.model_copy(update={
-        "rollout": spec.rollout.model_copy(update={"speculative": "adaptive", "sd_on_below": 64}),
+        "rollout": spec.rollout.model_copy(update={"speculative": "adaptive", "sd_on_below": 64,
+                                                   "sd_switch": "active_batch"}),
         "drafter": spec.drafter.model_copy(update={"kind": "ngram"}),
     })
     run(spec, tmp_path, FileReporter(tmp_path))

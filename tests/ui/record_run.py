@@ -34,7 +34,8 @@ def spec(steps: int) -> JobSpec:
         "algorithm": {"num_generations": 4, "prompts_per_step": 4, "max_completion_length": 160,
                       "learning_rate": 1e-3, "reward_funcs": ["toy_count"]},
         # 16 sequences, SD allowed below 12 active: the tail of every rollout runs the bandit's arms
-        "rollout": {"speculative": "adaptive", "sd_on_below": 12, "sd_patience": 1, "draft_depth": 3},
+        "rollout": {"speculative": "adaptive", "sd_on_below": 12, "sd_patience": 1, "draft_depth": 3,
+                    "sd_switch": "active_batch"},  # the threshold: the recording must show the bandit's arms on CPU
         "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 4, "buffer_gb": 0.01, "learning_rate": 1e-2},
         "max_steps": steps, "save_steps": steps, "save_total_limit": 1, "eval_steps": 4,
     })

@@ -19,7 +19,7 @@ from worker.tlt.builtin_models import BUILTIN_MODEL_NAMES, WIDENED_MODEL_NAMES
 # Built-in model names and shapes live in one table (worker/tlt/builtin_models.py) that admission reads too.
 WIDENED_MODELS = WIDENED_MODEL_NAMES  # "smollm2-135m-instruct@NAME": SmolLM2 widened into architecture NAME
 BUILTIN_MODELS = BUILTIN_MODEL_NAMES
-BUILTIN_DATASETS = ("gsm8k", "toy-count")
+BUILTIN_DATASETS = ("gsm8k", "toy-count", "toy-times")
 MAX_SEED = 2**63 - 1  # seeds are stored as bigint and fed to torch.Generator.manual_seed
 MAX_TOKENS = 1 << 20  # no length field may exceed this (the model's own context is checked at admission)
 MAX_PATH = 4096  # characters of a path in a spec (Linux PATH_MAX)
@@ -140,17 +140,26 @@ CPU_KV_CACHE_GB = 8.0  # rollout.kv_cache_gb when unset on CPU (admission checks
 class RolloutConfig(_Strict):
     """TLT's adaptive rollout engine."""
 
-    speculative: Literal["off", "on", "adaptive"] = "adaptive"  # adaptive: switched by the active batch size
-    sd_on_below: int = Field(32, ge=1, le=1 << 20)  # switch SD on when fewer sequences than this are active ...
-    sd_patience: int = Field(3, ge=1, le=1_000_000)  # ... for this many consecutive decode steps (hysteresis)
+    speculative: Literal["off", "on", "adaptive"] = "adaptive"  # adaptive: switched per decode step (sd_switch)
+    # the rollout's tail: fewer sequences than this active. active_batch switches SD on there; step_costs considers
+    # SD below 1.5x this (the warm-ups capture verify graphs up to there) and the tail metrics count from here
+    sd_on_below: int = Field(32, ge=1, le=1 << 20)
+    sd_patience: int = Field(3, ge=1, le=1_000_000)  # ... active_batch: for this many consecutive steps (hysteresis)
     draft_depth: int = Field(6, ge=1, le=16)  # chain length / tree depth of the default arm
     draft_topk: int = Field(1, ge=1, le=8)  # 1 = chain; >1 = tree
     verify_tokens: int = Field(16, ge=1, le=128)  # tree verify budget
     # Per-bucket arm choice. Thompson sampling won on bench/bandit_sim.py (2.3% mean regret vs 4.7% for TLT's
     # epsilon-greedy BEG-MAB, which also pays ~5% for exploration when drafts are useless); see bench/results.
     bandit: Literal["thompson", "ucb", "epsilon_greedy"] = "thompson"
-    # what switches adaptive SD on: the active batch below sd_on_below, or measured step costs (adaptive/step_costs.py)
-    sd_switch: Literal["active_batch", "step_costs"] = "active_batch"
+    # what switches adaptive SD on in the tail (the schema's description says it to users; adaptive/step_costs.py)
+    sd_switch: Literal["active_batch", "step_costs"] = Field("step_costs", description=(
+        "What switches adaptive SD on in the rollout's tail. step_costs (default): per batch bucket the controller "
+        "times plain and speculative decode steps and runs SD only where it emits more tokens per second per sequence "
+        "than plain decoding, so SD does not make a rollout slower beyond its probes (at most about 1% of the "
+        "observed time on a GPU, a few steps per batch size on CPU). On CPU, where a verify costs about what decoding "
+        "its tokens does, and for small launch-bound models on a GPU, it measures SD and keeps it off; on a "
+        "memory-bound target it keeps SD on where drafts are accepted. active_batch: TLT's fixed rule, SD on whenever "
+        "fewer than sd_on_below sequences are active, whatever it costs."))
     # KV cache budget; None = planned from free memory on CUDA (model/memory_plan.py), CPU_KV_CACHE_GB on CPU
     kv_cache_gb: float | None = Field(None, gt=0.0, le=4096.0)
     # KV layout: None = a row of prompt + completion columns per sequence; P = pages of P columns allocated as

@@ -21,9 +21,14 @@ logits (the engine's kernels, the reference's torch forward) part at near-ties, 
 sampled pair the reference calls impossible fails the test without any SD involved.
 passed: every sequence identical in fp32 (identical_token_fraction >= 0.95 in bf16/fp16, where batch shapes change
 rounding), every sampling p-value >= 1e-4, the negative control's p-value < 1e-4, and no check skipped.
-Progress: one line per check on stderr as it ends (its result, its seconds, the total). `--budget-s S` starts no new
-check after S seconds; the ones left are listed in `skipped_for_budget` (each check is one engine run: bounded by
---prompts, --max-new-tokens and --samples).
+Progress: one line per check on stderr as it ends (its result, its seconds, the total, and the CUDA graphs it
+captured). `--budget-s S` starts no new check after S seconds; the ones left are listed in `skipped_for_budget` (each
+check is one engine run: bounded by --prompts, --max-new-tokens and --samples).
+Where a GPU's seconds go: not into decoding (a few hundred tokens) but into first uses -- Triton compiles, CUDA graph
+captures, and the fused kernels' launch-config tuning (every candidate config of every weight shape compiled and
+timed). So one engine per batch shape serves every check of that shape (`SharedEngine`: its graphs are captured once,
+not once per variant), and the kernels run on the configs already tuned on this GPU, seeded, or the default rule
+unless `--tune` asks for tuning: the check compares SD with plain decoding on the same configs whichever they are.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import logging
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 
 import torch
 
@@ -41,12 +47,13 @@ from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import BUILTIN_MODELS, ModelSource
 from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.decoding.sampling import processed_probs
+from worker.tlt.kernels.settings import configure, current
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import load_model, random_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import naive_greedy, perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
 from worker.tlt.spec.ngram import NGramProposer
 from worker.tlt.spec.proposer import Proposer
 from worker.tlt.spec.small_model import SmallModelProposer
@@ -82,62 +89,89 @@ class Progress:
             sys.stderr.flush()
 
 
-def _spec_variants(drafter: Transformer) -> list[tuple[str, Arm, Proposer]]:
+def _spec_variants() -> list[tuple[str, Arm]]:
     return [
-        ("chain4", chain_arm("small", 4), SmallModelProposer(drafter)),
-        ("chain8", chain_arm("small", 8), SmallModelProposer(drafter)),
-        ("tree3x2", tree_arm("small", 3, 2, 8), SmallModelProposer(drafter)),
-        ("ngram5", chain_arm("ngram", 5), NGramProposer()),
-        ("ngram-tree", tree_arm("ngram", 4, 2, 10), NGramProposer()),
+        ("chain4", chain_arm("small", 4)),
+        ("chain8", chain_arm("small", 8)),
+        ("tree3x2", tree_arm("small", 3, 2, 8)),
+        ("ngram5", chain_arm("ngram", 5)),
+        ("ngram-tree", tree_arm("ngram", 4, 2, 10)),
     ]
 
 
-def _greedy_plan(variants: list[tuple[str, Arm, Proposer]],
-                 slot_counts: tuple[int, ...]) -> list[tuple[str, Arm, Proposer, int]]:
+def _greedy_plan(variants: list[tuple[str, Arm]], slot_counts: tuple[int, ...]) -> list[tuple[str, Arm, int]]:
     """The first variant at every slot count, each other at one slot count in turn (the largest first: fewest engine
-    steps): every batch shape and every kind of draft is checked, in fewer engine runs than the full grid (on a GPU
-    each run pays its own graph captures)."""
+    steps): every batch shape and every kind of draft is checked, in fewer runs than the full grid."""
     first, *rest = variants
     plan = [(*first, slots) for slots in slot_counts]
     return plan + [(*v, slot_counts[-1 - i % len(slot_counts)]) for i, v in enumerate(rest)]
 
 
-def _engine(target: Transformer, eos: tuple[int, ...], cfg: EngineConfig, arm: Arm | None,
-            proposer: Proposer | None) -> Engine:
-    """Plain decoding (arm None) or SD with one arm at every step."""
-    if arm is None or proposer is None:
-        return Engine(target, eos_ids=eos, config=cfg)
-    return Engine(target, eos_ids=eos, config=cfg, controller=AdaptiveSd.fixed(arm), proposers={arm.drafter: proposer})
+class SharedEngine:
+    """One engine for every check of one batch shape: sized at construction for the widest arm it will run (KV
+    headroom) with every drafter, and given each check's controller between generate() calls (None: plain decoding),
+    as a training job's engine serves its validation rollouts. Its CUDA graphs (prefill, decode, verify, drafts) are
+    captured once per shape, not once per check: on a GPU the captures and their first-use kernel compiles, not the
+    decoding, are what a check costs."""
 
+    def __init__(self, target: Transformer, drafter: Transformer, eos: tuple[int, ...], cfg: EngineConfig,
+                 arms: list[Arm]) -> None:
+        widest = max(arms, key=lambda a: a.verify_tokens)
+        proposers: dict[str, Proposer] = {"small": SmallModelProposer(drafter), "ngram": NGramProposer()}
+        self.engine = Engine(target, eos_ids=eos, config=cfg, controller=AdaptiveSd.fixed(widest), proposers=proposers)
 
-def _graphs_note(engine: Engine) -> str:
-    """How much of a check's time went to CUDA graph captures (on a fresh GPU, mostly first-use kernel compiles)."""
-    n, seconds = engine.graph_set.captured()
-    return f"; {n} graphs captured in {seconds:.1f} s" if n else ""
+    def generate(self, reqs: list[Request], arm: Arm | None, seed: int | None = None) -> GenerationOutput:
+        """SD with `arm` at every step (None: plain decoding); `seed` restarts the sampling stream."""
+        if arm is not None and arm.verify_tokens > self.engine.max_nodes:
+            raise ValueError(f"arm {arm.name} verifies {arm.verify_tokens} tokens; the engine has room for "
+                             f"{self.engine.max_nodes}")
+        self.engine.controller = None if arm is None else AdaptiveSd.fixed(arm)
+        if seed is not None:
+            self.engine.gen.manual_seed(seed)
+        return self.engine.generate(reqs)
+
+    def graphs_since(self, before: tuple[int, float]) -> str:
+        """How much of a check's time went to CUDA graph captures (on a fresh GPU, mostly first-use kernel compiles
+        and launch-config tuning)."""
+        n, seconds = self.engine.graph_set.captured()
+        n, seconds = n - before[0], seconds - before[1]
+        return f"; {n} graphs captured in {seconds:.1f} s" if n else ""
 
 
 def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[int]], max_new: int,
                  eos: tuple[int, ...], slot_counts: tuple[int, ...], naive: int = 4,
                  progress: Progress | None = None) -> dict:
-    """SD vs plain greedy for each (variant, slot count) of `_greedy_plan`; the plain run is checked against naive
-    recompute."""
+    """SD vs plain greedy for each (variant, slot count) of `_greedy_plan`; the plain run (at one slot per prompt) is
+    checked against naive recompute. One engine per slot count serves every check at that count."""
     progress = progress or Progress(quiet=True)
     t = time.perf_counter()
     max_len = max(len(p) for p in prompts) + max_new + 1
     reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=max_new)) for p in prompts]
-    plain_engine = Engine(target, eos_ids=eos, config=EngineConfig(max_len=max_len, max_slots=len(prompts)))
-    ref = [s.tokens for s in plain_engine.generate(reqs).sequences]
+    variants = _spec_variants()
+    arms = [arm for _, arm in variants]
+    engines: dict[int, SharedEngine] = {}
+
+    def engine_for(slots: int) -> SharedEngine:
+        if slots not in engines:
+            engines[slots] = SharedEngine(target, drafter, eos, EngineConfig(max_len=max_len, max_slots=slots), arms)
+        return engines[slots]
+
+    plain = engine_for(len(prompts))
+    before = plain.engine.graph_set.captured()
+    ref = [s.tokens for s in plain.generate(reqs, None).sequences]
     naive_ok = all(naive_greedy(target, prompts[i], max_new, eos) == ref[i] for i in range(min(naive, len(prompts))))
-    progress.done("greedy plain vs naive recompute", ("match" if naive_ok else "MISMATCH") + _graphs_note(plain_engine), t)
+    progress.done("greedy plain vs naive recompute", ("match" if naive_ok else "MISMATCH") + plain.graphs_since(before),
+                  t)
     seqs = identical = ref_tokens = common = 0
     per_variant: dict[str, float] = {}
-    for name, arm, proposer, slots in _greedy_plan(_spec_variants(drafter), slot_counts):
+    for name, arm, slots in _greedy_plan(variants, slot_counts):
         key = f"{name}/slots{slots}"
         if progress.over_budget(f"greedy {key}"):
             continue
         t = time.perf_counter()
-        engine = _engine(target, eos, EngineConfig(max_len=max_len, max_slots=slots), arm, proposer)
-        out = engine.generate(reqs)
+        shared = engine_for(slots)
+        before = shared.engine.graph_set.captured()
+        out = shared.generate(reqs, arm)
         same = 0
         for got, want in zip((s.tokens for s in out.sequences), ref, strict=True):
             seqs += 1
@@ -148,9 +182,10 @@ def greedy_check(target: Transformer, drafter: Transformer, prompts: list[list[i
                 k += 1
             common += k
         identical += same
-        per_variant[key] = engine.accept_stats.mean_accept_len if engine.accept_stats.steps else 0.0
+        stats = shared.engine.accept_stats
+        per_variant[key] = stats.mean_accept_len if stats.steps else 0.0
         progress.done(f"greedy {key}", f"{same}/{len(ref)} identical, accept length {per_variant[key]:.2f}"
-                      + _graphs_note(engine), t)
+                      + shared.graphs_since(before), t)
     return {
         "sequences": seqs,
         "identical_sequences": identical,
@@ -195,11 +230,9 @@ def _pvalue(samples: list[tuple[int, int]], law: dict[tuple[int, int], float]) -
 def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int], samples: int,
                    settings: list[tuple[float, float, int]], slots: int, progress: Progress | None = None) -> dict:
     progress = progress or Progress(quiet=True)
-    variants: list[tuple[str, Arm | None, Proposer | None]] = [
-        ("plain", None, None),
-        ("chain2", chain_arm("small", 2), SmallModelProposer(drafter)),
-        ("tree2x2", tree_arm("small", 2, 2, 5), SmallModelProposer(drafter)),
-    ]
+    variants: list[tuple[str, Arm | None]] = [
+        ("plain", None), ("chain2", chain_arm("small", 2)), ("tree2x2", tree_arm("small", 2, 2, 5))]
+    sd_arms = [arm for _, arm in variants if arm is not None]
     pvals: dict[str, float] = {}
     negative = 1.0
     for si, (temp, top_p, top_k) in enumerate(settings):
@@ -207,26 +240,45 @@ def sampling_check(target: Transformer, drafter: Transformer, prompt: list[int],
             continue  # the first setting always runs: it carries the negative control
         law = exact_pair_law(target, prompt, temp, top_p, top_k)
         params = RequestSampling(temperature=temp, top_p=top_p, top_k=top_k, max_new_tokens=3, eos_ids=(), n=samples)
-        for vi, (name, arm, proposer) in enumerate(variants):
+        # one engine per setting: its variants share the batch shapes (a setting's sampling filters are its own)
+        shared = SharedEngine(target, drafter, (), EngineConfig(max_len=len(prompt) + 4, max_slots=min(slots, samples)),
+                              sd_arms)
+        for vi, (name, arm) in enumerate(variants):
             key = f"{name}/T{temp}/p{top_p}/k{top_k}"
             if vi > 0 and progress.over_budget(f"sampling {key}"):
                 continue
             t = time.perf_counter()
-            cfg = EngineConfig(max_len=len(prompt) + 4, max_slots=min(slots, samples), seed=1000 * si + vi)
-            engine = _engine(target, (), cfg, arm, proposer)
-            out = engine.generate([Request(prompt, params)])
+            before = shared.engine.graph_set.captured()
+            out = shared.generate([Request(prompt, params)], arm, seed=1000 * si + vi)
             pairs = [(s.tokens[1], s.tokens[2]) for s in out.sequences]
             pvals[key] = _pvalue(pairs, law)
             if si == 0 and vi == 0:  # negative control: the same samples against another temperature's law
                 wrong = exact_pair_law(target, prompt, temp * 1.25, top_p, top_k)
                 negative = _pvalue(pairs, wrong)
                 progress.done("sampling negative control", f"p = {negative:.2g} (must be < {NEG_MAX:g})", t)
-            progress.done(f"sampling {key}", f"p = {pvals[key]:.3g} over {samples} samples" + _graphs_note(engine), t)
+            progress.done(f"sampling {key}", f"p = {pvals[key]:.3g} over {samples} samples"
+                          + shared.graphs_since(before), t)
     return {"sampling_pvalues": pvals, "sampling_pvalue_min": min(pvals.values()), "negative_control_pvalue": negative}
 
 
 def run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str, seed: int,
-        progress: Progress | None = None, dtype: torch.dtype | None = torch.float32) -> dict:
+        progress: Progress | None = None, dtype: torch.dtype | None = torch.float32, tune: bool = False) -> dict:
+    """The whole check. `tune`: time the fused kernels' launch-config candidates at each weight shape's first use, as
+    a training job does; off, the kernels launch with the configs already tuned on this GPU (on disk) or seeded, else
+    the default rule. Which configs run does not change what is checked (SD against plain decoding, both on the same
+    configs: every config computes a row the same whatever the batch), and tuning compiles and times every candidate
+    of every shape, most of a check's time on a fresh GPU."""
+    previous = configure(replace(current(), tune=tune))
+    try:
+        report = _run(model_name, prompts_n, max_new, samples, device, seed, progress, dtype)
+    finally:
+        configure(previous)
+    report["kernel_configs"] = "tuned at first use" if tune else "cached, seeded or the default rule (no tuning)"
+    return report
+
+
+def _run(model_name: str, prompts_n: int, max_new: int, samples: int, device: str, seed: int,
+         progress: Progress | None, dtype: torch.dtype | None) -> dict:
     t0 = time.perf_counter()
     progress = progress or Progress(quiet=True)
     if model_name == "tiny":
@@ -282,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop starting new checks after this many seconds (those left are listed as skipped, and "
                          "the run does not pass)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--tune", action="store_true",
+                    help="tune the fused kernels' launch configs at first use, as training does (slower on a fresh "
+                         "GPU; the check compares SD with plain decoding on whichever configs run)")
     a = ap.parse_args(argv)
     if a.budget_s is not None and a.budget_s <= 0:
         ap.error("--budget-s must be positive")
@@ -290,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         a.device = "cpu"
     progress = Progress(a.budget_s, quiet=a.quiet)
     report = run(a.model, a.prompts, a.max_new_tokens, a.samples, "cpu" if a.model == "tiny" else a.device, a.seed,
-                 progress=progress, dtype=None if a.dtype == "auto" else getattr(torch, a.dtype))
+                 progress=progress, dtype=None if a.dtype == "auto" else getattr(torch, a.dtype), tune=a.tune)
     text = json.dumps(report, indent=None if a.json else 2)
     sys.stdout.write(text + "\n")
     return 0 if report["passed"] else 1

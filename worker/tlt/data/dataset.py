@@ -1,4 +1,4 @@
-"""Loading prompt datasets for RL: JSONL or parquet files, or a built-in (`gsm8k`, `toy-count`), into `Example`s,
+"""Loading prompt datasets for RL: JSONL or parquet files, or a built-in (`gsm8k`, `toy-count`, `toy-times`), into `Example`s,
 and the train / validation split (the last `validation_size` rows are held out).
 
     from worker.tlt.data.dataset import load_examples, split_examples
@@ -21,12 +21,14 @@ from pathlib import Path
 
 from worker.tlt.config import DatasetSource
 from worker.tlt.data.toy import toy_count_rows
+from worker.tlt.data.toy_times import toy_times_rows
 from worker.tlt.file_guard import current as file_guard
 
 ChatMessages = list[dict[str, str]]
 
 # Rewards live with the task: a built-in dataset's reward functions, used when the spec leaves reward_funcs unset.
-BUILTIN_REWARDS: dict[str, list[str]] = {"gsm8k": ["math_accuracy"], "toy-count": ["toy_count"]}
+BUILTIN_REWARDS: dict[str, list[str]] = {"gsm8k": ["math_accuracy"], "toy-count": ["toy_count"],
+                                         "toy-times": ["toy_times"]}
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ def load_examples(source: DatasetSource, datasets_dir: Path | None = None) -> li
     """Every row of the dataset the spec names, in file order."""
     if source.builtin == "toy-count":
         return to_examples(toy_count_rows(), "prompt", "answer", "toy-count")
+    if source.builtin == "toy-times":
+        return to_examples(toy_times_rows(), "prompt", "answer", "toy-times")
     if source.builtin == "gsm8k":
         # The built-in file has GSM8K's own columns whatever the spec's mapping says.
         return to_examples(read_records(builtin_path("gsm8k")), "question", "answer", "gsm8k")

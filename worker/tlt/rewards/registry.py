@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from worker.tlt.data.toy import toy_count_reward, toy_many_reward
+from worker.tlt.data.toy_times import toy_times_reward
 from worker.tlt.rewards.math import math_accuracy
 from worker.tlt.rewards.shaping import brevity_reward, format_reward
 
@@ -28,7 +29,8 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "format": format_reward,  # final answer marked with #### or \boxed{}
     "brevity": brevity_reward,  # shorter non-empty responses score higher (0 from 160 characters on)
     "toy_count": toy_count_reward,  # the toy-count task: fraction of the target letter
-    "toy_many": toy_many_reward,  # the toy-count task as the demo scores it: the target letter, many times (>= 10)
+    "toy_many": toy_many_reward,  # the toy-count task: the target letter, many times (>= 10)
+    "toy_times": toy_times_reward,  # the toy-times task: the target letter, the asked number of times (partial credit)
 }
 
 ENTRY_POINT_GROUP = "tlt.rewards"
