@@ -34,6 +34,7 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.batch import UpdateSeq
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.rl.update_plan import count_params
+from worker.tlt.rl.updater import build_updater
 
 
 def fast_random_model(name: str, device: torch.device) -> Transformer:
@@ -82,7 +83,8 @@ def run_case(a: argparse.Namespace) -> dict:
     rollout = SimpleNamespace(generator=torch.Generator(), on_weights_updated=lambda: None)
     tok = SimpleNamespace(pad_id=0, eos_ids=(1,))
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(spec, model, tok, rollout, [None], [], device=device)  # type: ignore[arg-type,list-item]
+    trainer = GRPOTrainer(spec, model, tok, rollout, [None], [], device=device,  # type: ignore[arg-type,list-item]
+                          updater=build_updater(spec, model, device))
     init_s = time.perf_counter() - t0
     torch.cuda.synchronize()
     progress(f"engine built in {init_s:.1f} s: {trainer.plan.summary()}", device)

@@ -22,13 +22,12 @@ from safetensors.torch import load_file
 
 from tests.multigpu.ranks import Quiet, params_of, spawn_ranks
 from worker.tlt.build import build_trainer
-from worker.tlt.config import AlgorithmConfig, JobSpec
+from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
 from worker.tlt.multigpu.context import DistContext
+from worker.tlt.multigpu.data_parallel import build_rank
 from worker.tlt.multigpu.harvest import HarvestRecord
 from worker.tlt.multigpu.rollout_shard import ShardSummary, shard_bounds
-from worker.tlt.multigpu.update import loss_share
-from worker.tlt.rl.algorithms.registry import resolve
 from worker.tlt.rl.batch import UpdateSeq
 from worker.tlt.rl.optim import optimizer_state_bytes
 
@@ -75,15 +74,15 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
                               HarvestRecord(r, 0.0, 0.0, 0.0, 0, {})) for r in range(WORLD)]
     out: dict[str, Any] = {}
     for stage in (2, 3):
-        trainer, _ = build_trainer(ds_spec(stage), Quiet())  # type: ignore[arg-type]
-        assert trainer.ds is not None
-        trainer.ds.loss_scale = lambda: loss_share(resolve("dapo"), AlgorithmConfig(), summaries, rank) * WORLD
+        trainer, dp, _ = build_rank(ds_spec(stage), Quiet(), ctx)  # type: ignore[arg-type]
+        assert trainer.ds is not None and trainer.algorithm.name == "dapo"
+        dp.shards.last_gather = summaries  # the step's rollout summaries: the loss share's input
         for b in range(2):
             trainer.update(batches()[b][slice(*shard_bounds(6, rank, WORLD))])
             trainer.sync_weights()
             out[f"params/{stage}/{b}"] = params_of(trainer.model)
         out[f"state_bytes/{stage}"] = optimizer_state_bytes(trainer.optimizer)
-        out[f"engine_runs_model/{stage}"] = trainer.rollout.engine.model is trainer.model  # type: ignore[attr-defined]
+        out[f"engine_runs_model/{stage}"] = dp.rollout.inner.engine.model is trainer.model  # type: ignore[attr-defined]
         out[f"trained_is_engine/{stage}"] = trainer.ds.train_model is trainer.model
         if stage == 3:  # each rank keeps its partition of every weight
             out["partition_numel"] = sum(p.ds_tensor.numel() for p in trainer.ds.train_model.parameters())  # type: ignore[attr-defined]

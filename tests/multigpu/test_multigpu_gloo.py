@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,11 +20,10 @@ from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
 from worker.tlt.multigpu.context import DistContext
-from worker.tlt.multigpu.data_parallel import apply_data_parallel, dist_step
+from worker.tlt.multigpu.data_parallel import build_rank, dist_step
 from worker.tlt.multigpu.harvest import HarvestRecord
 from worker.tlt.multigpu.metrics import merge_step_metrics
 from worker.tlt.multigpu.rollout_shard import ShardSummary, shard_bounds
-from worker.tlt.multigpu.update import DataParallelUpdate
 from worker.tlt.rl.batch import UpdateSeq
 from worker.tlt.rl.trainer import GRPOTrainer
 
@@ -52,16 +50,23 @@ def toy_spec(**over: Any) -> JobSpec:
 
 
 
-def update_batch(loss_type: str) -> tuple[GRPOTrainer, list[UpdateSeq]]:
-    """A fresh trainer (same seed, same weights in every process) and a fixed batch of 6 ragged sequences."""
-    spec = toy_spec(algorithm={"loss_type": loss_type, "max_grad_norm": 0.05}, rollout={"speculative": "off"},
+def update_spec(loss_type: str) -> JobSpec:
+    return toy_spec(algorithm={"loss_type": loss_type, "max_grad_norm": 0.05}, rollout={"speculative": "off"},
                     drafter={"kind": "none"})
-    trainer, _ = build_trainer(spec, Quiet())
+
+
+def fixed_batch() -> list[UpdateSeq]:
+    """A fixed batch of 6 ragged sequences (the same in every process)."""
     g = torch.Generator().manual_seed(3)
-    seqs = [UpdateSeq(torch.randint(3, 200, (4 + i % 3,), generator=g).tolist(),
+    return [UpdateSeq(torch.randint(3, 200, (4 + i % 3,), generator=g).tolist(),
                       torch.randint(3, 200, (1 + 2 * i,), generator=g).tolist(), float(i % 3) - 1.0, None)
             for i in range(6)]
-    return trainer, seqs
+
+
+def update_batch(loss_type: str) -> tuple[GRPOTrainer, list[UpdateSeq]]:
+    """A fresh trainer (same seed, same weights in every process) and the fixed batch."""
+    trainer, _ = build_trainer(update_spec(loss_type), Quiet())
+    return trainer, fixed_batch()
 
 
 def capture_grads(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
@@ -104,19 +109,21 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
     out: dict[str, Any] = {}
     # 1. the DP update on each rank's shard of a fixed batch
     for loss_type in ("dapo", "grpo"):
-        trainer, seqs = update_batch(loss_type)
+        seqs = fixed_batch()
         shards = [seqs[slice(*shard_bounds(len(seqs), r, WORLD))] for r in range(WORLD)]
         summaries = [ShardSummary(r, [len(s.response_ids) for s in sh], [False] * len(sh),
                                   HarvestRecord(r, 0.0, 0.0, 0.0, 0, {})) for r, sh in enumerate(shards)]
-        dp = DataParallelUpdate(ctx, trainer, SimpleNamespace(last_gather=summaries))  # type: ignore[arg-type]
-        grads = capture_grads(trainer)  # registered after the DP hook: sees the reduced, clipped gradient
+        trainer, dp, _ = build_rank(update_spec(loss_type), Quiet(), ctx)  # type: ignore[arg-type]
+        dp.shards.last_gather = summaries  # the step's rollout summaries, as the sharded rollout gathers them
+        grads = capture_grads(trainer)  # at the optimizer step: sees the reduced, clipped gradient
         trainer.update(shards[rank])
         out[f"update/{loss_type}"] = params_of(trainer.model)
         out[f"grads/{loss_type}"] = grads
-        out[f"grad_norm/{loss_type}"] = dp.last_grad_norm
+        assert dp.update is not None
+        out[f"grad_norm/{loss_type}"] = dp.update.last_grad_norm
+        trainer.close()
     # 2. one RL step with the drafter; rank 1's shard takes 1.5 s longer, so rank 0 is idle and trains the drafter
-    trainer, _ = build_trainer(toy_spec(), Quiet())
-    dpl = apply_data_parallel(trainer, ctx)
+    trainer, dpl, _ = build_rank(toy_spec(), Quiet(), ctx)  # type: ignore[arg-type]
     assert dpl.drafter is not None
     if rank == 1:
         dpl.rollout.inner = delay(dpl.rollout.inner, 1.5)
@@ -128,8 +135,8 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
     dpl.drafter.begin_rollout(2)  # the next rollout start publishes the trained weights to this rank's engine
     out["serving_after"] = params_of(dpl.drafter.proposer.drafter)
     out["adam_steps"] = [int(s["step"]) for s in dpl.drafter.trainer.optimizer.state_dict()["state"].values()]
-    out["records"] = [s.harvest for s in dpl.rollout.last_gather]
-    out["merged"] = merge_step_metrics(per_rank, dpl.rollout.last_gather, trainer.spec.algorithm)[0]
+    out["records"] = dpl.shards.harvest_records()
+    out["merged"] = merge_step_metrics(per_rank, dpl.shards.last_gather, trainer.spec.algorithm)[0]
     trainer.close()
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     ctx.close()

@@ -15,11 +15,10 @@ import torch
 
 from tests.multigpu.ranks import Quiet, spawn_ranks
 from tests.multigpu.test_multigpu_gloo import WORLD, StopAfterFirstStep, toy_spec
-from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
 from worker.tlt.multigpu.context import DistContext
-from worker.tlt.multigpu.data_parallel import apply_data_parallel
+from worker.tlt.multigpu.data_parallel import build_rank
 from worker.tlt.rl.checkpoint import latest_checkpoint
 from worker.tlt.run_dir import resume_from
 
@@ -44,8 +43,7 @@ def _resume_ranks(rank: int, init_method: str, out_dir: str) -> None:
     """A fresh rank of the same job: its bandit before and after resuming from the run's checkpoints."""
     torch.set_num_threads(1)
     ctx = DistContext.init(rank, WORLD, init_method, "cpu")
-    trainer, _ = build_trainer(adaptive_spec(), Quiet())  # type: ignore[arg-type]
-    dp = apply_data_parallel(trainer, ctx)
+    trainer, dp, _ = build_rank(adaptive_spec(), Quiet(), ctx)  # type: ignore[arg-type]
     fresh = bandit_of(trainer)
     step = resume_from(trainer, Path(out_dir) / "run" / "checkpoints")
     dp.resumed(trainer, step)

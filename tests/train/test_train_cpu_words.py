@@ -21,6 +21,7 @@ from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rl.loop import step_line
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.rl.update_plan import UpdatePlan
+from worker.tlt.rl.updater import TorchUpdate
 
 # an estimate over its budget, as a SmolLM2 update's worst-case activations are on a 25 GB host
 OVER = UpdatePlan("torch", 0, False, gpu_bytes=23.9e9, host_bytes=0.0, gpu_budget=22.7e9, host_budget=20.2e9)
@@ -33,7 +34,7 @@ def test_cpu_job_gets_no_gpu_fit_warning(toy_spec: Callable[..., JobSpec], caplo
     rollout = make_rollout(spec, model, tok, torch.device("cpu"))
     with caplog.at_level(logging.INFO, logger="worker.tlt.rl.trainer"):
         GRPOTrainer(spec, model, tok, rollout, render_examples(rows, tok, None, 64), resolve(["toy_count"]),
-                    device="cpu", update=(OVER, None))
+                    device="cpu", updater=TorchUpdate(model, spec.algorithm, OVER))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     text = caplog.text
     assert "GPU" not in text and "host memory" in text

@@ -59,7 +59,6 @@ class _FakeEngine:
 
     def __init__(self, responses: list[list[int]], streaming: bool, scored: threading.Event) -> None:
         self.responses, self.scored = responses, scored
-        self.hidden_hook = self.controller = None
         self.gen = torch.Generator()
         self.returned_at: float | None = None
         if streaming:
@@ -70,11 +69,14 @@ class _FakeEngine:
         return [SequenceResult(r, s, self.responses[r * n + s], [0.0] * len(self.responses[r * n + s]), "stop")
                 for r in range(len(requests)) for s in range(n)]
 
-    def generate(self, requests: Sequence[Request]) -> GenerationOutput:
+    def generate(self, requests: Sequence[Request], on_finish: None = None, *, plain: bool = False
+                 ) -> GenerationOutput:
+        assert on_finish is None, "this engine cannot report sequences as they finish"
         return GenerationOutput(self._results(requests), [], 0.0)
 
     def _generate_streaming(self, requests: Sequence[Request],
-                            on_finish: Callable[[SequenceResult], None] | None = None) -> GenerationOutput:
+                            on_finish: Callable[[SequenceResult], None] | None = None, *,
+                            plain: bool = False) -> GenerationOutput:
         results = self._results(requests)
         for k, res in enumerate(results):
             assert on_finish is not None
@@ -84,14 +86,14 @@ class _FakeEngine:
         return GenerationOutput(results, [], 0.0)
 
 
-def _toy_trainer(toy_spec, engine: Any = None) -> GRPOTrainer:
+def _toy_trainer(toy_spec, engine: Any = None, streaming: bool = True) -> GRPOTrainer:
     spec = toy_spec()
     model, tok = load_model(spec.model)
     rows, _ = split_examples(load_examples(spec.dataset), 0)
     prompts = render_examples(rows, tok, None, 64)
     rollout = make_rollout(spec, model, tok, torch.device("cpu"))
     if engine is not None:
-        rollout = EngineRollout(engine, tok, request_sampling(spec))
+        rollout = EngineRollout(engine, tok, request_sampling(spec), streams_finished=streaming)
     return GRPOTrainer(spec, model, tok, rollout, prompts, resolve(["toy_count"]))
 
 
@@ -106,7 +108,7 @@ def test_rewards_arrive_through_the_engine_callback_or_after_generate(toy_spec, 
         scored.set()
         return float(len(completion))
 
-    trainer = _toy_trainer(toy_spec, engine)
+    trainer = _toy_trainer(toy_spec, engine, streaming)
     trainer.scorer = StreamingScorer(trainer.tokenizer, [reward], None)
     prompts = trainer.sampler.next_batch(2)
     engine.responses = [[97] * k for k in (1, 2, 3, 4)]

@@ -1,5 +1,7 @@
-"""`build_trainer(spec, reporter)`: a job spec wired into a ready GRPO trainer (device, seeds, model, data split,
-rewards, rollout engine); what `tlt train`, each multi-GPU rank and the training benches start from.
+"""`build_trainer(spec, reporter)`: a job spec wired into a ready GRPO trainer for one process; what `tlt train` and
+the training benches start from. It chooses the step's parts (rl/trainer.py: rollout, algorithm, updater, drafter
+hook) and hands them to the trainer; multigpu/data_parallel.py `build_rank` chooses a rank's parts from the same
+`load_job`.
 
     trainer, val_prompts = build_trainer(JobSpec.model_validate(data), reporter)
 """
@@ -7,19 +9,23 @@ rewards, rollout engine); what `tlt train`, each multi-GPU rank and the training
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from worker.tlt.config import JobSpec
 from worker.tlt.data.dataset import BUILTIN_REWARDS, load_examples, split_examples
-from worker.tlt.data.prompts import render_examples
+from worker.tlt.data.prompts import RenderedPrompt, render_examples
 from worker.tlt.model.load import load_model
+from worker.tlt.model.tokenizer import TokenizerLike
+from worker.tlt.model.transformer import Transformer
 from worker.tlt.reporting import Reporter
-from worker.tlt.rewards.registry import resolve
-from worker.tlt.rl.deepspeed_update import build_update
+from worker.tlt.rewards.registry import RewardFn, resolve
+from worker.tlt.rl.algorithms.registry import resolve as resolve_algorithm
 from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rl.trainer import GRPOTrainer
+from worker.tlt.rl.updater import build_updater
 
 
 def pick_device(spec: JobSpec) -> torch.device:
@@ -44,8 +50,21 @@ def reward_names_for(spec: JobSpec) -> list[str]:
     return list(algo.reward_funcs)
 
 
-def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]:
-    """Model, data, rewards and rollout engine wired into a trainer; also returns the validation prompts."""
+@dataclass
+class Job:
+    """What every process of a job loads the same way before choosing its step's parts."""
+
+    device: torch.device
+    model: Transformer
+    tokenizer: TokenizerLike
+    train: list[RenderedPrompt]
+    val: list[RenderedPrompt]
+    reward_names: list[str]
+    reward_fns: list[RewardFn]
+
+
+def load_job(spec: JobSpec) -> Job:
+    """Device, seeds, model, the data split and the reward functions of `spec`."""
     device = pick_device(spec)
     seed_everything(spec.seed)
     model, tokenizer = load_model(spec.model, device)
@@ -58,19 +77,31 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
     if not train:
         raise ValueError(f"no training prompts fit max_prompt_length={ds.max_prompt_length}")
     reward_names = reward_names_for(spec)
-    reward_fns = resolve(reward_names)
-    # DeepSpeed (when the plan uses it) moves the weights into its flat buffers: before anything captures them
-    update = build_update(spec, model, device)
-    rollout = make_rollout(spec, model, tokenizer, device)
+    return Job(device, model, tokenizer, train, val, reward_names, resolve(reward_names))
+
+
+def report_built(spec: JobSpec, job: Job, trainer: GRPOTrainer, reporter: Reporter) -> None:
+    """The job log's line on what was built, and a warning where small updates would be rounded away."""
     reporter.log(
-        f"model {spec.model.model_dump(exclude_none=True)} on {device}; {len(train)} training prompts, "
-        f"{len(val)} validation; rewards {reward_names}; rollout speculative={spec.rollout.speculative}"
+        f"model {spec.model.model_dump(exclude_none=True)} on {job.device}; {len(job.train)} training prompts, "
+        f"{len(job.val)} validation; rewards {job.reward_names}; rollout speculative={spec.rollout.speculative}"
     )
-    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train, reward_fns, device=device, drafter=rollout.drafter,
-                          reward_names=reward_names, update=update)
-    if model.head_weight.dtype != torch.float32 and not trainer.master.enabled and trainer.ds is None:
+    if job.model.head_weight.dtype != torch.float32 and not trainer.master.enabled and trainer.ds is None:
         # one module serves rollout and training (free weight sync): without fp32 copies AdamW updates far below
         # a bf16 ulp are rounded away
-        reporter.log(f"warning: training {model.head_weight.dtype} weights without fp32 master weights "
+        reporter.log(f"warning: training {job.model.head_weight.dtype} weights without fp32 master weights "
                      "(algorithm.fp32_master_weights: false); small updates are rounded away")
-    return trainer, val
+
+
+def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list[RenderedPrompt]]:
+    """One process's trainer: the spec's updater, its rollout (with the drafter's tail training in the engine) and
+    algorithm, the rollout's drafter as the drafter hook; also returns the validation prompts."""
+    job = load_job(spec)
+    # DeepSpeed (when the plan uses it) moves the weights into its flat buffers: before anything captures them
+    updater = build_updater(spec, job.model, job.device)
+    rollout = make_rollout(spec, job.model, job.tokenizer, job.device)
+    trainer = GRPOTrainer(spec, job.model, job.tokenizer, rollout, job.train, job.reward_fns, device=job.device,
+                          drafter=rollout.drafter, reward_names=job.reward_names, updater=updater,
+                          algorithm=resolve_algorithm(spec.algorithm.algorithm_name))
+    report_built(spec, job, trainer, reporter)
+    return trainer, job.val

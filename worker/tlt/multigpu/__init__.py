@@ -7,7 +7,7 @@
     update.py         gradient all-reduce (DDP-style) with the global loss normaliser and global clip (torch update);
                       ZeRO stages and offload are DeepSpeed's (`resources.zero_stage`, rl/deepspeed_update.py)
     metrics.py        merge the ranks' step metrics; per-GPU timeline intervals
-    data_parallel.py  apply all of it to a single-GPU GRPOTrainer; the step strategy of rl/loop.py's train_loop
+    data_parallel.py  a rank's GRPOTrainer built from these parts (`build_rank`); the step strategy of train_loop
 
 Limits: `algorithm.dynamic_sampling` is refused (a rank whose groups all drop would skip the optimizer step the
 others all-reduce in); lifting it needs GRPOTrainer.update to take its LossNorm from an overridable method and to

@@ -3,7 +3,8 @@ and the trained drafter reaches every rank at the step's sync point.
 
     harvester = Harvester(ctx, online_drafter, max_steps=spec.drafter.max_train_steps_per_rl_step)
     record = harvester.wait_for_all(call, rollout_s)      # in ShardedRollout, after this rank's shard
-    hook = DistDrafterHook(ctx, online_drafter, records)  # the trainer's DrafterHook: broadcast + harvest/* metrics
+    hook = DistDrafterHook(ctx, online_drafter, shards.harvest_records)  # the trainer's DrafterHook: broadcast +
+                                                                          # harvest/* metrics
 
 Single trainer, not an all-reduce among idle ranks: the set of idle ranks changes while the tail runs, and a
 collective over a changing set needs a new process group per step or blocks a rank that is still generating.
@@ -13,7 +14,7 @@ others wait for its last one and count that wait as idle), and at the sync point
 broadcasts the spot trainer's state (weights, AdamW moments, generators, counters) so every rank holds the same drafter and
 any rank can claim the next step. With 2 GPUs at most one rank is ever idle, so nothing is left on the table; with
 more, the later finishers only wait (counted in idle, not used).
-The engine's own tail hook (training inside a rank's memory-bound tail) is detached in multi-GPU jobs: every rank
+The engine's own tail hook (training inside a rank's memory-bound tail) is not built in multi-GPU jobs: every rank
 would train its own copy and the copies would diverge.
 
 Per-step accounting, per rank: rollout_s (own shard), idle_s (own shard done -> all ranks done), used_s (drafter

@@ -86,9 +86,8 @@ def free_port() -> int:
 def train_rank(rank: int, world: int, local_rank: int, device_type: str, spec: JobSpec, run_dir: Path,
                resume: bool, reporter_of: Callable[[bool], Reporter]) -> None:
     """One rank of a job whose rendezvous is in the environment (env://); `reporter_of(is_main)` its reporter."""
-    from worker.tlt.build import build_trainer
     from worker.tlt.multigpu.context import DistContext
-    from worker.tlt.multigpu.data_parallel import apply_data_parallel
+    from worker.tlt.multigpu.data_parallel import build_rank
     from worker.tlt.rl.loop import train_loop
 
     if device_type == "cpu":  # ranks share the host's cores
@@ -97,8 +96,7 @@ def train_rank(rank: int, world: int, local_rank: int, device_type: str, spec: J
     reporter = reporter_of(ctx.is_main)
     trainer = None
     try:
-        trainer, val = build_trainer(spec, reporter)
-        dp = apply_data_parallel(trainer, ctx)
+        trainer, dp, val = build_rank(spec, reporter, ctx)
         train_loop(spec, trainer, dp, val, run_dir, reporter, resume)
     finally:
         if trainer is not None:

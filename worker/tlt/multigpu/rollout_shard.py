@@ -2,8 +2,9 @@
 spot-trains the drafter until every rank is done (harvest.py), then the ranks exchange a summary of their
 trajectories.
 
-    rollout = ShardedRollout(inner, ctx, harvester)     # inner: rl/engine_adapter.py EngineRollout (or any Rollout)
-    trajs, sd = rollout(prompts, n, greedy=False)       # this rank's shard only; rollout.last_gather = all ranks'
+    shards = StepShards()                                     # what the update and the drafter hook read too
+    rollout = ShardedRollout(inner, ctx, harvester, seed, shards)   # inner: any rl/rollout_io.py Rollout
+    trajs, sd = rollout(prompts, n, greedy=False)       # this rank's shard only; shards.last_gather = all ranks'
 
 Sharding is by prompt, so each GRPO group lives on one rank and group advantages stay local (no gather before the
 update); batch-wide advantages (REINFORCE++) all-reduce a few sums instead (`GRPOTrainer.batch_sums`).
@@ -45,12 +46,30 @@ class ShardSummary:
     harvest: HarvestRecord
 
 
+class StepShards:
+    """Every rank's `ShardSummary` of the step's training rollout, written by `ShardedRollout` and read by the parts
+    that need the whole step: the data-parallel update's loss share (update.py) and the drafter hook's harvest
+    records (harvest.py). Made before them, so each is handed it at construction."""
+
+    def __init__(self) -> None:
+        self.last_gather: list[ShardSummary] = []
+
+    def harvest_records(self) -> list[HarvestRecord]:
+        return [s.harvest for s in self.last_gather]
+
+
 class ShardedRollout:
-    def __init__(self, inner: Rollout, ctx: DistContext, harvester: Harvester, seed: int) -> None:
+    def __init__(self, inner: Rollout, ctx: DistContext, harvester: Harvester, seed: int,
+                 shards: StepShards) -> None:
         self.inner, self.ctx, self.harvester = inner, ctx, harvester
         self.seed = seed  # base of the per-(rank, rollout) sampling seeds
         self.calls = 0  # training rollouts so far (identical on every rank)
-        self.last_gather: list[ShardSummary] = []
+        self.shards = shards
+
+    @property
+    def last_gather(self) -> list[ShardSummary]:
+        """Every rank's summary of the last training rollout."""
+        return self.shards.last_gather
 
     @property
     def generator(self) -> torch.Generator:
@@ -91,5 +110,5 @@ class ShardedRollout:
         record = self.harvester.wait_for_all(self.calls, rollout_s=time.perf_counter() - t0)
         summary = ShardSummary(self.ctx.rank, [len(t.response) for t in trajs],
                                [t.finish_reason == "length" for t in trajs], record)
-        self.last_gather = self.ctx.all_gather_objects(summary)
+        self.shards.last_gather = self.ctx.all_gather_objects(summary)
         return trajs, sd

@@ -1,7 +1,7 @@
 """Data-parallel policy update: each rank backpropagates its own shard's loss, the gradients are all-reduced once
 per RL step (DDP-style, bucketed), clipped by the global norm, and every rank takes the same AdamW step.
 
-    dp = DataParallelUpdate(ctx, trainer, rollout)     # installs itself on the trainer's optimizer (a step pre-hook)
+    updater = DataParallelTorchUpdate(model, spec.algorithm, plan, ctx, algorithm, shards)  # the trainer's Updater
 
 Why replication (DDP-style) and not FSDP2 `fully_shard` for a 135M policy: the whole training state is ~2.4 GB per
 GPU (bf16 weights 0.27 GB, fp32 master copies 0.54, fp32 grads 0.54, AdamW moments 1.1), under 2% of an H200, so
@@ -10,15 +10,14 @@ every backward, and the rollout engine (colocated: it runs the very module being
 whole, plain tensors, which FSDP2 replaces with DTensor shards. Replication keeps the engine untouched. Past ~7B
 parameters the state no longer fits beside the KV cache: then `resources.zero_stage` (1-3) and
 `offload_optimizer` run the update on DeepSpeed instead (rl/deepspeed_update.py, multigpu/data_parallel.py), which
-shards the optimizer state, gradients and (stage 3) weights, and this hook is not installed.
+shards the optimizer state, gradients and (stage 3) weights.
 
-Exactness: the trainer normalises its loss by its own shard's batch (rl/algorithms/base.py LossNorm); the pre-hook
-rescales each rank's gradient by its share of the global normaliser (`loss_share`: the algorithm's aggregation
-decides, e.g. token counts for `dapo`, sequence counts for `grpo`) before the SUM all-reduce, so the reduced
-gradient is the gradient of the single-process loss over the concatenated batch. The trainer's own clip is disabled
-(its `algo` copy has max_grad_norm = inf) because it would clip the local gradient; the pre-hook clips the reduced one
-with the spec's max_grad_norm. All ranks then hold the same gradient and take the same step, so the policy needs no
-weight broadcast (`check_replicas` verifies it at every checkpoint).
+Exactness: the trainer normalises its loss by its own shard's batch (rl/algorithms/base.py LossNorm); before the
+clip the updater rescales each rank's gradient by its share of the global normaliser (`loss_share`: the algorithm's
+aggregation decides, e.g. token counts for `dapo`, sequence counts for `grpo`) and SUM-all-reduces it, so the reduced
+gradient is the gradient of the single-process loss over the concatenated batch; the clip (the spec's max_grad_norm)
+then sees the global norm, never a local one. All ranks hold the same gradient and take the same step, so the policy
+needs no weight broadcast (`check_replicas` verifies it at every checkpoint).
 
 Not supported yet: `dynamic_sampling` (a rank whose groups all drop skips its optimizer step and the others would
 wait in the all-reduce; needs a loss-norm seam in GRPOTrainer.update, see the multigpu package docstring).
@@ -26,20 +25,21 @@ wait in the all-reduce; needs a loss-norm seam in GRPOTrainer.update, see the mu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from worker.tlt.config import AlgorithmConfig
+from worker.tlt.model.transformer import Transformer
 from worker.tlt.multigpu.context import DistContext
 from worker.tlt.rl.algorithms.base import Algorithm, LossNorm
+from worker.tlt.rl.update_plan import UpdatePlan
+from worker.tlt.rl.updater import TorchUpdate
 
 if TYPE_CHECKING:
-    from worker.tlt.multigpu.rollout_shard import ShardedRollout, ShardSummary
-    from worker.tlt.rl.trainer import GRPOTrainer
+    from worker.tlt.multigpu.rollout_shard import ShardSummary, StepShards
 
 BUCKET_NUMEL = 1 << 25  # 32M fp32 elements (128 MB) per all-reduce: few launches, bounded extra memory
 
@@ -84,24 +84,25 @@ def all_reduce_grads(params: Sequence[torch.nn.Parameter], scale: float) -> None
             offset += n
 
 
-class DataParallelUpdate:
-    def __init__(self, ctx: DistContext, trainer: GRPOTrainer, rollout: ShardedRollout) -> None:
-        if trainer.algo.dynamic_sampling:
+class DataParallelTorchUpdate(TorchUpdate):
+    """rl/updater.py's torch AdamW update as one rank of several: before the clip, each rank's gradient is scaled by
+    its share of the global normaliser and summed over the ranks; the clip then sees the global norm."""
+
+    def __init__(self, model: Transformer, algo: AlgorithmConfig, plan: UpdatePlan, ctx: DistContext,
+                 algorithm: Algorithm, shards: StepShards) -> None:
+        if algo.dynamic_sampling:
             raise ValueError("algorithm.dynamic_sampling is not supported with resources.gpus > 1 yet")
-        self.ctx, self.rollout, self.algorithm = ctx, rollout, trainer.algorithm
-        self.max_grad_norm = trainer.algo.max_grad_norm
-        self.params = trainer.master.train_params  # what the optimizer steps (fp32 copies where there are any)
+        super().__init__(model, algo, plan)
+        self.ctx, self.algorithm, self.cfg, self.shards = ctx, algorithm, algo, shards
         self.last_grad_norm = 0.0
         self.last_share = 1.0
-        # the trainer clips before optimizer.step(): that would clip the local gradient, so it is turned off there
-        trainer.algo = trainer.algo.model_copy(update={"max_grad_norm": math.inf})
-        self.cfg = trainer.algo
-        trainer.optimizer.register_step_pre_hook(self._before_step)
 
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.last_share = loss_share(self.algorithm, self.cfg, self.rollout.last_gather, self.ctx.rank)
-        all_reduce_grads(self.params, self.last_share)
-        self.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+    def clip_grads(self) -> torch.Tensor:
+        self.last_share = loss_share(self.algorithm, self.cfg, self.shards.last_gather, self.ctx.rank)
+        all_reduce_grads(self.master.train_params, self.last_share)
+        norm = super().clip_grads()
+        self.last_grad_norm = float(norm)
+        return norm
 
 
 @torch.no_grad()

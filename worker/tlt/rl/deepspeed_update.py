@@ -6,7 +6,7 @@ parameters into the rollout engine.
 
     plan, ds = build_update(spec, model, device)           # before the rollout engine captures its CUDA graphs
                                                            # (every rank, after the process group exists, or alone)
-    for i, mb in enumerate(mbs): ds.backward(loss_of(ds.forward(mb.input_ids, at)), last=i == len(mbs) - 1)
+    for i, mb in enumerate(mbs): ds.backward(loss_of(ds.policy_logits(mb.input_ids, at)), last=i == len(mbs) - 1)
     grad_norm = ds.step(); ds.sync_engine_weights()        # once per RL step
     ds.save(root, step) / ds.load(root, step)              # every rank: each writes / reads its own shard
 
@@ -25,7 +25,7 @@ offload), reading `lr` from that optimizer's param groups, so the trainer's Lamb
 Gradient clipping is DeepSpeed's (`gradient_clipping`: the global norm across ranks and partitions). Micro-batches
 accumulate with DeepSpeed's gradient-accumulation boundary set by the caller (the number of micro-batches varies
 per RL step); gradients are averaged over ranks, so a data-parallel caller scales each rank's loss by
-`loss_scale()` (its share of the global normaliser x world; multigpu/data_parallel.py).
+`loss_scale()`, handed in at construction (its share of the global normaliser x world; multigpu/data_parallel.py).
 
 DeepSpeed runs on CPU too (DS_ACCELERATOR=cpu, gloo): the CI tests train a tiny fp32 model on 2 processes.
 """
@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from worker.tlt.config import AlgorithmConfig, JobSpec
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rl.optim import LOW_PRECISION, adamw_kwargs, trainable_params
+from worker.tlt.rl.optim import LOW_PRECISION, MasterWeights, adamw_kwargs, trainable_params
 from worker.tlt.rl.partial_offload import gpu_share_state, load_gpu_share_state, sync_hyperparams
 from worker.tlt.rl.policy_forward import ResponseLogits
 from worker.tlt.rl.update_plan import UpdatePlan, count_params, plan_update
@@ -117,20 +117,26 @@ def ensure_process_group(backend: str) -> None:
     dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
-def build_update(spec: JobSpec, model: Transformer, device: torch.device
-                 ) -> tuple[UpdatePlan, DeepSpeedUpdate | None]:
-    """The plan of `spec` for `model`, and DeepSpeed's engine when the plan runs on DeepSpeed (None: torch)."""
+def build_update(spec: JobSpec, model: Transformer, device: torch.device,
+                 loss_scale: Callable[[], float] | None = None) -> tuple[UpdatePlan, DeepSpeedUpdate | None]:
+    """The plan of `spec` for `model`, and DeepSpeed's engine when the plan runs on DeepSpeed (None: torch);
+    `loss_scale` as DeepSpeedUpdate's."""
     model.gradient_checkpointing = spec.algorithm.gradient_checkpointing  # copied along at ZeRO-3
     plan = plan_for(spec, model, device)
     if plan.engine != "deepspeed":
         return plan, None
     if not deepspeed_installed():
         raise RuntimeError("resources ask for DeepSpeed, which is not installed: pip install '.[deepspeed]'")
-    return plan, DeepSpeedUpdate(model, spec.algorithm, plan)
+    return plan, DeepSpeedUpdate(model, spec.algorithm, plan, loss_scale)
 
 
 class DeepSpeedUpdate:
-    def __init__(self, model: Transformer, algo: AlgorithmConfig, plan: UpdatePlan) -> None:
+    """rl/updater.py's `Updater` on DeepSpeed's engine (see the module docstring)."""
+
+    def __init__(self, model: Transformer, algo: AlgorithmConfig, plan: UpdatePlan,
+                 loss_scale: Callable[[], float] | None = None) -> None:
+        """loss_scale: data parallelism's factor on each rank's loss (its share of the global normaliser x world,
+        multigpu/data_parallel.py); None: 1 (one process)."""
         device = next(model.parameters()).device
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")  # before the import
         import deepspeed
@@ -157,15 +163,22 @@ class DeepSpeedUpdate:
             deepspeed.zero.register_external_parameter(self.forward_module, self.train_model.head_weight)
         self.moved_storage = plan.zero_stage < 3 and before != [p.data_ptr() for p in params]
         self.base_optimizer = base  # the LR schedule sets its param groups' lr
-        self.loss_scale: Callable[[], float] = lambda: 1.0  # data parallel: share of the global normaliser x world
+        self.optimizer: torch.optim.Optimizer = base
+        self.master = MasterWeights(trainable_params(model), enabled=False)  # DeepSpeed keeps its own fp32 copies
+        self.loss_scale = loss_scale
 
-    def forward(self, input_ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:  # [b, S], [n] -> [n, V]
+    def policy_logits(self, input_ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:  # [b, S], [n] -> [n, V]
         return self.engine(input_ids, at)
+
+    def begin(self) -> None:
+        """ZeRO-3 trains a copy, built while the rollout engine held the model in eval mode: without train mode,
+        gradient checkpointing never engages (a 7B forward OOMs). DeepSpeed clears its own gradients."""
+        self.train_model.train()
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """Backward of one micro-batch; `last` closes the step's accumulation (DeepSpeed reduces / steps then)."""
         self.engine.set_gradient_accumulation_boundary(last)
-        scale = self.loss_scale()
+        scale = self.loss_scale() if self.loss_scale is not None else 1.0
         self.engine.backward(loss * scale if scale != 1.0 else loss)
 
     def step(self) -> float:

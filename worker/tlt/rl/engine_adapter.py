@@ -25,10 +25,11 @@ Speculative decoding (`rollout.speculative`, `drafter.kind`):
   perf/tokens_per_s_{full,tail,bucket/<b>}).
 - `on` with `none` is not wired: it runs SD off and says so in the log. sd/on_fraction always reports
   what actually ran.
-Finished responses reach the caller's `on_finish` through the engine's own `on_finish` callback when
-`Engine.generate` has that parameter (so rewards are scored while the tail still decodes), else after generate()
-returns; `streams_finished` says which.
-Validation rollouts (greedy) run plain decoding with the hook detached, so they never feed the drafter's buffer.
+Finished responses reach the caller's `on_finish` through the engine's own `on_finish` callback (so rewards are
+scored while the tail still decodes), or after generate() returns for an engine built without one
+(`streams_finished=False`).
+Validation rollouts (greedy) run `Engine.generate(..., plain=True)`: plain decoding with no hidden-state capture, so
+they never feed the drafter's buffer nor the controller's bandit.
 Memory for the update (`rollout.release_kv_for_update`): a training rollout ends by freeing the engine's KV
 cache and its graphs (rollout/memory.py), so the GRPO update that follows has that memory; the next call (training
 or validation) allocates it again first. Metrics of a training rollout: `perf/kv_released_gb` (freed at its end) and
@@ -37,12 +38,11 @@ or validation) allocates it again first. Metrics of a training rollout: `perf/kv
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -88,18 +88,36 @@ def sd_metrics(out: GenerationOutput) -> dict[str, float]:
     return m
 
 
-class EngineRollout:
-    """`RolloutFn` over an `Engine`: prompts x n samples -> Trajectories grouped by prompt."""
+class RolloutEngine(Protocol):
+    """What `EngineRollout` needs of an engine (rollout/engine.py `Engine`)."""
 
-    def __init__(self, engine: Engine, tokenizer: TokenizerLike, sampling: RequestSampling, release_kv: bool = False,
-                 drafter: OnlineDrafter | None = None, controller: AdaptiveSd | None = None) -> None:
+    @property
+    def gen(self) -> torch.Generator: ...
+
+    def generate(self, requests: Sequence[Request], on_finish: Callable[[SequenceResult], None] | None = None, *,
+                 plain: bool = False) -> GenerationOutput: ...
+
+    def release_memory(self) -> int: ...
+
+    def restore_memory(self) -> None: ...
+
+
+class EngineRollout:
+    """`Rollout` over an `Engine`: prompts x n samples -> Trajectories grouped by prompt."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer: TokenizerLike, sampling: RequestSampling,
+                 release_kv: bool = False, drafter: OnlineDrafter | None = None, controller: AdaptiveSd | None = None,
+                 streams_finished: bool = True) -> None:
         """sampling: the training rollouts' settings (n and greedy are per call); release_kv: free the engine's KV
-        cache after training rollouts (rollout.release_kv_for_update); controller: the one the engine plans with."""
+        cache after training rollouts (rollout.release_kv_for_update); controller: the one the engine plans with;
+        streams_finished: whether the engine calls `generate(..., on_finish=)` as each sequence finishes (ours
+        does; an engine that cannot has every response handed over after generate returns)."""
         self.engine, self.tokenizer, self.sampling = engine, tokenizer, sampling
         self.controller = controller
         self.drafter = drafter  # also the trainer's DrafterHook when set
         self.rollouts = 0  # training rollouts so far (the drafter buffer's step numbers)
         self.release_kv = release_kv
+        self.streams_finished = streams_finished
 
     @property
     def generator(self) -> torch.Generator:
@@ -122,27 +140,22 @@ class EngineRollout:
             assert on_finish is not None
             on_finish(s.request * n + s.sample, trajectory(s))
 
-        stream = on_finish is not None and self.streams_finished
+        stream = engine_on_finish if on_finish is not None and self.streams_finished else None
         t0 = time.perf_counter()
         if self.release_kv:  # released by the previous training rollout: allocated again before generating
             self.engine.restore_memory()
         restore_s = time.perf_counter() - t0
         if greedy:  # validation: plain decoding, nothing captured, the bandit untouched
-            hook, ctl = self.engine.hidden_hook, self.engine.controller
-            self.engine.hidden_hook, self.engine.controller = None, None
-            try:
-                out = self._generate(requests, engine_on_finish if stream else None)
-            finally:
-                self.engine.hidden_hook, self.engine.controller = hook, ctl
+            out = self.engine.generate(requests, stream, plain=True)
         else:
             self.rollouts += 1
             if self.drafter is not None:
                 self.drafter.begin_rollout(self.rollouts)
-            out = self._generate(requests, engine_on_finish if stream else None)
+            out = self.engine.generate(requests, stream)
             if self.drafter is not None:
                 self.drafter.observe_rollout(out)
         trajs = [trajectory(s) for s in out.sequences]  # ordered by (request, sample)
-        if on_finish is not None and not stream:  # an engine without the callback: hand them over now
+        if on_finish is not None and stream is None:  # an engine without the callback: hand them over now
             for i, t in enumerate(trajs):
                 on_finish(i, t)
         metrics = sd_metrics(out)
@@ -150,18 +163,6 @@ class EngineRollout:
             metrics["perf/kv_released_gb"] = self.engine.release_memory() / 2**30
             metrics["timing_s/kv_restore"] = restore_s
         return trajs, metrics
-
-    @property
-    def streams_finished(self) -> bool:
-        """True when the engine reports each sequence as it finishes (`Engine.generate(..., on_finish=)`)."""
-        return "on_finish" in inspect.signature(self.engine.generate).parameters
-
-    def _generate(self, requests: list[Request], on_finish: Callable[[SequenceResult], None] | None
-                  ) -> GenerationOutput:
-        if on_finish is None:
-            return self.engine.generate(requests)
-        generate: Callable[..., GenerationOutput] = self.engine.generate  # typed loosely: before and after the
-        return generate(requests, on_finish=on_finish)  # engine gained the parameter
 
     def on_weights_updated(self) -> None:
         """Colocated: the engine runs the trained module itself, so there is nothing to copy."""
@@ -178,8 +179,11 @@ def tail_trainer(drafter: OnlineDrafter) -> TailHook:
     return hook
 
 
-def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, device: torch.device) -> EngineRollout:
-    """The trainer's rollout over an engine built from the spec (spec_translate.py translates every setting)."""
+def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, device: torch.device,
+                 tail_training: bool = True) -> EngineRollout:
+    """The trainer's rollout over an engine built from the spec (spec_translate.py translates every setting).
+    tail_training: whether the engine spot-trains the online drafter between its tail steps (off for a rank of a
+    data-parallel job: each rank would train its own copy and the copies diverge; multigpu/harvest.py trains it)."""
     ro, kind = spec.rollout, spec.drafter.kind
     drafter: OnlineDrafter | None = None
     if kind in ("eagle1", "eagle3") and ro.speculative in ("adaptive", "on"):  # the learned, spot-trained drafter
@@ -193,7 +197,7 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
         proposers["ngram"] = NGramProposer(NGramConfig())  # cold start: always there
         if drafter is not None:
             proposers["eagle"] = drafter.proposer
-            tail_hook = tail_trainer(drafter)
+            tail_hook = tail_trainer(drafter) if tail_training else None
         elif kind != "ngram":
             log.warning("drafter.kind=%s has no engine drafter; adaptive SD runs with the n-gram drafter only", kind)
         ctl = controller(spec, list(proposers))  # type: ignore[arg-type]

@@ -2,7 +2,8 @@
 tail. The advantage estimator and the policy loss are the job's `Algorithm` (rl/algorithms/: grpo, dapo, dr_grpo,
 gspo, rloo, reinforce_plus_plus or an installed one), looked up by name; the step never branches on it.
 
-    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train_prompts, reward_fns, device=...)
+    trainer = GRPOTrainer(spec, model, tokenizer, rollout, train_prompts, reward_fns, device=...,
+                          updater=..., algorithm=..., drafter=...)   # the parts: build.py chooses them
     metrics, samples, hist = trainer.step()       # one RL step; metric names: metric_catalog.py
     trainer.state_dict() / trainer.load_state_dict(...)   # via rl/checkpoint.py
 
@@ -21,9 +22,9 @@ rl/algorithms/builtin.py:
 - bf16/fp16 models train through fp32 master weights by default (rl/optim.py `MasterWeights`), so the update the
   engine sees is the fp32 optimizer's, rounded once.
 - The update runs on torch AdamW in this process or on DeepSpeed's engine (ZeRO stages, optimizer offload), as
-  `resources` asks or as the memory arithmetic decides (rl/update_plan.py, rl/deepspeed_update.py); `self.plan` says
-  which. DeepSpeed clips by the global norm, keeps its own fp32 master weights, and at ZeRO-3 the sync phase gathers
-  its partitioned weights into the engine's copy.
+  `resources` asks or as the memory arithmetic decides (rl/update_plan.py); the trainer is handed that `Updater`
+  (rl/updater.py) and `self.plan` says which. DeepSpeed clips by the global norm, keeps its own fp32 master
+  weights, and at ZeRO-3 the sync phase gathers its partitioned weights into the engine's copy.
 - Weight sync is free: the rollout engine runs the very module being trained (colocated), so the update is visible
   to the next rollout with no copy; `timing_s/sync` measures only the engine's notification hook.
 - With `rollout.release_kv_for_update` the rollout frees the engine's KV cache (and its CUDA graphs) as it returns,
@@ -50,21 +51,22 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rewards.registry import RewardFn
 from worker.tlt.rewards.shaping import overlong_penalty
 from worker.tlt.rewards.streaming import StreamingScorer
-from worker.tlt.rl.algorithms.base import AdvantageInput, BatchSums, LossNorm, local_sums, zero_std_groups
+from worker.tlt.rl.algorithms.base import (
+    AdvantageInput,
+    Algorithm,
+    BatchSums,
+    LossNorm,
+    local_sums,
+    zero_std_groups,
+)
 from worker.tlt.rl.algorithms.registry import resolve
 from worker.tlt.rl.batch import MicroBatch, UpdateSeq, micro_batches
-from worker.tlt.rl.deepspeed_update import DeepSpeedUpdate, build_update
+from worker.tlt.rl.deepspeed_update import DeepSpeedUpdate
 from worker.tlt.rl.logprobs import token_logprobs_entropy
-from worker.tlt.rl.optim import (
-    MasterWeights,
-    build_optimizer,
-    build_scheduler,
-    trainable_params,
-    use_master_weights,
-)
+from worker.tlt.rl.optim import MasterWeights, build_scheduler
 from worker.tlt.rl.policy_forward import ResponseLogits
 from worker.tlt.rl.rollout_io import Rollout, Trajectory
-from worker.tlt.rl.update_plan import UpdatePlan
+from worker.tlt.rl.updater import Updater, build_updater
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,11 @@ def length_histogram(lengths: np.ndarray, max_len: int, bins: int = 64) -> tuple
 
 
 class GRPOTrainer:
+    """The RL step over parts handed in at construction: a `Rollout` (rl/rollout_io.py), an `Algorithm`
+    (rl/algorithms/), an `Updater` (rl/updater.py: torch AdamW, DeepSpeed, or their data-parallel forms) and a
+    `DrafterHook`, plus how batch-wide advantage statistics are summed (`batch_sums`). build.py chooses them for one
+    process, multigpu/data_parallel.py `build_rank` for one rank of several; nothing is replaced afterwards."""
+
     def __init__(
         self,
         spec: JobSpec,
@@ -112,14 +119,15 @@ class GRPOTrainer:
         drafter: DrafterHook | None = None,
         num_samples: int = 2,
         reward_names: list[str] | None = None,  # names of reward_fns for metrics (default: algorithm.reward_funcs)
-        update: tuple[UpdatePlan, DeepSpeedUpdate | None] | None = None,  # rl/deepspeed_update.py build_update;
-        # None = built here (after the rollout engine: its CUDA graphs are then dropped if DeepSpeed moved weights)
+        updater: Updater | None = None,  # None: rl/updater.py build_updater (torch AdamW only: DeepSpeed is built
+        # before the rollout engine, by build.py)
+        algorithm: Algorithm | None = None,  # None: the spec's algorithm.name from the registry
+        batch_sums: BatchSums = local_sums,  # batch-wide advantage statistics: this process's batch is the step's,
+        # unless data parallelism sums the ranks' shards (multigpu/data_parallel.py)
     ) -> None:
         self.spec, self.algo = spec, spec.algorithm
-        self.algorithm = resolve(spec.algorithm.algorithm_name)  # advantages + policy loss (rl/algorithms/)
-        # batch-wide advantage statistics: this process's batch is the step's, unless data parallelism sums the
-        # ranks' shards (multigpu/data_parallel.py)
-        self.batch_sums: BatchSums = local_sums
+        self.algorithm = algorithm if algorithm is not None else resolve(spec.algorithm.algorithm_name)
+        self.batch_sums = batch_sums
         self.model, self.tokenizer, self.rollout = model, tokenizer, rollout
         self.reward_fns, self.device, self.drafter = reward_fns, device, drafter
         self.reward_names = reward_names or list(spec.algorithm.reward_funcs)
@@ -129,27 +137,35 @@ class GRPOTrainer:
         self.ref_model = None
         if self.algo.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.plan, self.ds = update if update is not None else build_update(spec, model, torch.device(device))
+        if updater is None:
+            updater = build_updater(spec, model, torch.device(device))
+            if isinstance(updater, DeepSpeedUpdate) and updater.moved_storage:
+                raise ValueError("DeepSpeed moved the policy's weights after the rollout engine read them: build the "
+                                 "updater before the rollout and hand it in (build.py)")
+        self.updater = updater
+        self.plan = updater.plan
         if not self.plan.fits and torch.device(device).type == "cuda":
             log.warning("the policy update may not fit: %s", "; ".join(self.plan.lines()))
         elif not self.plan.fits:  # on CPU the plan's budgets are host memory and its activations a worst case
             log.info("policy update on the CPU: estimated peak %.1f GB of %.1f GB host memory (an upper bound)",
                      self.plan.gpu_bytes / 1e9, self.plan.gpu_budget / 1e9)
-        self.policy_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ResponseLogits(model)
-        if self.ds is not None:
-            self.master = MasterWeights(trainable_params(model), enabled=False)  # DeepSpeed keeps its own
-            self.optimizer: torch.optim.Optimizer = self.ds.base_optimizer
-            self.policy_logits = self.ds.forward
-            engine = getattr(rollout, "engine", None)
-            if update is None and self.ds.moved_storage and engine is not None:  # graphs on the old storage
-                engine.release_memory()
-                engine.restore_memory()
-        else:
-            self.master = MasterWeights(trainable_params(model), enabled=use_master_weights(model, self.algo))
-            self.optimizer = build_optimizer(self.master.train_params, self.algo)
         self.scheduler = build_scheduler(self.optimizer, self.algo, total_steps=spec.max_steps)
         self.scorer = StreamingScorer(tokenizer, reward_fns, self.algo.reward_weights)
         self.step_count = 0  # RL steps completed
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer whose param groups carry the learning rate (DeepSpeed: the one it was given)."""
+        return self.updater.optimizer
+
+    @property
+    def master(self) -> MasterWeights:
+        return self.updater.master
+
+    @property
+    def ds(self) -> DeepSpeedUpdate | None:
+        """The DeepSpeed updater, whose optimizer state is checkpointed by every rank (rl/loop.py); None on torch."""
+        return self.updater if isinstance(self.updater, DeepSpeedUpdate) else None
 
     # ------------------------------------------------------------------------------------------------ phases
     def on_finish(self, index: int, traj: Trajectory) -> None:
@@ -193,29 +209,22 @@ class GRPOTrainer:
         on the device until one read at the end, so the host queues micro-batches without waiting for the GPU."""
         lr = self.optimizer.param_groups[0]["lr"]
         self.model.train()
-        if self.ds is not None:  # ZeRO-3 trains a copy, built while the rollout engine held the model in eval mode:
-            self.ds.train_model.train()  # without this, gradient checkpointing never engages (a 7B forward OOMs)
+        self.updater.begin()
         names = ("loss", "entropy", "kl", "clip", "tokens", "lp_diff", "lp_diff_max", "lp_sum_train", "lp_sum_roll",
                  "lp_tokens", "grad_norm")
         acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in names}  # float64 sums
         if seqs:
             norm = LossNorm.of_lengths([len(s.response_ids) for s in seqs])
-            if self.ds is None:
-                self.optimizer.zero_grad(set_to_none=True)
             mbs = list(micro_batches(seqs, self.algo.micro_batch_tokens, self.tokenizer.pad_id, self.device))
             ref_logits = ResponseLogits(self.ref_model) if self.ref_model is not None else None
             for i, mb in enumerate(mbs):
-                logp, ent = self.response_logprobs(self.policy_logits, mb)
+                logp, ent = self.response_logprobs(self.updater.policy_logits, mb)
                 ref_logp = None
                 if ref_logits is not None:
                     with torch.no_grad():
                         ref_logp, _ = self.response_logprobs(ref_logits, mb)
                 loss, st = self.algorithm.loss(logp, logp.detach(), mb.advantages, mb.mask, self.algo, norm, ref_logp)
-                if self.ds is not None:  # DeepSpeed reduces and accumulates; the last micro-batch closes the step
-                    self.ds.backward(loss, last=i == len(mbs) - 1)
-                else:
-                    loss.backward()
-                    self.master.accumulate_grads()  # fp32 copies' grads (no-op without master weights)
+                self.updater.backward(loss, last=i == len(mbs) - 1)
                 with torch.no_grad():
                     m = mb.mask
                     acc["loss"] += loss.detach()
@@ -231,13 +240,7 @@ class GRPOTrainer:
                         acc["lp_sum_roll"] += (mb.rollout_logp * m).sum()
                         acc["lp_tokens"] += m.sum()
                 del logp, ent
-            if self.ds is not None:
-                acc["grad_norm"] += self.ds.step()  # clipped by DeepSpeed by the global norm, which it returns
-            else:
-                acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.master.train_params, self.algo.max_grad_norm)
-                self.optimizer.step()
-                self.master.write_back()  # the engine's weights := the fp32 step, rounded (no-op without masters)
-                self.optimizer.zero_grad(set_to_none=True)
+            acc["grad_norm"] += self.updater.step()  # the global norm before clipping
         with warnings.catch_warnings():  # a skipped update still advances the schedule (one LR per RL step)
             warnings.filterwarnings("ignore", message="Detected call of")
             self.scheduler.step()
@@ -336,8 +339,7 @@ class GRPOTrainer:
     def sync_weights(self) -> None:
         """The update's weights into the rollout engine: nothing to copy when the engine runs the trained module;
         DeepSpeed's ZeRO-3 partitions gathered into the engine's copy one tensor at a time (every rank calls it)."""
-        if self.ds is not None:
-            self.ds.sync_engine_weights()
+        self.updater.sync_engine_weights()
         self.rollout.on_weights_updated()
 
     def validate(self, val_prompts: list[RenderedPrompt]) -> dict[str, float]:

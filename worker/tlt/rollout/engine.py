@@ -366,9 +366,22 @@ class Engine:
 
     # ----------------------------------------------------------------------------------------------- generate
     @torch.no_grad()
-    def generate(self, requests: Sequence[Request], on_finish: FinishCallback | None = None) -> GenerationOutput:
+    def generate(self, requests: Sequence[Request], on_finish: FinishCallback | None = None, *,
+                 plain: bool = False) -> GenerationOutput:
         """Run `requests` to completion; `on_finish(result)` is called once per sequence as soon as it leaves the
-        batch (from `sync()`, before this returns; e.g. to compute rewards while the tail still decodes)."""
+        batch (from `sync()`, before this returns; e.g. to compute rewards while the tail still decodes).
+        plain: decode plainly without the controller and with no hidden-state capture for this call (validation:
+        nothing learns from it, the controller's state is untouched)."""
+        if not plain:
+            return self._generate(requests, on_finish, self.controller)
+        hook, self.state.hidden_hook = self.state.hidden_hook, None
+        try:
+            return self._generate(requests, on_finish, None)
+        finally:
+            self.state.hidden_hook = hook
+
+    def _generate(self, requests: Sequence[Request], on_finish: FinishCallback | None,
+                  ctl: SdController | None) -> GenerationOutput:
         self._require_memory()
         s = self.state
         t_start = time.perf_counter()
@@ -385,7 +398,6 @@ class Engine:
         self.preemptions = 0  # counted afresh per generate()
         results: dict[tuple[int, int], SequenceResult] = {}
         steps: list[StepStats] = []
-        ctl = self.controller
         s.histories = {r: [list(req.prompt) for _ in range(req.params.n)] for r, req in enumerate(requests)}
         s.new_rows_version()  # new token lists: contexts built on the old ones are stale
         s.accept_stats = AcceptanceStats()
