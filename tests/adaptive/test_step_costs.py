@@ -5,7 +5,10 @@ Run: python -m pytest tests/adaptive/test_step_costs.py -q"""
 
 from __future__ import annotations
 
+import io
 import math
+
+import torch
 
 from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, arms_table
 from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
@@ -225,3 +228,31 @@ def test_free_probes_reach_a_verdict_where_the_budget_alone_would_not() -> None:
     no_free.observe(6, True, 6, 0.03)
     assert not no_free.sd_pays(b)  # the default: the budget alone, spent by the first probe
     assert costs.sd_pays(other)  # another bucket's own free probes
+
+
+def test_a_checkpointed_controller_continues_exactly() -> None:
+    """The controller's learned state (bandit, step costs, arms dropped), through a checkpoint's loader
+    (weights_only), into a fresh controller: it then plans and learns exactly as the one that kept running."""
+
+    def fresh() -> AdaptiveSd:  # captures=False: nothing to re-capture after a resume, so every step is learned
+        table = arms_table(["ngram"], ONE_GPU_BUCKETS)
+        switch = SwitchConfig(mode="adaptive", on_below=32, patience=3, off_at=128)
+        return AdaptiveSd(switch, make_bandit(table, BanditConfig(), seed=0), scheme=ONE_GPU_BUCKETS,
+                          costs=StepCosts(StepCostConfig(), ONE_GPU_BUCKETS), captures=False)
+
+    lengths = response_lengths(64, seed=1)
+    kept = fresh()
+    rollout(kept, SimEnv({"ngram": 0.6}, WIDE, seed=0), lengths)
+    assert kept.costs is not None and any(k.startswith("sd/pays/") for k in kept.costs.summary())  # judged
+    buf = io.BytesIO()
+    torch.save(kept.state_dict(), buf)
+    buf.seek(0)
+    resumed = fresh()
+    assert resumed.state_dict() != kept.state_dict()
+    resumed.load_state_dict(torch.load(buf, weights_only=True))
+    assert resumed.state_dict() == kept.state_dict()
+    assert resumed.costs is not None and resumed.costs.summary() == kept.costs.summary()
+    # the next rollout, on the same simulated GPU: the same plans, seconds and SD steps, and the same state after
+    assert rollout(resumed, SimEnv({"ngram": 0.6}, WIDE, seed=1), lengths) == \
+        rollout(kept, SimEnv({"ngram": 0.6}, WIDE, seed=1), lengths)
+    assert resumed.state_dict() == kept.state_dict()

@@ -1,12 +1,18 @@
-"""A 2-rank job (gloo) with adaptive SD, stopped mid-run, keeps what its bandit learned: the checkpoint holds the
-bandit's state, and every rank that resumes from it plays with that state, not a fresh one. The job runs REINFORCE++,
-whose batch-whitened advantages sum their statistics over the ranks.
+"""A 2-rank job (gloo) with adaptive SD, stopped mid-run or killed mid-run, keeps what its bandit learned: the
+checkpoint holds the bandit's state, every rank that resumes from it plays with that state, not a fresh one, and the
+resumed job goes on learning from it. The job runs REINFORCE++, whose batch-whitened advantages sum their statistics
+over the ranks.
 
 Run: python -m pytest tests/multigpu/test_multigpu_resume_bandit.py -q
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +74,52 @@ def test_a_stopped_two_rank_job_resumes_with_its_bandit(tmp_path: Path) -> None:
         assert out["step"] == steps[-1]
         assert out["fresh"] != saved, f"rank {r}: a fresh bandit already equals the saved one"
         assert out["resumed"] == saved, f"rank {r}: the resumed bandit is not the saved one"
+
+
+# a job process that spawns its ranks (as the Celery worker's job child does) and reports into the run directory
+JOB = """
+import sys
+from pathlib import Path
+from worker.tlt.config import JobSpec
+from worker.tlt.file_reporter import FileReporter
+from worker.tlt.multigpu import launch
+run_dir = Path(sys.argv[2])
+launch.run(JobSpec.model_validate_json(Path(sys.argv[1]).read_text()), run_dir, FileReporter(run_dir), world=2)
+"""
+
+
+def test_a_killed_two_rank_job_resumes_with_its_bandit(tmp_path: Path) -> None:
+    spec = adaptive_spec().model_copy(update={"max_steps": 50, "save_steps": 1})
+    run_dir = tmp_path / "run"
+    (tmp_path / "spec.json").write_text(spec.model_dump_json())
+    root = Path(__file__).resolve().parents[2]
+    job = subprocess.Popen([sys.executable, "-c", JOB, str(tmp_path / "spec.json"), str(run_dir)], cwd=root,
+                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "checkpoints" / "step-2").is_dir():  # renamed into place only once complete
+            assert job.poll() is None, f"the job ended before step 2: {job.stderr.read().decode()[-2000:]}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "no checkpoint of step 2 within 10 minutes"
+            time.sleep(0.2)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the job process and both ranks, mid-run, with no chance to clean up
+        job.wait()
+    path = latest_checkpoint(run_dir / "checkpoints")
+    assert path is not None
+    killed_at = int(path.name.split("-")[1])
+    assert 2 <= killed_at < 50
+    saved = torch.load(path / "extra.pt", weights_only=True)["adaptive"]["bandit"]
+    assert any(st["round"] > 0 for st in saved["buckets"].values())
+
+    for r, out in enumerate(spawn_ranks(_resume_ranks, tmp_path, WORLD)):  # every rank's bandit, resumed
+        assert out["step"] == killed_at
+        assert out["fresh"] != saved, f"rank {r}: a fresh bandit already equals the saved one"
+        assert out["resumed"] == saved, f"rank {r}: the resumed bandit is not the saved one"
+
+    rep = Quiet()  # the job run again goes on from there, its bandit learning on from the saved state
+    launch.run(spec.model_copy(update={"max_steps": killed_at + 1}), run_dir, rep, world=WORLD)  # type: ignore[arg-type]
+    assert any(f"resumed from checkpoint step-{killed_at}" in args[0] for name, args in rep.calls if name == "log")
+    after = torch.load(run_dir / "checkpoints" / f"step-{killed_at + 1}" / "extra.pt", weights_only=True)
+    rounds = {b: st["round"] for b, st in after["adaptive"]["bandit"]["buckets"].items()}
+    assert all(rounds[b] >= st["round"] for b, st in saved["buckets"].items())
+    assert sum(rounds.values()) > sum(st["round"] for st in saved["buckets"].values())

@@ -119,3 +119,27 @@ def test_adaptive_bandit_state_is_checkpointed_and_restored(tmp_path: Path, toy_
     assert trainer.rollout.sd_controller.state_dict()["bandit"] != saved
     assert resume_from(trainer, tmp_path / "checkpoints") == 2
     assert trainer.rollout.sd_controller.state_dict()["bandit"] == saved
+
+
+def test_step_costs_and_bandit_are_checkpointed_and_restored_exactly(tmp_path: Path, toy_spec) -> None:
+    """The cost switch's measured step costs (per bucket: plain and SD step seconds, tokens per SD step, verdicts)
+    and the bandit survive a resume as they were saved, so a resumed job does not probe SD afresh."""
+    from worker.tlt.build import build_trainer
+    from worker.tlt.run_dir import resume_from
+
+    spec = toy_spec(max_steps=2, save_steps=2, drafter={"kind": "ngram"},
+                    rollout={"speculative": "adaptive", "sd_switch": "step_costs", "sd_on_below": 16,
+                             "sd_patience": 1, "kv_cache_gb": 0.05})
+    run(spec, tmp_path, FileReporter(tmp_path))
+    saved = torch.load(tmp_path / "checkpoints/step-2/extra.pt", weights_only=True)["adaptive"]
+    costs = saved["step_costs"]
+    assert costs is not None and costs["observed_s"] > 0
+    assert any(b["plain_n"] > 0 for b in costs["buckets"].values())  # plain steps were measured ...
+    assert any(b["arms"] for b in costs["buckets"].values())  # ... and SD steps (free probes on CPU)
+    trainer, _ = build_trainer(spec, FileReporter(tmp_path / "fresh"))
+    ctl = trainer.rollout.sd_controller
+    assert ctl is not None and ctl.state_dict()["step_costs"] != costs
+    assert resume_from(trainer, tmp_path / "checkpoints") == 2
+    assert ctl.state_dict() == saved  # step costs, bandit and dropped arms, exactly
+    assert ctl.costs is not None and ctl.switch.costs is ctl.costs  # restored in place: the switch reads them
+    trainer.close()

@@ -1,8 +1,9 @@
 """What a training run keeps in its run directory besides the reporter's files: checkpoints/step-N (`save_checkpoint`,
-`resume_from`: model, optimizer, scheduler, RNG and trainer state, plus the online drafter, the adaptive-SD
-controller's bandit (`Rollout.sd_controller`, single- and multi-GPU alike) and the fp32 master weights when the job
-has them) and the final exports (`export_final`: policy/ as an HF directory, drafter/ when the job trained one
-online).
+`resume_from`: the policy's weights and every part the trainer names in `GRPOTrainer.checkpoint_parts`, through
+rl/checkpoint.py's one interface: optimizer, LR schedule, RNG streams, trainer progress, fp32 master weights, the
+online drafter, the SD controller's bandit and step costs, single- and multi-GPU alike; a DeepSpeed update's
+optimizer shards are written by every rank, rl/loop.py) and the final exports (`export_final`: policy/ as an HF
+directory, drafter/ when the job trained one online).
 """
 
 from __future__ import annotations
@@ -12,23 +13,19 @@ from pathlib import Path
 from worker.tlt.config import JobSpec
 from worker.tlt.export.hf import export_policy
 from worker.tlt.reporting import Reporter
-from worker.tlt.rl.checkpoint import capture_rng, clean_partial, latest_checkpoint, load_checkpoint, restore_rng
-from worker.tlt.rl.checkpoint import save_checkpoint as write_checkpoint
-from worker.tlt.rl.trainer import GRPOTrainer
+from worker.tlt.rl.checkpoint import (
+    OPTIMIZER,
+    clean_partial,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_parts,
+    save_parts,
+)
+from worker.tlt.rl.trainer import MASTER_WEIGHTS, GRPOTrainer
 
 
 def save_checkpoint(trainer: GRPOTrainer, root: Path, keep: int) -> Path:
-    extra: dict = {"drafter": trainer.drafter.state_dict()} if trainer.drafter is not None else {}
-    if (ctl := trainer.rollout.sd_controller) is not None:
-        extra["adaptive"] = ctl.state_dict()
-    if trainer.master.pairs:  # the bf16 weights are these rounded: an exact resume needs the fp32 copies
-        extra["master_weights"] = trainer.master.state_dict()
-    return write_checkpoint(
-        root, trainer.step_count, model=trainer.model,
-        optimizer=trainer.optimizer if trainer.ds is None else None,  # DeepSpeed's: root/deepspeed (every rank)
-        scheduler=trainer.scheduler,
-        rng=capture_rng(trainer.generator), trainer_state=trainer.state_dict(), extra=extra, keep=keep,
-    )
+    return save_parts(root, trainer.step_count, model=trainer.model, parts=trainer.checkpoint_parts(), keep=keep)
 
 
 def resume_from(trainer: GRPOTrainer, root: Path) -> int:
@@ -41,19 +38,12 @@ def resume_from(trainer: GRPOTrainer, root: Path) -> int:
     trainer.model.load_state_dict(ck.model, strict=False)  # tied heads have no separate lm_head tensor
     if trainer.ds is not None:  # every rank reads its shard: fp32 master weights, moments, the weights they round to
         trainer.ds.load(root, ck.step)
-    else:
-        if "master_weights" in ck.extra:
-            trainer.master.load_state_dict(ck.extra["master_weights"])
-        else:  # a checkpoint written without master weights: start them from the loaded weights
-            trainer.master.sync_from_model()
-        trainer.optimizer.load_state_dict(ck.optimizer)
-    trainer.scheduler.load_state_dict(ck.scheduler)
-    trainer.load_state_dict(ck.trainer_state)
-    restore_rng(ck.rng, trainer.generator)
-    if trainer.drafter is not None and "drafter" in ck.extra:
-        trainer.drafter.load_state_dict(ck.extra["drafter"])
-    if (ctl := trainer.rollout.sd_controller) is not None and "adaptive" in ck.extra:
-        ctl.load_state_dict(ck.extra["adaptive"])
+    missing = restore_parts(ck, trainer.checkpoint_parts())
+    if OPTIMIZER in missing:  # a torch update cannot continue exactly from another optimizer's checkpoint
+        raise ValueError(f"checkpoint {path} holds no optimizer state (a DeepSpeed update's?); this job's update "
+                         f"runs on torch: start over or resume with the same resources")
+    if MASTER_WEIGHTS in missing:  # a checkpoint written without master weights: start them from the loaded weights
+        trainer.master.sync_from_model()
     return ck.step
 
 

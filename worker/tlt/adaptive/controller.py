@@ -170,12 +170,21 @@ class AdaptiveSd:
             self._prune_bandit()  # what could not pay still cannot: its cost is the drafter's shape, not its weights
 
     def state_dict(self) -> dict:
-        """For the checkpoint: the bandit's state (the switch and metrics are per rollout)."""
-        return {"bandit": self.bandit.to_dict() if self.bandit is not None else None}
+        """For the checkpoint, what the controller learned across rollouts: the bandit, the step costs and the arm
+        shapes dropped as unable to pay. Not the switch and metrics (per rollout), nor which arms have captured
+        graphs: a resumed process captures them again, and those first steps must again stay unlearned."""
+        return {
+            "bandit": self.bandit.to_dict() if self.bandit is not None else None,
+            "step_costs": self.costs.state_dict() if self.costs is not None else None,
+            "hopeless": [[*shape, bucket] for shape, bucket in sorted(self._hopeless.items())],
+        }
 
     def load_state_dict(self, d: dict) -> None:
         if d.get("bandit") is not None and self.bandit is not None:
             self.bandit = bandit_from_dict(d["bandit"])
+        if d.get("step_costs") is not None and self.costs is not None:
+            self.costs.load_state_dict(d["step_costs"])
+        self._hopeless = {(str(k), int(depth), int(topk)): int(b) for k, depth, topk, b in d.get("hopeless", [])}
 
 
 def _shape(arm: Arm) -> tuple[str, int, int]:

@@ -10,6 +10,7 @@ about one plain step, so it pays wherever drafts are accepted, well above TLT's 
     ctl = AdaptiveSd(switch_cfg, bandit, scheme=scheme, costs=costs)   # the controller switches by it (CostSwitch)
     costs.observe(active, is_sd, emitted, seconds)       # the controller's record() feeds every step
     costs.prime(bucket, plain_s=..., sd_s=..., best_emitted=...)  # optional: costs measured at warm-up
+    costs.state_dict() / costs.load_state_dict(state)   # checkpointed with the controller (rl/checkpoint.py)
 
 A bucket is judged once it holds `min_plain` plain and `probe_steps` SD steps (2 in a clear case): on when its best
 SD arm's tokens/s per sequence beats plain's by `margin` (each arm's steps are kept apart: the bandit picks the arm),
@@ -226,6 +227,40 @@ class StepCosts:
         if b.probes < cfg.free_probes:
             return True
         return self.probe_loss_s <= cfg.probe_budget * self.observed_s
+
+    def state_dict(self) -> dict:
+        """What the costs learned, as plain values (checkpoints load with weights_only): the running costs of every
+        bucket and the probing account. The config and bucket scheme come from the spec again."""
+        return {
+            "observed_s": self.observed_s,
+            "probe_loss_s": self.probe_loss_s,
+            "buckets": {
+                str(i): {
+                    "plain_recent": list(b.plain_recent), "plain_n": b.plain_n, "sd_n": b.sd_n, "probes": b.probes,
+                    "on": b.on, "plain_since_judged": b.plain_since_judged, "declined": b.declined,
+                    "ruled_out": b.ruled_out,
+                    "arms": {name: {"recent": list(a.recent), "emitted": a.emitted, "n": a.n}
+                             for name, a in b.arms.items()},
+                }
+                for i, b in self.buckets.items()
+            },
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict()`'s costs, in place (the switch and the metrics hold this object)."""
+        self.observed_s, self.probe_loss_s = float(state["observed_s"]), float(state["probe_loss_s"])
+        self.buckets.clear()
+        for i, st in state["buckets"].items():
+            b = self._b(int(i))
+            b.plain_recent.extend(float(x) for x in st["plain_recent"])
+            b.plain_n, b.sd_n, b.probes = int(st["plain_n"]), int(st["sd_n"]), int(st["probes"])
+            b.on = None if st["on"] is None else bool(st["on"])
+            b.plain_since_judged, b.declined = int(st["plain_since_judged"]), int(st["declined"])
+            b.ruled_out = bool(st["ruled_out"])
+            for name, a in st["arms"].items():
+                arm = b.arms.setdefault(name, ArmCosts())
+                arm.recent.extend(float(x) for x in a["recent"])
+                arm.emitted, arm.n = float(a["emitted"]), int(a["n"])
 
     def summary(self) -> dict[str, float]:
         """Per bucket: sd/gain/<label> (SD tokens/s per sequence over plain's), sd/pays/<label> (1 on, 0 off), and

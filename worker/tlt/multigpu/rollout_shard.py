@@ -26,7 +26,8 @@ import torch
 from worker.tlt.data.prompts import RenderedPrompt
 from worker.tlt.multigpu.context import DistContext
 from worker.tlt.multigpu.harvest import Harvester, HarvestRecord
-from worker.tlt.rl.rollout_io import FinishCallback, LearnedState, Rollout, Trajectory
+from worker.tlt.rl.checkpoint import Stateful
+from worker.tlt.rl.rollout_io import FinishCallback, Rollout, Trajectory
 
 
 def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -76,7 +77,7 @@ class ShardedRollout:
         return self.inner.generator
 
     @property
-    def sd_controller(self) -> LearnedState | None:
+    def sd_controller(self) -> Stateful | None:
         """This rank's controller. Each rank's bandit learns from its own shard; checkpoints keep rank 0's, and every
         rank resumes from it."""
         return self.inner.sd_controller

@@ -1,15 +1,21 @@
 """Checkpoints of a training run: `run_dir/checkpoints/step-N/` with everything an exact resume needs.
 
-    path = save_checkpoint(root, step, model=..., optimizer=..., scheduler=..., rng=capture_rng(gen),
-                           trainer_state={...}, extra={"drafter": drafter_state}, keep=3)
-    ck = load_checkpoint(latest_checkpoint(root)); ...; restore_rng(ck.rng, gen)
+    path = save_parts(root, step, model=policy, parts={"optimizer": opt, "rng": RngState(gen), ...}, keep=3)
+    ck = load_checkpoint(latest_checkpoint(root)); restored = restore_parts(ck, parts)
 
-A checkpoint directory holds model.safetensors (policy weights), optimizer.pt + scheduler.pt, rng.pt (torch CPU and
-CUDA generators, the rollout's torch.Generator, Python `random`, NumPy), trainer_state.json (step, data position,
-anything else the trainer keeps) and extra.pt: extra["drafter"] is the online drafter's exact-resume state
-(drafter/online.py `OnlineDrafter.state_dict`: trainable weights, AdamW state, the spot trainer's and proposer's
-generators, the hidden-state buffer's live rows, the weights the engine serves), extra["adaptive"] the SD bandit's.
-extra.pt is loaded onto the CPU (each owner moves its tensors back to its device), so a checkpoint written on a GPU
+One interface for every part's state: a part is `Stateful` (`state_dict()` / `load_state_dict(state)`: the torch
+convention) and is kept under its name; rl/trainer.py `GRPOTrainer.checkpoint_parts` names the job's parts (the
+optimizer, LR schedule, RNG streams, trainer progress, fp32 master weights, online drafter, SD controller: its bandit
+and step costs). `save_parts` writes them, `restore_parts` loads each one the checkpoint holds, in the parts' order.
+`save_checkpoint` / `Checkpoint` are the same files by field (tests and tools that write one by hand).
+
+A checkpoint directory holds model.safetensors (policy weights), the parts "optimizer", "scheduler" and "rng" in
+optimizer.pt, scheduler.pt and rng.pt (torch CPU and CUDA generators, the rollout's torch.Generator, Python `random`,
+NumPy), "trainer" in trainer_state.json (step, data position) and every other part in extra.pt by name:
+extra["drafter"] the online drafter's exact-resume state (drafter/online.py `OnlineDrafter.state_dict`: trainable
+weights, AdamW state, the spot trainer's and proposer's generators, the hidden-state buffer's live rows, the weights
+the engine serves), extra["adaptive"] the SD controller's (its bandit, the cost switch's step costs, the arm shapes
+it dropped), extra["master_weights"] the fp32 master copies. extra.pt is loaded onto the CPU (each owner moves its tensors back to its device), so a checkpoint written on a GPU
 resumes anywhere. It is written into a
 `.tmp-*` sibling and renamed into place, so a `step-N` directory is always complete; only then are the oldest
 checkpoints beyond `keep` deleted, so the previous one survives until its successor exists. The operator caps `keep`
@@ -28,9 +34,10 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -50,6 +57,18 @@ def keep_last_checkpoints() -> int:
     return int(raw)
 
 
+class Stateful(Protocol):
+    """A part whose state a checkpoint keeps (the torch convention: tensors and plain containers only)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+# parts kept in a file of their own (the rest share extra.pt, by name)
+OPTIMIZER, SCHEDULER, RNG, TRAINER = "optimizer", "scheduler", "rng", "trainer"
+
+
 @dataclass
 class Checkpoint:
     path: Path
@@ -60,6 +79,25 @@ class Checkpoint:
     rng: dict[str, Any]
     trainer_state: dict[str, Any]
     extra: dict[str, Any]
+
+    @property
+    def states(self) -> dict[str, dict[str, Any]]:
+        """Every part's state by name (no optimizer where DeepSpeed keeps it)."""
+        own = {SCHEDULER: self.scheduler, RNG: self.rng, TRAINER: self.trainer_state}
+        return {**({OPTIMIZER: self.optimizer} if self.optimizer else {}), **own, **self.extra}
+
+
+class RngState:
+    """Every random stream the run draws from, as one part (`capture_rng` / `restore_rng`)."""
+
+    def __init__(self, rollout_gen: torch.Generator | None) -> None:
+        self.rollout_gen = rollout_gen
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng(self.rollout_gen)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng(state, self.rollout_gen)
 
 
 def capture_rng(rollout_gen: torch.Generator | None) -> dict[str, Any]:
@@ -103,6 +141,27 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def save_parts(root: Path, step: int, *, model: torch.nn.Module, parts: Mapping[str, Stateful], keep: int = 3) -> Path:
+    """Write step-N with the policy's weights and every part's state under its name (see the module docstring)."""
+    if SCHEDULER not in parts or RNG not in parts:
+        raise ValueError("a checkpoint needs the LR schedule's and the RNG streams' state")
+    states = {name: part.state_dict() for name, part in parts.items()}
+    optimizer, scheduler, rng = states.pop(OPTIMIZER, None), states.pop(SCHEDULER), states.pop(RNG)
+    return _write(root, step, model, optimizer, scheduler, rng, states.pop(TRAINER, {}), states, keep)
+
+
+def restore_parts(ck: Checkpoint, parts: Mapping[str, Stateful]) -> list[str]:
+    """Load each part's state the checkpoint holds, in the order of `parts`; returns the names it did not hold."""
+    states = ck.states
+    missing = []
+    for name, part in parts.items():
+        if name in states:
+            part.load_state_dict(states[name])
+        else:
+            missing.append(name)
+    return missing
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -117,6 +176,13 @@ def save_checkpoint(
 ) -> Path:
     """Write step-N atomically, then prune to the newest `keep` (at most TLT_KEEP_LAST_CHECKPOINTS). Returns the
     checkpoint directory."""
+    opt = optimizer.state_dict() if optimizer is not None else None
+    return _write(root, step, model, opt, scheduler.state_dict(), rng, trainer_state, extra or {}, keep)
+
+
+def _write(root: Path, step: int, model: torch.nn.Module, optimizer: dict[str, Any] | None,
+           scheduler: dict[str, Any], rng: dict[str, Any], trainer_state: dict[str, Any], extra: dict[str, Any],
+           keep: int) -> Path:
     keep = min(keep, keep_last_checkpoints())
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
@@ -128,10 +194,10 @@ def save_checkpoint(
     weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
     save_file(weights, str(tmp / "model.safetensors"))
     if optimizer is not None:  # None: the optimizer state is in root/deepspeed/step-N, written by every rank
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(optimizer, tmp / "optimizer.pt")
+    torch.save(scheduler, tmp / "scheduler.pt")
     torch.save(rng, tmp / "rng.pt")
-    torch.save(extra or {}, tmp / "extra.pt")
+    torch.save(extra, tmp / "extra.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     for f in tmp.iterdir():
         with f.open("rb") as fh:

@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from worker.tlt.data.prompts import RenderedPrompt
+from worker.tlt.rl.checkpoint import Stateful
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,6 @@ class Trajectory:
 FinishCallback = Callable[[int, Trajectory], None]
 
 
-class LearnedState(Protocol):
-    """What a rollout learns across steps and a resume must restore (the adaptive SD controller's bandit)."""
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, d: dict) -> None: ...
-
-
 class Rollout(Protocol):
     @property
     def generator(self) -> torch.Generator:
@@ -46,8 +39,9 @@ class Rollout(Protocol):
         ...
 
     @property
-    def sd_controller(self) -> LearnedState | None:
-        """The SD controller whose learned state checkpoints keep (run_dir.py); None when decoding plainly."""
+    def sd_controller(self) -> Stateful | None:
+        """The SD controller, whose learned state (bandit, step costs) checkpoints keep as the part "adaptive"
+        (rl/trainer.py checkpoint_parts); None when decoding plainly."""
         ...
 
     def __call__(

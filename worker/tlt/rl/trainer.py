@@ -5,7 +5,7 @@ gspo, rloo, reinforce_plus_plus or an installed one), looked up by name; the ste
     trainer = GRPOTrainer(spec, model, tokenizer, rollout, train_prompts, reward_fns, device=...,
                           updater=..., algorithm=..., drafter=...)   # the parts: build.py chooses them
     metrics, samples, hist = trainer.step()       # one RL step; metric names: metric_catalog.py
-    trainer.state_dict() / trainer.load_state_dict(...)   # via rl/checkpoint.py
+    trainer.checkpoint_parts()                    # every part's state by name, for rl/checkpoint.py
 
 How this departs from the GRPO paper (Shao et al. 2024), beyond the algorithm's own choices listed in
 rl/algorithms/builtin.py:
@@ -61,6 +61,7 @@ from worker.tlt.rl.algorithms.base import (
 )
 from worker.tlt.rl.algorithms.registry import resolve
 from worker.tlt.rl.batch import MicroBatch, UpdateSeq, micro_batches
+from worker.tlt.rl.checkpoint import OPTIMIZER, RNG, SCHEDULER, TRAINER, RngState, Stateful
 from worker.tlt.rl.deepspeed_update import DeepSpeedUpdate
 from worker.tlt.rl.logprobs import token_logprobs_entropy
 from worker.tlt.rl.optim import MasterWeights, build_scheduler
@@ -71,15 +72,15 @@ from worker.tlt.rl.updater import Updater, build_updater
 log = logging.getLogger(__name__)
 
 
-class DrafterHook(Protocol):
+class DrafterHook(Stateful, Protocol):
     """Drafter spot training in the tail. Called once per RL step after the weight sync; returns its
-    metrics (drafter/*, harvest/*) and must be preemptible. No hook configured = nothing runs (no metrics)."""
+    metrics (drafter/*, harvest/*) and must be preemptible. No hook configured = nothing runs (no metrics). Its state
+    is checkpointed as the part "drafter"."""
 
     def after_update(self, step: int, trajectories: Sequence[Trajectory]) -> dict[str, float]: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+MASTER_WEIGHTS = "master_weights"  # the checkpoint part of the fp32 master copies
 
 
 def length_stats(lengths: np.ndarray, clipped: np.ndarray) -> dict[str, float]:
@@ -359,8 +360,26 @@ class GRPOTrainer:
         }
 
     # ------------------------------------------------------------------------------------------------ state
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        """Every part whose state an exact resume needs, by the name its checkpoint keeps it under, in the order a
+        resume loads them (rl/checkpoint.py). A DeepSpeed update's optimizer is not among them: every rank writes
+        its own shard (rl/loop.py)."""
+        parts: dict[str, Stateful] = {}
+        if self.master.pairs:  # the bf16 weights are these rounded: an exact resume needs the fp32 copies
+            parts[MASTER_WEIGHTS] = self.master
+        if self.ds is None:
+            parts[OPTIMIZER] = self.optimizer
+        parts[SCHEDULER] = self.scheduler
+        parts[TRAINER] = self
+        parts[RNG] = RngState(self.generator)
+        if self.drafter is not None:
+            parts["drafter"] = self.drafter
+        if (ctl := self.rollout.sd_controller) is not None:  # the bandit and the step costs
+            parts["adaptive"] = ctl
+        return parts
+
     def state_dict(self) -> dict[str, Any]:
-        """Trainer state beyond the weights, optimizer, scheduler and RNG (those go to checkpoint.py directly)."""
+        """The trainer's own progress: steps done and the data position."""
         return {"step_count": self.step_count, "sampler": self.sampler.state_dict()}
 
     def close(self) -> None:
