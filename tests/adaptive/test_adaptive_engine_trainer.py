@@ -59,3 +59,31 @@ def test_adaptive_rollout_in_the_loop(tmp_path: Path, kind: str) -> None:
         assert (m.get("perf/tail_hook_calls", 0) > 0) == (kind == "eagle1")  # spot training between tail steps
     if kind == "eagle1":
         assert recs[-1]["metrics"]["drafter/steps"] == 6  # the tail's steps count against the per-step cap
+
+
+@pytest.mark.parametrize(("mode", "kind", "drafters", "controlled", "tail", "warns"), [
+    ("adaptive", "eagle1", ("ngram", "eagle"), True, True, False),
+    ("adaptive", "eagle3", ("ngram", "eagle"), True, True, False),
+    ("adaptive", "ngram", ("ngram",), True, False, False),
+    ("adaptive", "none", ("ngram",), True, False, True),
+    ("on", "eagle1", ("eagle",), True, False, False),
+    ("on", "ngram", ("ngram",), True, False, False),
+    ("on", "none", (), False, False, True),
+    ("off", "eagle1", (), True, False, False),
+])
+def test_speculation_is_translated_from_the_spec(mode: str, kind: str, drafters: tuple, controlled: bool,
+                                                 tail: bool, warns: bool) -> None:
+    from worker.tlt.spec_translate import speculation
+
+    spec = _spec(kind).model_copy(update={"rollout": _spec(kind).rollout.model_copy(update={"speculative": mode})})
+    sd = speculation(spec)
+    assert (sd.drafters, sd.controlled, sd.tail_training, sd.warning is not None) == (drafters, controlled, tail, warns)
+    assert sd.learned == ("eagle" in drafters)
+
+
+def test_a_rank_s_rollout_has_no_tail_training() -> None:
+    """Data parallelism builds the engine without the drafter's tail hook (each rank would train its own copy)."""
+    spec = _spec("eagle1")
+    model, tok = load_model(spec.model, "cpu")
+    eng = make_rollout(spec, model, tok, torch.device("cpu"), tail_training=False).engine
+    assert sorted(eng.proposers) == ["eagle", "ngram"] and eng.tail.hook is None and eng.hidden_hook is not None

@@ -76,3 +76,21 @@ def test_warmup_keeps_every_rounds_responses(tmp_path, tiny_target: Transformer)
     warmup(spec, tiny_target, tok, [tok.encode("abc"), tok.encode("hello")], rep, out_dir=tmp_path / "d", eos_ids=())
     # no EOS: every response runs `length` tokens = `length` rows (the prompt's last row, then all but the last token)
     assert [m["drafter/buffer_rows"] for _, m in rep.rows] == [n * length * (r + 1) for r in range(rounds)]
+
+
+def test_warmup_engine_comes_from_the_spec_translation(tiny_target: Transformer) -> None:
+    """The warm-up's engine is sized by the same translation as the rollout's (spec_translate.py): prompt +
+    completion columns, the KV budget with its verify slack, the rollout's seed, graphs and kernels; one sequence
+    per prompt of a round resident."""
+    from worker.tlt.spec_translate import engine_config, max_len, warmup_engine_config
+
+    spec = JobSpec.model_validate({
+        "type": "drafter", "model": {"builtin": "tiny-llama"}, "seed": 5,
+        "dataset": {"builtin": "toy-count", "max_prompt_length": 40},
+        "algorithm": {"prompts_per_step": 3, "num_generations": 4, "max_completion_length": 16},
+        "rollout": {"seed": 2, "cuda_graphs": False, "kv_cache_gb": 0.05},
+    })
+    cfg, rollout_cfg = warmup_engine_config(spec, tiny_target), engine_config(spec, tiny_target)
+    assert cfg.max_slots == 3 and rollout_cfg.max_slots == 12
+    assert cfg.max_len == max_len(spec) == 56 and cfg.seed == 7 and not cfg.cuda_graphs
+    assert cfg == rollout_cfg.__class__(**{**rollout_cfg.__dict__, "max_slots": 3})  # nothing else differs

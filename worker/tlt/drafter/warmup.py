@@ -33,8 +33,8 @@ from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.reporting import Reporter
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.types import EngineConfig, Request
-from worker.tlt.spec_translate import drafter_config, request_sampling
+from worker.tlt.rollout.types import Request
+from worker.tlt.spec_translate import drafter_config, request_sampling, warmup_engine_config
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +78,8 @@ def warmup(
     capture = EngineCapture(buffer)
     eos = tuple(eos_ids if eos_ids is not None else getattr(tokenizer, "eos_ids", target.args.eos_token_ids))
     alg = spec.algorithm
-    longest = max(len(p) for p in prompts)
-    engine = Engine(
-        target, eos_ids=eos,
-        config=EngineConfig(max_len=longest + alg.max_completion_length, max_slots=max(alg.prompts_per_step, 1),
-                            cuda_graphs=spec.rollout.cuda_graphs, seed=spec.seed),
-        hidden_hook=capture if drafter.cfg.kind == "eagle1" else None,
-    )
+    engine = Engine(target, eos_ids=eos, config=warmup_engine_config(spec, target),
+                    hidden_hook=capture if drafter.cfg.kind == "eagle1" else None)
     params = request_sampling(spec)
     n = alg.prompts_per_step
     for rnd in range(spec.max_steps):

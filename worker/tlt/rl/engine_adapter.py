@@ -8,7 +8,7 @@ Colocated weight sync: the engine is built on the very `Transformer` the trainer
 parameters in place, so even captured CUDA graphs keep pointing at the live weights); `on_weights_updated` has
 nothing to copy and only exists for engines that cache derived state.
 
-Speculative decoding (`rollout.speculative`, `drafter.kind`):
+Speculative decoding (`rollout.speculative`, `drafter.kind`; spec_translate.py `speculation` decides, this module builds):
 - `off`: plain decoding.
 - `on` + `eagle1` / `eagle3`: the adaptive drafter (drafter/online.py `OnlineDrafter`): the engine drafts with its
   published weights and captures hidden states through its hook; the trainer's drafter hook spot-trains it after the
@@ -62,7 +62,7 @@ from worker.tlt.rollout.types import (
 )
 from worker.tlt.spec.ngram import NGramConfig, NGramProposer
 from worker.tlt.spec.proposer import Proposer
-from worker.tlt.spec_translate import controller, drafter_config, engine_config, request_sampling
+from worker.tlt.spec_translate import controller, drafter_config, engine_config, request_sampling, speculation
 
 if TYPE_CHECKING:
     from worker.tlt.drafter.online import OnlineDrafter
@@ -184,34 +184,22 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
     """The trainer's rollout over an engine built from the spec (spec_translate.py translates every setting).
     tail_training: whether the engine spot-trains the online drafter between its tail steps (off for a rank of a
     data-parallel job: each rank would train its own copy and the copies diverge; multigpu/harvest.py trains it)."""
-    ro, kind = spec.rollout, spec.drafter.kind
+    sd = speculation(spec)
+    if sd.warning is not None:
+        log.warning(sd.warning)
     drafter: OnlineDrafter | None = None
-    if kind in ("eagle1", "eagle3") and ro.speculative in ("adaptive", "on"):  # the learned, spot-trained drafter
+    if sd.learned:  # the learned, spot-trained drafter
         from worker.tlt.drafter.online import OnlineDrafter  # imported only by jobs that train a drafter
 
         drafter = OnlineDrafter(drafter_config(spec), model)
-    ctl: AdaptiveSd | None = None
     proposers: dict[str, Proposer] = {}
-    tail_hook: TailHook | None = None
-    if ro.speculative == "adaptive":
-        proposers["ngram"] = NGramProposer(NGramConfig())  # cold start: always there
-        if drafter is not None:
-            proposers["eagle"] = drafter.proposer
-            tail_hook = tail_trainer(drafter) if tail_training else None
-        elif kind != "ngram":
-            log.warning("drafter.kind=%s has no engine drafter; adaptive SD runs with the n-gram drafter only", kind)
-        ctl = controller(spec, list(proposers))  # type: ignore[arg-type]
-    elif ro.speculative == "on" and kind in ("eagle1", "eagle3", "ngram"):  # one fixed arm of the spec's shape
-        proposers = {"eagle": drafter.proposer} if drafter is not None else {"ngram": NGramProposer(NGramConfig())}
-        ctl = controller(spec, list(proposers))  # type: ignore[arg-type]
-    elif ro.speculative == "off":  # pinned off: plain decoding, with the same per-bucket and tail metrics as SD runs
-        ctl = controller(spec, [])
-    else:
-        log.warning("rollout.speculative=%s with drafter.kind=%s is not wired into the trainer's engine yet; "
-                    "running SD off", ro.speculative, kind)
+    for kind in sd.drafters:
+        proposers[kind] = drafter.proposer if kind == "eagle" and drafter is not None else NGramProposer(NGramConfig())
+    ctl = controller(spec, sd.drafters) if sd.controlled else None
+    tail_hook = tail_trainer(drafter) if drafter is not None and sd.tail_training and tail_training else None
     config = engine_config(spec, model, drafter.capture_layers if drafter is not None else ())
     engine = Engine(model, eos_ids=tokenizer.eos_ids, config=config, controller=ctl, proposers=proposers,
                     hidden_hook=drafter.hidden_hook if drafter is not None else None, tail_hook=tail_hook)
     if device.type == "cuda":  # capture every CUDA graph now, not inside the first step's timed rollout
         engine.warmup(engine.slots, config.max_len, params=replace(request_sampling(spec), max_new_tokens=1))
-    return EngineRollout(engine, tokenizer, request_sampling(spec), ro.release_kv_for_update, drafter, ctl)
+    return EngineRollout(engine, tokenizer, request_sampling(spec), spec.rollout.release_kv_for_update, drafter, ctl)
