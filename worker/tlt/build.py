@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,8 +25,12 @@ from worker.tlt.reporting import Reporter
 from worker.tlt.rewards.registry import RewardFn, resolve
 from worker.tlt.rl.algorithms.registry import resolve as resolve_algorithm
 from worker.tlt.rl.engine_adapter import make_rollout
+from worker.tlt.rl.rollout_io import Rollout
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.rl.updater import build_updater
+
+if TYPE_CHECKING:
+    from worker.tlt.drafter.online import OnlineDrafter
 
 
 def pick_device(spec: JobSpec) -> torch.device:
@@ -93,15 +98,23 @@ def report_built(spec: JobSpec, job: Job, trainer: GRPOTrainer, reporter: Report
                      "(algorithm.fp32_master_weights: false); small updates are rounded away")
 
 
+def build_rollout(spec: JobSpec, job: Job, tail_training: bool = True) -> tuple[Rollout, OnlineDrafter | None]:
+    """The rollout backend (rl/rollout_io.py `Rollout`) and the online drafter it drafts with and feeds, if any:
+    the one place a job's rollout is chosen, for one process and for each rank. tail_training: the drafter may
+    train between the engine's tail steps (not on a rank of several: multigpu/harvest.py)."""
+    rollout = make_rollout(spec, job.model, job.tokenizer, job.device, tail_training)
+    return rollout, rollout.drafter
+
+
 def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list[RenderedPrompt]]:
     """One process's trainer: the spec's updater, its rollout (with the drafter's tail training in the engine) and
     algorithm, the rollout's drafter as the drafter hook; also returns the validation prompts."""
     job = load_job(spec)
     # DeepSpeed (when the plan uses it) moves the weights into its flat buffers: before anything captures them
     updater = build_updater(spec, job.model, job.device)
-    rollout = make_rollout(spec, job.model, job.tokenizer, job.device)
+    rollout, drafter = build_rollout(spec, job)
     trainer = GRPOTrainer(spec, job.model, job.tokenizer, rollout, job.train, job.reward_fns, device=job.device,
-                          drafter=rollout.drafter, reward_names=job.reward_names, updater=updater,
+                          drafter=drafter, reward_names=job.reward_names, updater=updater,
                           algorithm=resolve_algorithm(spec.algorithm.algorithm_name))
     report_built(spec, job, trainer, reporter)
     return trainer, job.val
