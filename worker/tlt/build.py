@@ -18,7 +18,7 @@ from worker.tlt.model.load import load_model
 from worker.tlt.reporting import Reporter
 from worker.tlt.rewards.registry import resolve
 from worker.tlt.rl.deepspeed_update import build_update
-from worker.tlt.rl.engine_adapter import make_rollout
+from worker.tlt.rl.rollout_choice import build_rollout
 from worker.tlt.rl.trainer import GRPOTrainer
 
 
@@ -61,7 +61,7 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list]
     reward_fns = resolve(reward_names)
     # DeepSpeed (when the plan uses it) moves the weights into its flat buffers: before anything captures them
     update = build_update(spec, model, device)
-    rollout = make_rollout(spec, model, tokenizer, device)
+    rollout = build_rollout(spec, model, tokenizer, device)  # our engine or vLLM (rollout.backend)
     reporter.log(
         f"model {spec.model.model_dump(exclude_none=True)} on {device}; {len(train)} training prompts, "
         f"{len(val)} validation; rewards {reward_names}; rollout speculative={spec.rollout.speculative}"

@@ -50,6 +50,7 @@ def resume_from(trainer: GRPOTrainer, root: Path) -> int:
     trainer.scheduler.load_state_dict(ck.scheduler)
     trainer.load_state_dict(ck.trainer_state)
     restore_rng(ck.rng, trainer.generator)
+    trainer.rollout.on_weights_updated()  # a rollout with its own copy of the weights (vLLM) loads them
     if trainer.drafter is not None and "drafter" in ck.extra:
         trainer.drafter.load_state_dict(ck.extra["drafter"])
     if (ctl := trainer.rollout.sd_controller) is not None and "adaptive" in ck.extra:

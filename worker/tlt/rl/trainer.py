@@ -135,7 +135,9 @@ class GRPOTrainer:
         elif not self.plan.fits:  # on CPU the plan's budgets are host memory and its activations a worst case
             log.info("policy update on the CPU: estimated peak %.1f GB of %.1f GB host memory (an upper bound)",
                      self.plan.gpu_bytes / 1e9, self.plan.gpu_budget / 1e9)
-        self.policy_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ResponseLogits(model)
+        # a drafter fed from the update's forward (the vLLM backend's) captures its hidden states there
+        self.policy_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ResponseLogits(
+            model, capture=getattr(drafter, "update_capture", None))
         if self.ds is not None:
             self.master = MasterWeights(trainable_params(model), enabled=False)  # DeepSpeed keeps its own
             self.optimizer: torch.optim.Optimizer = self.ds.base_optimizer
