@@ -65,6 +65,8 @@ def _draft_weights_match(rollout: Any) -> bool:
 
     [got] = rollout.engine.llm.collective_rpc(read)
     q = ours["midlayer.self_attn.q_proj.weight"]
+    print("draft weights in vLLM vs ours: fc", tuple(got["fc"].shape), "max |diff|",
+          float((got["fc"].float() - ours["fc.weight"].float()).abs().max()), file=sys.stderr)
     return bool(torch.equal(got["fc"], ours["fc.weight"]) and torch.equal(got["qkv"][: q.shape[0]], q))
 
 
@@ -110,7 +112,7 @@ def main(request_path: str) -> int:
                  "drafter": {"kind": "none"}},
         "vllm_sd": {**base, "rollout": {**base["rollout"], "backend": "vllm", "speculative": "on",
                                         "draft_depth": 3},
-                    "drafter": {"kind": "eagle3", "max_train_steps_per_rl_step": 2}},
+                    "drafter": {"kind": "eagle3", "max_train_steps_per_rl_step": 1}},
     }
     answer = {name: run_job(name, data, prompts, new_tokens) for name, data in jobs.items()
               if name in req.get("jobs", jobs)}

@@ -15,6 +15,9 @@ vLLM in place, no files written; only at construction is the policy exported onc
 `rollout.release_kv_for_update` (CUDA): vLLM sleeps (KV cache freed, weights offloaded) after each training rollout;
 the sync wakes its weights, the next rollout the rest. SD (`rollout.speculative: on`): vLLM drafts `draft_depth`
 tokens with the job's online drafter (rollout_vllm/drafter.py), exported once at construction with our exporter.
+With SD on, vLLM 0.32's CPU build reports NaN for the processed log-probs of tokens emitted by speculative steps:
+such responses carry no log-probs (Trajectory.logprobs None), so `rollout/logp_abs_diff` is then not reported; the
+update never trains on them (the trainer recomputes its own).
 Metrics: sd/on_fraction (1 when vLLM drafted), sd/accept_len (tokens per sequence per verify), sd/accepted_draft_tokens,
 sd/verify_steps, from vLLM's own spec-decoding counters; `timing_s/kv_restore` and `timing_s/sleep` with sleep mode.
 """
@@ -102,6 +105,8 @@ class VllmRollout:
         tokens = tuple(int(t) for t in c.token_ids)  # type: ignore[attr-defined]
         lps = c.logprobs  # type: ignore[attr-defined]  # per position: {token id: Logprob}, the sampled one included
         logprobs = tuple(float(lp[t].logprob) for t, lp in zip(tokens, lps, strict=True)) if lps else None
+        if logprobs is not None and any(x != x for x in logprobs):  # NaN: see the module docstring
+            logprobs = None
         reason = "length" if c.finish_reason == "length" else "stop"  # type: ignore[attr-defined]
         return Trajectory(prompt, tokens, logprobs, reason)
 
