@@ -23,7 +23,7 @@ import torch
 from worker.tlt.drafter.export import eagle1_form, eagle3_form
 from worker.tlt.drafter.online import OnlineDrafter
 
-Load = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
+Load = Callable[[Iterable[tuple[str, torch.Tensor]]], list[str]]  # -> names of the served parameters written
 
 
 class UpdateRows:
@@ -52,6 +52,7 @@ class VllmDrafter:
         self.update_capture = UpdateRows(online)
         self.rollouts = 0
         self.loaded_at = online.trainer.steps  # spot-trainer steps of the weights vLLM serves
+        self.loaded: list[str] = []  # vLLM's draft parameters the last reload wrote
 
     @property
     def train_drafter(self) -> Any:
@@ -76,7 +77,7 @@ class VllmDrafter:
                                "backend trains it on them: the torch update engine hands them over)")
         metrics = self.online.after_update(step, trajectories)
         if self.online.trainer.steps != self.loaded_at:  # a training round ran: vLLM drafts with its weights
-            self.load(self.serving_weights().items())
+            self.loaded = self.load(self.serving_weights().items())
             self.loaded_at = self.online.trainer.steps
         return metrics
 
@@ -86,5 +87,5 @@ class VllmDrafter:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.online.load_state_dict(state["online"])
         self.rollouts = int(state["rollouts"])
-        self.load(self.serving_weights().items())
+        self.loaded = self.load(self.serving_weights().items())
         self.loaded_at = self.online.trainer.steps

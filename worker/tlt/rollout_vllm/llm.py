@@ -49,7 +49,7 @@ class VllmSettings:
     speculative: dict[str, Any] | None = None  # {"method": "eagle" | "eagle3", "num_speculative_tokens": k}
 
 
-def _load_into(worker: Any, draft: bool, weights: list[tuple[str, torch.Tensor]]) -> int:
+def _load_into(worker: Any, draft: bool, weights: list[tuple[str, torch.Tensor]]) -> list[str]:
     """Runs on each vLLM worker: checkpoint-named weights into the served model (or its speculative model) in place,
     through vLLM's layerwise reload (the model's own `load_weights` between restoring the checkpoint layout and
     re-processing it: on CPU the loaded layers are repacked, so a bare `load_weights` cannot run twice). The drafter's
@@ -74,7 +74,9 @@ def _load_into(worker: Any, draft: bool, weights: list[tuple[str, torch.Tensor]]
         initialize_layerwise_reload(model)
         loaded = model.load_weights(iter(weights))
         finalize_layerwise_reload(model, config)
-    return len(loaded or ())
+    if loaded is None:  # vLLM's EAGLE-3 loader reports no names: those it was handed (and loaded, or it raises)
+        return sorted(n for n, _ in weights)
+    return sorted(loaded)  # the served model's parameters that were written
 
 
 class VllmEngine:
@@ -109,16 +111,19 @@ class VllmEngine:
                                 seed=seed, stop_token_ids=list(stop_token_ids), logprobs=0, detokenize=False)
         return list(self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False))
 
-    def load_policy(self, weights: Named) -> None:
-        """The trainer's weights (HF names) into vLLM's model in place; the prefix cache (old KV) dropped."""
+    def load_policy(self, weights: Named) -> list[str]:
+        """The trainer's weights (HF names) into vLLM's model in place; the prefix cache (old KV) dropped. Returns
+        the names of vLLM's parameters written (the first worker's)."""
         self.wake(("weights",))  # the KV cache stays released until the next rollout
-        self.llm.collective_rpc(_load_into, args=(False, list(weights)))
+        loaded = self.llm.collective_rpc(_load_into, args=(False, list(weights)))[0]
         self.llm.reset_prefix_cache()
+        return loaded
 
-    def load_drafter(self, weights: Named) -> None:
-        """The drafter's weights (our export's names) into vLLM's speculative model in place."""
+    def load_drafter(self, weights: Named) -> list[str]:
+        """The drafter's weights (our export's names) into vLLM's speculative model in place; returns the names of
+        its parameters written (vLLM's EAGLE-3 loader reports none: then the names it loaded from)."""
         self.wake(("weights",))
-        self.llm.collective_rpc(_load_into, args=(True, list(weights)))
+        return self.llm.collective_rpc(_load_into, args=(True, list(weights)))[0]
 
     def sleep(self) -> None:
         """Release the KV cache and offload the weights to host memory for the policy update (sleep level 1)."""

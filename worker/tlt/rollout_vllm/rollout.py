@@ -66,6 +66,7 @@ class VllmRollout:
         self.engine, self.model, self.sampling = engine, model, sampling
         self.eos_ids, self.release_kv, self.drafter = tuple(eos_ids), release_kv, drafter
         self.gen = torch.Generator().manual_seed(seed)
+        self.loaded: list[str] = []  # vLLM's parameters the last weight sync wrote
 
     @property
     def generator(self) -> torch.Generator:
@@ -120,7 +121,7 @@ class VllmRollout:
 
     def on_weights_updated(self) -> None:
         """The optimizer step's weights into vLLM, in place."""
-        self.engine.load_policy(self.policy_weights().items())
+        self.loaded = self.engine.load_policy(self.policy_weights().items())
 
     def close(self) -> None:
         self.engine.close()
