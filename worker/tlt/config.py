@@ -138,8 +138,19 @@ CPU_KV_CACHE_GB = 8.0  # rollout.kv_cache_gb when unset on CPU (admission checks
 
 
 class RolloutConfig(_Strict):
-    """TLT's adaptive rollout engine."""
+    """The rollout: TLT's adaptive engine (`backend: tlt`, the default) or an in-process vLLM (`backend: vllm`).
 
+    vLLM (rollout_vllm/) is for models our engine does not implement and for tensor parallelism
+    (`resources.tensor_parallel`). It runs SD `off` or `on` (the job's online EAGLE-1 / EAGLE-3 drafter, a chain of
+    `draft_depth` tokens) and honours `kv_cache_gb`, `cuda_graphs` and `release_kv_for_update` (vLLM's sleep mode,
+    CUDA only: not run on CPU). Adaptive SD switching (`speculative: adaptive`, `sd_switch`, `sd_on_below`,
+    `sd_patience`), the bandit, draft trees (`draft_topk`, `verify_tokens`), the n-gram drafter, fused kernels,
+    idle-tail spot training (`drafter.train_after_update: false`) and reduced draft vocabularies are features of
+    our engine: the vLLM backend refuses them at submit (rollout_backends.py says why for each).
+    """
+
+    # tlt: our adaptive engine; vllm: an in-process vLLM LLM colocated with the trainer (needs the `vllm` extra)
+    backend: Literal["tlt", "vllm"] = "tlt"
     speculative: Literal["off", "on", "adaptive"] = "adaptive"  # adaptive: switched per decode step (sd_switch)
     # the rollout's tail: fewer sequences than this active. active_batch switches SD on there; step_costs considers
     # SD below 1.5x this (the warm-ups capture verify graphs up to there) and the tail metrics count from here
@@ -225,6 +236,9 @@ class DrafterConfig(_Strict):
 
 class Resources(_Strict):
     gpus: int = Field(0, ge=0, le=64)  # 0 = CPU
+    # GPUs one rollout engine's model is split over (rollout.backend vllm only, GPU only: resources.gpus must equal
+    # it; our engine runs one GPU per rank and spreads a job over GPUs by data parallelism)
+    tensor_parallel: int = Field(1, ge=1, le=64)
     # Celery queue; default chosen from gpus. Admission: a live registered worker must consume it.
     queue: str | None = Field(None, min_length=1, max_length=50, pattern=r"^[A-Za-z0-9_.:-]+$")
     # the policy update (rl/update_plan.py): "torch" = AdamW in each process (fp32 master weights, replicated across

@@ -44,6 +44,7 @@ def resume_from(trainer: GRPOTrainer, root: Path) -> int:
                          f"runs on torch: start over or resume with the same resources")
     if MASTER_WEIGHTS in missing:  # a checkpoint written without master weights: start them from the loaded weights
         trainer.master.sync_from_model()
+    trainer.rollout.on_weights_updated()  # a rollout with its own copy of the weights (vLLM) loads them
     return ck.step
 
 

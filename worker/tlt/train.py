@@ -65,8 +65,9 @@ def _run(spec: JobSpec, run_dir: Path, reporter: Reporter, resume: bool) -> None
     if spec.type == "drafter":
         run_drafter_warmup(spec, run_dir, reporter)
         return
-    if spec.resources.gpus > 1:
-        from worker.tlt.multigpu import launch  # multi-GPU jobs only: one process per GPU
+    if spec.resources.gpus > 1 and spec.rollout.backend == "tlt":
+        # multi-GPU jobs on our engine: one process per GPU (vLLM splits one model over the GPUs itself)
+        from worker.tlt.multigpu import launch
 
         launch.run(spec, run_dir, reporter, resume)
         return

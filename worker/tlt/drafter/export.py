@@ -58,7 +58,9 @@ def _write(out_dir: Path | str, config: dict[str, Any], tensors: dict[str, torch
     return out
 
 
-def export_eagle3(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype = torch.bfloat16) -> Path:
+def eagle3_form(drafter: EagleDrafter, dtype: torch.dtype = torch.bfloat16
+                ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json, tensors) of the EAGLE-3 export, in memory (the vLLM rollout reloads its drafter from them)."""
     if drafter.cfg.kind != "eagle3":
         raise ValueError("export_eagle3 needs an EAGLE-3 drafter (EagleConfig(kind='eagle3'))")
     cfg = _base_config(drafter, dtype)
@@ -81,10 +83,12 @@ def export_eagle3(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype
             tensors["midlayer." + name] = t.to(dtype)
         else:  # fc, norm, lm_head
             tensors[name] = t.to(dtype)
-    return _write(out_dir, cfg, tensors)
+    return cfg, tensors
 
 
-def export_eagle1(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype = torch.bfloat16) -> Path:
+def eagle1_form(drafter: EagleDrafter, dtype: torch.dtype = torch.bfloat16
+                ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json, tensors) of the EAGLE-1 export, in memory."""
     if drafter.cfg.kind != "eagle1":
         raise ValueError("export_eagle1 needs an EAGLE-1 drafter (EagleConfig(kind='eagle1'))")
     cfg = _base_config(drafter, dtype)
@@ -96,7 +100,15 @@ def export_eagle1(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype
     }
     tensors["fc.bias"] = torch.zeros(drafter.args.dim, dtype=dtype)
     tensors["embed_tokens.weight"] = drafter.embed_weight.detach().to(dtype)
-    return _write(out_dir, cfg, tensors)
+    return cfg, tensors
+
+
+def export_eagle3(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype = torch.bfloat16) -> Path:
+    return _write(out_dir, *eagle3_form(drafter, dtype))
+
+
+def export_eagle1(drafter: EagleDrafter, out_dir: Path | str, dtype: torch.dtype = torch.bfloat16) -> Path:
+    return _write(out_dir, *eagle1_form(drafter, dtype))
 
 
 def load_exported(

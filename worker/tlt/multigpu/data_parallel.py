@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from worker.tlt.build import build_rollout, load_job, report_built
+from worker.tlt.build import load_job, report_built
 from worker.tlt.config import JobSpec
 from worker.tlt.data.prompts import RenderedPrompt
 from worker.tlt.multigpu.context import DistContext
@@ -41,6 +41,7 @@ from worker.tlt.multigpu.update import DataParallelTorchUpdate, check_replicas, 
 from worker.tlt.reporting import Reporter
 from worker.tlt.rl.algorithms.registry import resolve
 from worker.tlt.rl.deepspeed_update import build_update
+from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rl.loop import StepResult
 from worker.tlt.rl.optim import optimizer_state_bytes
 from worker.tlt.rl.trainer import GRPOTrainer
@@ -109,8 +110,10 @@ def build_rank(spec: JobSpec, reporter: Reporter, ctx: DistContext
         updater = update = DataParallelTorchUpdate(job.model, cfg, plan, ctx, algorithm, shards)
     else:
         updater = ds
-    # no tail training in the engine: per-rank training would diverge the drafter copies (harvest.py)
-    inner, drafter = build_rollout(spec, job, tail_training=False)
+    # our engine (a vLLM job is one process: train.py), without tail training: per-rank training would diverge the
+    # drafter copies (harvest.py)
+    inner = make_rollout(spec, job.model, job.tokenizer, job.device, tail_training=False)
+    drafter = inner.drafter
     harvester = Harvester(ctx, drafter, spec.drafter.max_train_steps_per_rl_step)
     rollout = ShardedRollout(inner, ctx, harvester, spec.seed + spec.rollout.seed, shards)
     hook = DistDrafterHook(ctx, drafter, shards.harvest_records) if drafter is not None else None

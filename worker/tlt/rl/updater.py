@@ -24,7 +24,7 @@ from worker.tlt.config import AlgorithmConfig, JobSpec
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.deepspeed_update import build_update
 from worker.tlt.rl.optim import MasterWeights, build_optimizer, trainable_params, use_master_weights
-from worker.tlt.rl.policy_forward import ResponseLogits
+from worker.tlt.rl.policy_forward import ResponseLogits, UpdateCapture
 from worker.tlt.rl.update_plan import UpdatePlan
 
 
@@ -55,12 +55,13 @@ class TorchUpdate:
     """torch AdamW in this process: gradients into fp32 master copies where the model is bf16, clip, step, round the
     step back into the live weights (which the rollout engine runs)."""
 
-    def __init__(self, model: Transformer, algo: AlgorithmConfig, plan: UpdatePlan) -> None:
+    def __init__(self, model: Transformer, algo: AlgorithmConfig, plan: UpdatePlan,
+                 capture: UpdateCapture | None = None) -> None:
         self.plan = plan
         self.master = MasterWeights(trainable_params(model), enabled=use_master_weights(model, algo))
         self.optimizer = build_optimizer(self.master.train_params, algo)
         self.max_grad_norm = algo.max_grad_norm
-        self.forward = ResponseLogits(model)
+        self.forward = ResponseLogits(model, capture)  # capture: hidden states for a drafter fed by the update
 
     def policy_logits(self, input_ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:  # [b, S], [n] -> [n, V]
         return self.forward(input_ids, at)
@@ -89,9 +90,14 @@ class TorchUpdate:
 
 
 def build_updater(spec: JobSpec, model: Transformer, device: torch.device,
-                  loss_scale: Callable[[], float] | None = None) -> Updater:
+                  loss_scale: Callable[[], float] | None = None, capture: UpdateCapture | None = None) -> Updater:
     """The updater the spec's resources and the memory arithmetic choose (rl/update_plan.py): DeepSpeed's or torch
     AdamW here. `loss_scale`: a DeepSpeed update's factor on each rank's loss under data parallelism (its share of
     the global normaliser x world, multigpu/data_parallel.py); torch data parallelism is multigpu/update.py's."""
     plan, ds = build_update(spec, model, device, loss_scale=loss_scale)
-    return ds if ds is not None else TorchUpdate(model, spec.algorithm, plan)
+    if ds is None:
+        return TorchUpdate(model, spec.algorithm, plan, capture)
+    if capture is not None:
+        raise ValueError("this job's drafter trains on the hidden states of the update's forward, which DeepSpeed's "
+                         "engine does not hand over: set resources.update_engine: torch")
+    return ds
