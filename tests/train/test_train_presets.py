@@ -37,10 +37,10 @@ def test_demo_preset_shows_learning_sd_and_an_exported_drafter() -> None:
     d = preset("demo-cpu")
     assert d.model.builtin == "smollm2-135m-instruct" and d.resources.gpus == 0
     # the task's reward plus one the model learns in a few steps (test_train_demo_learns.py runs it), in [0, 1]
-    # toy_many: many target letters pay, a lone one does not, so short answers keep differing (no collapse)
-    assert d.dataset.builtin == "toy-count" and d.algorithm.reward_funcs == ["toy_many", "brevity"]
+    # toy_times: the letter as many times as each prompt asks, so no constant answer is best (no collapse)
+    assert d.dataset.builtin == "toy-times" and d.algorithm.reward_funcs == ["toy_times", "brevity"]
     assert d.algorithm.reward_weights is not None and sum(d.algorithm.reward_weights) == 1.0
-    assert 8 <= d.max_steps <= 10 and d.algorithm.learning_rate >= 5e-5  # enough steps and lr for the reward to rise
+    assert 8 <= d.max_steps <= 10  # enough steps for the reward to rise (test_train_demo_learns.py: at what lr)
     assert d.algorithm.loss_type == "grpo"  # each response weighs alike: long prose cannot drown the short answers
     batch = d.algorithm.num_generations * d.algorithm.prompts_per_step
     assert d.rollout.speculative == "adaptive" and d.rollout.sd_on_below >= batch  # considered once one response ends

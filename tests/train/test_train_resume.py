@@ -93,7 +93,7 @@ def test_spec_file_overrides_a_preset_section_by_section(tmp_path: Path) -> None
     f.write_text("algorithm: {max_completion_length: 8}\nmax_steps: 1\n")
     spec = load_spec(str(f), "demo-cpu")
     assert spec.algorithm.max_completion_length == 8 and spec.algorithm.num_generations == 4  # preset's kept
-    assert spec.max_steps == 1 and spec.name == "demo-smollm2-toy-count"
+    assert spec.max_steps == 1 and spec.name == "demo-smollm2-toy-times"
 
 
 def test_builtin_task_brings_its_reward_unless_the_spec_names_one() -> None:

@@ -297,24 +297,26 @@ class JobSpec(_Strict):
 
 # Named presets (the README's demo job and the benchmarks use these).
 PRESETS: dict[str, dict] = {
-    # What `tlt up --demo` (the quick start) submits, on 2 CPU cores: the real SmolLM2 on toy-count, rewarded half by
-    # `toy_many` (the target letter, many times: a lone letter scores 0.1), half by brevity. SmolLM2 first answers
-    # "Write the letter b many times" with prose that runs to the length limit (toy_many near 0); brevity varies from
-    # the first step, and once answers are short the letter runs can vary too (the best answer is about ten target
-    # letters), where toy_count + brevity left no signal after step 5; at lr 5e-5 the policy still settles on one- or
-    # two-letter answers by step 3 on an idle machine (README: what to expect). loss_type grpo at lr 5e-5: dapo's token
-    # sum let the long prose outweigh the short answers, and a higher rate collapsed one seed to empty answers.
-    # SD by measured step costs (rollout.sd_switch step_costs, below 8 active): the controller measures plain and
-    # speculative steps (n-gram and EAGLE-1 arms) and keeps SD only where it emits more tokens per second; on CPU
-    # a verify costs about as much per token as decoding, so it measures SD, judges it off and says so (sd/pays/*,
-    # sd/gain/*); the drafter still spot-trains (2 steps per RL step) and is exported.
+    # What `tlt up --demo` (the quick start) submits, on 2 CPU cores: the real SmolLM2 on toy-times ("Write the letter
+    # b 5 times: "), rewarded 0.7 by `toy_times` (the letter, as many times as asked: partial credit for close
+    # counts, diluted by any other character), 0.3 by brevity. SmolLM2 first answers with prose that runs to the
+    # length limit; brevity moves from the first step and the letter runs follow. The best answer depends on the
+    # prompt (letter and count) and a 135M model counts imprecisely, so a group's responses keep scoring differently
+    # (toy-count + toy_many, one ten-letter optimum for every prompt, settled on one short answer by step 3 and left
+    # whole steps without a signal). lr 2e-5: at 5e-5 the policy's entropy collapsed within a few steps; brevity at
+    # 0.5 drove one seed's answers to empty by step 8. loss_type grpo: dapo's token sum let the long prose outweigh
+    # the short answers.
+    # SD by measured step costs (the spec default, below 8 active): the controller measures plain and speculative
+    # steps (n-gram and EAGLE-1 arms) and keeps SD only where it emits more tokens per second; on CPU a verify costs
+    # about as much per token as decoding, so it measures SD, judges it off and says so (sd/pays/*, sd/gain/*); the
+    # drafter still spot-trains (2 steps per RL step) and is exported.
     "demo-cpu": {
-        "name": "demo-smollm2-toy-count",
+        "name": "demo-smollm2-toy-times",
         "model": {"builtin": "smollm2-135m-instruct"},
-        "dataset": {"builtin": "toy-count", "validation_size": 0, "system_prompt": None},
-        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40, "learning_rate": 5e-5,
-                      "loss_type": "grpo", "temperature": 0.8, "reward_funcs": ["toy_many", "brevity"],
-                      "reward_weights": [0.5, 0.5]},
+        "dataset": {"builtin": "toy-times", "validation_size": 0, "system_prompt": None},
+        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40, "learning_rate": 2e-5,
+                      "loss_type": "grpo", "temperature": 0.8, "reward_funcs": ["toy_times", "brevity"],
+                      "reward_weights": [0.7, 0.3]},
         "rollout": {"speculative": "adaptive", "sd_on_below": 8, "sd_patience": 2, "sd_switch": "step_costs"},
         "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 2},
         "max_steps": 8,
