@@ -162,7 +162,7 @@ def controller(spec: JobSpec, drafters: Sequence[DrafterKind]) -> AdaptiveSd:
     the active batch or by measured step costs (`rollout.sd_switch`)."""
     gpu = spec.resources.gpus > 0
     costs = None
-    if spec.rollout.sd_switch == "step_costs":
+    if spec.rollout.sd_switch == "step_costs" and drafters:  # with no drafter there is no SD step to time
         # on CPU nothing compiles and a probe costs a few plain steps: each batch bucket gets the probes of a verdict
         costs = StepCostConfig() if gpu else StepCostConfig(free_probes=StepCostConfig.probe_steps)
     # CUDA graphs are captured at an arm's first use on a GPU only; on CPU that step is a measurement like any other
