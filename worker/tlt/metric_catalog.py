@@ -85,6 +85,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(TIMING_DRAFTER, "s", _STEP, "Drafter training run after the update (outside the rollout's tail)."),
     MetricSpec("timing_s/val", "s", _STEP, "Validation wall time (steps that validate)."),
     MetricSpec("timing_s/kv_restore", "s", _STEP, "Re-allocating the KV cache released for the update."),
+    MetricSpec("timing_s/sleep", "s", _STEP, "Putting vLLM to sleep after the rollout (rollout.backend vllm, "
+               "release_kv_for_update on CUDA)."),
     MetricSpec(TIMING_STEP, "s", _STEP, "Whole RL step wall time."),
     # --- throughput
     MetricSpec(TOKENS_PER_S, "tokens/s", _STEP, "Response tokens of the step / rollout wall time."),
