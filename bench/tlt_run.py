@@ -92,19 +92,16 @@ def paired_rollout(spec: JobSpec, trainer: GRPOTrainer) -> dict[str, Any]:
     reqs = [Request(list(p.ids), params) for p in prompts]
     max_len = max(len(r.prompt) for r in reqs) + params.max_new_tokens
     rng = engine.gen.get_state()
-    saved = engine.controller, engine.hidden_hook, engine.tail.hook
+    off = controller(spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"speculative": "off"})}), [])
     engine.restore_memory()  # a no-op unless the update released the cache
-    engine.hidden_hook, engine.tail.hook = None, None
     out: dict[str, Any] = {}
     try:
-        for name, ctl in (("off", controller(spec.model_copy(update={"rollout": spec.rollout.model_copy(
-                update={"speculative": "off"})}), [])), ("tlt", saved[0])):
-            engine.controller = ctl
+        for name, ctl in (("off", off), ("tlt", engine.controller)):
             warm_up(engine, reqs, max_len)
             engine.gen.set_state(rng)
             sync(trainer)
             t0 = time.perf_counter()
-            res = engine.generate(reqs)
+            res = engine.generate(reqs, controller=ctl)  # no hidden-state capture, no tail hook (spot training)
             sync(trainer)
             out[f"{name}_s"] = time.perf_counter() - t0
             out[f"{name}_tokens"] = float(sum(len(s.tokens) for s in res.sequences))
@@ -113,7 +110,6 @@ def paired_rollout(spec: JobSpec, trainer: GRPOTrainer) -> dict[str, Any]:
                 out[f"{name}_accept_len"] = float(res.sd_metrics[mc.SD_ACCEPT_LEN])
             out[f"{name}_detail"] = rollout_detail(res)
     finally:
-        engine.controller, engine.hidden_hook, engine.tail.hook = saved
         engine.gen.set_state(rng)
         if spec.rollout.release_kv_for_update:
             engine.release_memory()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.specs import toy_spec
 from worker.tlt.config import JobSpec
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.model.load import load_model
@@ -18,19 +19,14 @@ from worker.tlt.train import run
 
 
 def _spec(kind: str) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "toy-adaptive",
-        "model": {"builtin": "tiny-llama"},
-        "dataset": {"builtin": "toy-count", "system_prompt": None, "validation_size": 4, "max_prompt_length": 64},
-        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 24,
-                      "learning_rate": 2e-2, "reward_funcs": ["toy_count"]},
+    return toy_spec(
+        name="toy-adaptive",
+        algorithm={"max_completion_length": 24},
         # the threshold switch: on CPU the default cost switch rightly keeps SD off, and this test must see it run
-        "rollout": {"speculative": "adaptive", "sd_on_below": 9, "sd_patience": 1, "kv_cache_gb": 0.05,
-                    "sd_switch": "active_batch"},
-        "drafter": {"kind": kind, "max_train_steps_per_rl_step": 3, "buffer_gb": 0.01},
-        "max_steps": 2,
-        "save_steps": 2,
-    })
+        rollout={"speculative": "adaptive", "sd_on_below": 9, "sd_patience": 1, "sd_switch": "active_batch"},
+        drafter={"kind": kind, "max_train_steps_per_rl_step": 3, "buffer_gb": 0.01},
+        max_steps=2,
+    )
 
 
 def test_make_rollout_builds_the_adaptive_engine() -> None:

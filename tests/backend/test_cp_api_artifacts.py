@@ -13,8 +13,9 @@ from fastapi.testclient import TestClient
 
 from backend import artifact_store
 from backend.persistence import crud
+from tests.specs import api_spec
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec(name="t")
 
 
 def auth(token: str) -> dict[str, str]:

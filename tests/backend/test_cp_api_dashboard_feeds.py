@@ -17,8 +17,9 @@ from sqlalchemy import Engine, event, func, select
 from backend.lifecycle import JobStatus
 from backend.persistence import crud
 from backend.persistence.models import Metric
+from tests.specs import api_spec
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "max_steps": 2}
+SPEC = api_spec(name="t", max_steps=2)
 
 
 def auth(token: str) -> dict[str, str]:

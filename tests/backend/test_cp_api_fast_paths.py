@@ -15,8 +15,9 @@ from backend.api.deps import get_current_user
 from backend.persistence import crud
 from backend.persistence.db import json_loads, make_engine
 from backend.persistence.models import ApiToken
+from tests.specs import api_spec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "name": "fast"}
+SPEC = api_spec(name="fast")
 
 
 def auth(token: str) -> dict[str, str]:

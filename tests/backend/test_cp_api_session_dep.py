@@ -18,8 +18,9 @@ from sqlalchemy import event
 from backend.api.deps import bind_sessions
 from backend.main import create_app
 from backend.persistence.db import make_engine
+from tests.specs import api_spec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}, "name": "hop"}
+SPEC = api_spec(name="hop")
 
 
 def auth(token: str) -> dict[str, str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from tests.specs import api_spec
+
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
@@ -41,7 +43,7 @@ def test_tokens_admin_only_and_revocation(cp_client: TestClient, cp_backend) -> 
 
 def test_prometheus_metrics(cp_client: TestClient, cp_backend) -> None:
     h = auth(cp_backend.token())
-    spec = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+    spec = api_spec()
     cp_client.post("/api/v1/jobs", json={"spec": spec}, headers=h)
     assert cp_client.get("/metrics").status_code == 401
     text = cp_client.get("/metrics", headers=h).text

@@ -17,12 +17,12 @@ from sqlalchemy import delete, update
 
 from backend.persistence import crud
 from backend.persistence.models import Job, Worker, utcnow
+from tests.specs import api_spec
 from worker.tlt.builtin_models import BUILTIN_MODELS, WIDENED
 from worker.tlt.config import BUILTIN_MODELS as SCHEMA_MODEL_NAMES
 from worker.tlt.config import CPU_KV_CACHE_GB, JobSpec
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-        "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec(name="t")
 CPU_ONLY = crud.Capacity(queues=["cpu"], gpus=0, host_memory_gb=16.0)
 ONE_GPU = crud.Capacity(queues=["gpu"], gpus=1, gpu_memory_gb=24.0, host_memory_gb=64.0, cuda="12.8")
 

@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 
 from backend.lifecycle import JobStatus as S
 from backend.persistence import crud
+from tests.specs import api_spec
 from worker.tasks import JobSupervisor
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-        "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec()
 TRACEBACK = [
     "Traceback (most recent call last):",
     '  File "/opt/tlt/.venv/lib/python3.12/site-packages/worker/runner.py", line 88, in execute',

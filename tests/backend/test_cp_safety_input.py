@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from backend.dataset_store import MAX_DEPTH
+from tests.specs import api_spec
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-        "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec(name="t")
 
 
 def headers(token: str) -> dict[str, str]:

@@ -19,9 +19,9 @@ from backend.main import create_app
 from backend.persistence import crud
 from backend.spec_paths import REFUSED
 from backend.worker_spec import SpecRefused, runnable_spec
+from tests.specs import api_spec
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-        "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec(name="t")
 
 
 def auth(token: str) -> dict[str, str]:

@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 
 from backend.lifecycle import JobStatus as S
 from backend.persistence import crud
+from tests.specs import api_spec
 from worker.tasks import JobSupervisor
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-        "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec(name="t")
 
 
 def auth(token: str) -> dict[str, str]:

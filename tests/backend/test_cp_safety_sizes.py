@@ -16,10 +16,10 @@ from sqlalchemy import delete
 
 from backend.persistence import crud
 from backend.persistence.models import Job, Worker
+from tests.specs import api_spec
 from worker.tlt.config import PRESETS
 
-SPEC: dict[str, Any] = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-                        "dataset": {"builtin": "toy-count"}}
+SPEC: dict[str, Any] = api_spec()
 CPU_16 = crud.Capacity(queues=["cpu"], gpus=0, host_memory_gb=16.0)
 GPU_24 = crud.Capacity(queues=["gpu"], gpus=1, gpu_memory_gb=24.0, host_memory_gb=64.0, cuda="12.8")
 

@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 
 from backend.main import create_app
 from backend.persistence import crud
+from tests.specs import api_spec
 from worker.tlt.rl import checkpoint as ck
 
-SPEC = {"name": "t", "model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-        "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec(name="t")
 
 
 def _save(root: Path, step: int, keep: int) -> Path:

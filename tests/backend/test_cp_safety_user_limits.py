@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from backend.lifecycle import JobStatus as S
 from backend.main import create_app
 from backend.persistence import crud
+from tests.specs import api_spec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-        "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec()
 
 
 def auth(token: str) -> dict[str, str]:

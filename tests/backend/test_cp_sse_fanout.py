@@ -21,8 +21,9 @@ import uvicorn
 from backend.lifecycle import JobStatus
 from backend.main import create_app
 from backend.persistence import crud
+from tests.specs import api_spec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec()
 
 
 def _free_port() -> int:

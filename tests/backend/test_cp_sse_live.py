@@ -14,6 +14,7 @@ import uvicorn
 from backend.lifecycle import JobStatus
 from backend.main import create_app
 from backend.persistence import crud
+from tests.specs import api_spec
 
 
 def _free_port() -> int:
@@ -33,7 +34,7 @@ def test_live_stream_latency(cp_backend) -> None:
         token = cp_backend.token()
         h = {"Authorization": f"Bearer {token}"}
         base = f"http://127.0.0.1:{port}"
-        spec = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+        spec = api_spec()
         jid = httpx.post(f"{base}/api/v1/jobs", json={"spec": spec}, headers=h).json()["id"]
         with cp_backend.session() as s:
             crud.transition(s, jid, JobStatus.starting, worker="w", new_attempt=True)

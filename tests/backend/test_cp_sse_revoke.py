@@ -19,9 +19,9 @@ import httpx
 from backend.core.config import Settings
 from backend.lifecycle import JobStatus
 from backend.persistence import crud
+from tests.specs import api_spec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8},
-        "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec()
 CHECK_S = 0.3
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tests.specs import toy_spec
 from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.decoding.arms import chain_arm
@@ -28,16 +29,13 @@ VOLATILE = ("timing_s/", "perf/", "harvest/")  # wall-clock metrics differ betwe
 
 
 def _spec() -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "toy-eagle",
-        "model": {"builtin": "tiny-llama"},
-        "dataset": {"builtin": "toy-count", "system_prompt": None, "validation_size": 4, "max_prompt_length": 64},
-        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 12,
-                      "learning_rate": 2e-2, "reward_funcs": ["toy_count"]},
-        "rollout": {"speculative": "on", "draft_depth": 3, "kv_cache_gb": 0.05},
-        "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 3, "buffer_gb": 0.002, "learning_rate": 1e-2},
-        "max_steps": 4, "save_steps": 2,
-    })
+    return toy_spec(
+        name="toy-eagle",
+        algorithm={"max_completion_length": 12},
+        rollout={"speculative": "on", "draft_depth": 3},
+        drafter={"kind": "eagle1", "max_train_steps_per_rl_step": 3, "buffer_gb": 0.002, "learning_rate": 1e-2},
+        max_steps=4,
+    )
 
 
 class StopAfter(FileReporter):

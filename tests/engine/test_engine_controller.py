@@ -1,6 +1,8 @@
 """The engine runs any `SdController` (rollout/controller.py), not only adaptive/'s `AdaptiveSd`: a hand-written
 controller that alternates plain and n-gram steps drives a greedy generate() token-identical to plain decoding, sees
-every step it planned recorded with that step's emitted count, sizes the KV headroom and returns its metrics; and
+every step it planned recorded with that step's emitted count, sizes the KV headroom and returns its metrics; one
+generate() can run under another controller (`controller=`: no hidden-state capture, no tail hook, the engine's own
+controller untouched); and
 `AdaptiveSd` has every member of the protocol (mypy checks the annotated assignments below; run
 `mypy tests/engine/test_engine_controller.py` after changing either side).
 Run: python -m pytest tests/engine/test_engine_controller.py -q"""
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import pytest
 
 from worker.tlt.adaptive.arms import arms_table
 from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
@@ -83,9 +87,20 @@ class Alternating:
         return [CHAIN] if active < self.switch.config.off_threshold else []
 
 
-def _engine(ctl: SdController | None) -> Engine:
+class Wide(Alternating):
+    """An Alternating controller whose arms draft `depth` tokens with `drafter`."""
+
+    def __init__(self, drafter: str = "ngram", depth: int = 3) -> None:
+        super().__init__()
+        self.chain = chain_arm(drafter, depth)  # type: ignore[arg-type]
+
+    def all_arms(self) -> list[Arm]:
+        return [NO_SD, self.chain]
+
+
+def _engine(ctl: SdController | None, **kw) -> Engine:
     return Engine(TARGET, eos_ids=EOS, config=EngineConfig(max_len=128, max_slots=4, sync_every=4), controller=ctl,
-                  proposers={"ngram": NGramProposer()} if ctl is not None else None)
+                  proposers={"ngram": NGramProposer()} if ctl is not None else None, **kw)
 
 
 def test_the_engine_runs_a_controller_of_its_own_protocol() -> None:
@@ -117,3 +132,36 @@ def test_adaptive_sd_is_an_sd_controller() -> None:
     # the members the engine reads through the protocol hold what it expects
     assert fixed.switch.config.mode == "on" and fixed.arms_for(1) == [CHAIN]
     assert adaptive.switch.config.off_threshold == 6 and adaptive.scheme.bucket(30) == 3
+
+
+def test_one_generate_under_another_controller() -> None:
+    prompts = [p * 3 for p in random_prompts(4, seed=5, lo=3, hi=9)]
+    reqs = [Request(p, RequestSampling(temperature=0.0, max_new_tokens=8 + 6 * i)) for i, p in enumerate(prompts)]
+    captured: list[int] = []
+    tail_calls: list[float] = []
+    own, other = Alternating(), Alternating()
+    eng = _engine(own, hidden_hook=lambda ids, toks, hidden: captured.append(len(ids)), tail_hook=tail_calls.append)
+    base = _engine(None).generate(reqs)
+    out = eng.generate(reqs, controller=other)
+    assert [s.tokens for s in out.sequences] == [s.tokens for s in base.sequences]
+    assert (own.rollouts, other.rollouts) == (0, 1) and not own.metrics.rows
+    steps = [s for s in out.steps if s.kind != "prefill"]
+    assert [(s.active, s.arm, s.emitted) for s in steps] == [r[:3] for r in other.metrics.rows]
+    assert out.sd_metrics == other.metrics.summary()  # no perf/tail_hook_* keys: the hook was off
+    assert captured == [] and tail_calls == []
+    assert eng.hidden_hook is not None and eng.controller is own  # only that call ran without them
+    again = eng.generate(reqs)
+    assert own.rollouts == 1 and captured and "perf/tail_hook_calls" in again.sd_metrics
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in base.sequences]
+
+
+def test_another_controller_must_fit_the_engine() -> None:
+    eng = _engine(Alternating())
+    reqs = [Request([1, 2, 3], RequestSampling(temperature=0.0, max_new_tokens=4))]
+    with pytest.raises(ValueError, match="drafters"):
+        eng.generate(reqs, controller=Wide("eagle"))
+    with pytest.raises(ValueError, match="KV headroom"):
+        eng.generate(reqs, controller=Wide(depth=CHAIN.depth + 1))
+    with pytest.raises(ValueError, match="plain"):
+        eng.generate(reqs, plain=True, controller=Alternating())
+    assert eng.generate(reqs, controller=Wide(depth=1)).sequences[0].finish_reason == "length"

@@ -17,8 +17,9 @@ from sqlalchemy import select, text
 
 from backend.persistence import crud
 from backend.persistence.models import ApiToken, Base
+from tests.specs import api_spec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec()
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}

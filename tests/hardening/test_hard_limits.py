@@ -21,8 +21,9 @@ from fastapi import HTTPException
 
 from backend.core.limits import SubmitLimiter
 from backend.persistence import crud
+from tests.specs import api_spec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec()
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}

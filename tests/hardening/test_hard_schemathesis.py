@@ -37,6 +37,7 @@ from backend.core.config import Settings
 from backend.lifecycle import JobStatus
 from backend.main import create_app
 from backend.persistence import crud
+from tests.specs import api_spec
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance]
@@ -214,7 +215,7 @@ def test_nul_bytes_are_client_errors(fuzz_app: tuple[FastAPI, str]) -> None:
     """Postgres text cannot hold NUL: inputs with one are a 4xx on both databases, never a 500."""
     client = TestClient(fuzz_app[0], raise_server_exceptions=False)
     h = {"Authorization": f"Bearer {fuzz_app[1]}"}
-    spec = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+    spec = api_spec()
     for url in ("/api/v1/datasets/%00", "/api/v1/jobs?owner=%00", "/api/v1/jobs?cursor=%00",
                 "/api/v1/jobs/1/histograms?name=%00", "/api/v1/jobs/1/metrics?names=a%00",
                 "/api/v1/jobs/1/stream?last_event_id=%00"):

@@ -28,9 +28,10 @@ from backend.persistence import crud
 from backend.persistence.db import make_engine, make_session_factory
 from backend.persistence.models import JobEvent, LogLine, Metric
 from backend.sse_fanout import JobStreams, Mailbox, Subscriber
+from tests.specs import api_spec
 from worker.tlt.config import JobSpec
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+SPEC = api_spec()
 POLL_S = 0.05
 
 

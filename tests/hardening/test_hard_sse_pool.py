@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-SPEC = {"model": {"builtin": "tiny-llama"}, "algorithm": {"max_completion_length": 8}, "dataset": {"builtin": "toy-count"}}
+from tests.specs import api_spec
+
+SPEC = api_spec()
 
 
 def test_open_streams_hold_no_connection(make_env: Any) -> None:

@@ -23,15 +23,13 @@ import pytest
 from backend.core import migrate
 from backend.persistence import crud
 from backend.persistence.db import make_engine, make_session_factory
+from tests.specs import api_spec
 from worker import registry
 
 FINAL = {"succeeded", "failed", "cancelled"}
 # A job the training loop finishes in seconds on CPU (tiny random model, synthetic task).
-TINY_SPEC = {
-    "name": "tiny", "model": {"builtin": "tiny-llama"}, "dataset": {"builtin": "toy-count"},
-    "algorithm": {"num_generations": 2, "prompts_per_step": 2, "max_completion_length": 8},
-    "rollout": {"speculative": "off"}, "drafter": {"kind": "none"}, "max_steps": 2, "save_steps": 1,
-}
+TINY_SPEC = api_spec(name="tiny", algorithm={"num_generations": 2, "prompts_per_step": 2}, rollout={"speculative": "off"},
+                     drafter={"kind": "none"}, max_steps=2, save_steps=1)
 
 
 def _free_port() -> int:

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.multigpu.ranks import Quiet, params_of, spawn_ranks
+from tests.specs import toy_spec as shared_toy_spec
 from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
@@ -36,14 +37,11 @@ WORLD = 2
 
 
 def toy_spec(resources: dict[str, Any], **over: Any) -> JobSpec:
-    return JobSpec.model_validate({
+    """tests/specs.py's toy job with `resources`, no drafter, no validation, several micro-batches per rank."""
+    return shared_toy_spec(**{
         "name": "toy-deepspeed",
-        "model": {"builtin": "tiny-llama"},
-        "dataset": {"builtin": "toy-count", "system_prompt": None, "validation_size": 0, "max_prompt_length": 64},
-        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 6,
-                      "learning_rate": 2e-2, "max_grad_norm": 0.05, "reward_funcs": ["toy_count"],
-                      "micro_batch_tokens": 64},  # several micro-batches per rank: DeepSpeed accumulates
-        "rollout": {"speculative": "off", "kv_cache_gb": 0.05},
+        "dataset": {"validation_size": 0},
+        "algorithm": {"max_grad_norm": 0.05, "micro_batch_tokens": 64},  # several micro-batches: DeepSpeed accumulates
         "drafter": {"kind": "none"},
         "resources": resources,
         "max_steps": 2, "save_steps": 1, "save_total_limit": 2,

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from tests.multigpu.ranks import Quiet, params_of, spawn_ranks
+from tests.specs import merged
+from tests.specs import toy_spec as shared_toy_spec
 from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
 from worker.tlt.multigpu import launch
@@ -32,22 +34,14 @@ WORLD = 2
 
 
 def toy_spec(**over: Any) -> JobSpec:
-    data: dict[str, Any] = {
+    """tests/specs.py's toy job with SD on and the EAGLE-1 drafter, 2 steps; `over` deep-merged."""
+    return shared_toy_spec(**merged({
         "name": "toy-dist",
-        "model": {"builtin": "tiny-llama"},
-        "dataset": {"builtin": "toy-count", "system_prompt": None, "validation_size": 4, "max_prompt_length": 64},
-        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 6,
-                      "learning_rate": 2e-2, "reward_funcs": ["toy_count"]},
-        "rollout": {"speculative": "on", "kv_cache_gb": 0.05, "sd_on_below": 8},
+        "rollout": {"speculative": "on", "sd_on_below": 8},
         "drafter": {"kind": "eagle1", "buffer_gb": 0.01, "max_train_steps_per_rl_step": 50, "learning_rate": 1e-2},
         "max_steps": 2,
-        "save_steps": 2,
         "save_total_limit": 1,
-    }
-    for k, v in over.items():
-        data[k] = {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
-    return JobSpec.model_validate(data)
-
+    }, over))
 
 
 def update_spec(loss_type: str) -> JobSpec:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.specs import toy_spec
 from worker.tlt.config import JobSpec
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.model import load as model_load
@@ -32,19 +33,15 @@ def four_layer_tiny(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _spec() -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "toy-eagle3",
-        "model": {"builtin": "tiny-llama"},
-        "dataset": {"builtin": "toy-count", "system_prompt": None, "validation_size": 4, "max_prompt_length": 64},
-        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 16,
-                      "learning_rate": 2e-2, "reward_funcs": ["toy_count"]},
+    return toy_spec(
+        name="toy-eagle3",
+        algorithm={"max_completion_length": 16},
         # the threshold switch: on CPU the default cost switch rightly keeps SD off, and this test must see it run
-        "rollout": {"speculative": "adaptive", "sd_on_below": 9, "sd_patience": 1, "kv_cache_gb": 0.05,
-                    "sd_switch": "active_batch"},
-        "drafter": {"kind": "eagle3", "max_train_steps_per_rl_step": 3, "buffer_gb": 0.01},
-        "max_steps": 2,
-        "save_steps": 1,
-    })
+        rollout={"speculative": "adaptive", "sd_on_below": 9, "sd_patience": 1, "sd_switch": "active_batch"},
+        drafter={"kind": "eagle3", "max_train_steps_per_rl_step": 3, "buffer_gb": 0.01},
+        max_steps=2,
+        save_steps=1,
+    )
 
 
 def test_eagle3_online_run(tmp_path: Path, four_layer_tiny: None) -> None:

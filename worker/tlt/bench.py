@@ -244,13 +244,11 @@ def warm_up(engine: Engine, reqs: list[Request], max_len: int) -> float:
     t0 = time.perf_counter()
     params = reqs[0].params
     engine.warmup(sum(r.params.n for r in reqs), max_len, params=params)
-    # without the adaptive controller: prefill does not depend on it, and the first-token run's decode steps (over
-    # rows already finished) must not reach its bandit or step costs as zero-token observations
-    ctl, engine.controller = engine.controller, None
-    try:
-        engine.generate([dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=1)) for r in reqs])
-    finally:
-        engine.controller = ctl
+    # plain, without the adaptive controller: prefill does not depend on it, the first-token run's decode steps (over
+    # rows already finished) must not reach its bandit or step costs as zero-token observations, nor its hidden
+    # states a drafter
+    engine.generate([dataclasses.replace(r, params=dataclasses.replace(r.params, max_new_tokens=1)) for r in reqs],
+                    plain=True)
     _sync(engine.device)
     return time.perf_counter() - t0
 

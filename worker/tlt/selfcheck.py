@@ -109,8 +109,8 @@ def _greedy_plan(variants: list[tuple[str, Arm]], slot_counts: tuple[int, ...]) 
 
 class SharedEngine:
     """One engine for every check of one batch shape: sized at construction for the widest arm it will run (KV
-    headroom) with every drafter, and given each check's controller between generate() calls (None: plain decoding),
-    as a training job's engine serves its validation rollouts. Its CUDA graphs (prefill, decode, verify, drafts) are
+    headroom) with every drafter, each check's controller passed to its generate() call (none: plain decoding), as a
+    training job's engine serves its validation rollouts. Its CUDA graphs (prefill, decode, verify, drafts) are
     captured once per shape, not once per check: on a GPU the captures and their first-use kernel compiles, not the
     decoding, are what a check costs."""
 
@@ -125,10 +125,11 @@ class SharedEngine:
         if arm is not None and arm.verify_tokens > self.engine.max_nodes:
             raise ValueError(f"arm {arm.name} verifies {arm.verify_tokens} tokens; the engine has room for "
                              f"{self.engine.max_nodes}")
-        self.engine.controller = None if arm is None else AdaptiveSd.fixed(arm)
         if seed is not None:
             self.engine.gen.manual_seed(seed)
-        return self.engine.generate(reqs)
+        if arm is None:
+            return self.engine.generate(reqs, plain=True)
+        return self.engine.generate(reqs, controller=AdaptiveSd.fixed(arm))
 
     def graphs_since(self, before: tuple[int, float]) -> str:
         """How much of a check's time went to CUDA graph captures (on a fresh GPU, mostly first-use kernel compiles

@@ -66,16 +66,6 @@ def default_config(kernel: str, n: int, k: int) -> Config:
     return Config(block_n=bn, block_k=bk, num_warps=4, num_stages=2, prefetch=fits)
 
 
-def flat_call(positions: torch.Tensor, cache_rows: slice | None, write_idx: torch.Tensor | None,
-              attn_mask: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A cached forward's inputs as its kernels read them: (first cache row, RoPE positions [M], write columns [M]
-    (default: the positions), mask [B, S, Tk] contiguous), M = B * S tokens."""
-    row0 = cache_rows.start if cache_rows is not None and cache_rows.start is not None else 0
-    pos = positions.reshape(-1).contiguous()
-    widx = pos if write_idx is None else write_idx.reshape(-1).contiguous()
-    return row0, pos, widx, attn_mask.contiguous()
-
-
 _PDL: dict[torch.device, bool] = {}
 
 
@@ -208,3 +198,49 @@ def normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, w_ptr, dt: tl
                 mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
     w = tl.load(w_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
     return (rounded(x * rstd[:, None], dt) * w[None, :]).to(dt)
+
+
+@triton.jit
+def input_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, dt: tl.constexpr, HAS_NORM: tl.constexpr):
+    """A GEMM's input tile [BM, BK] in dtype dt: RMSNorm(x) (rounded as HF; rstd from `row_rstd`), or x raw."""
+    if HAS_NORM:
+        return normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
+    return tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K),
+                   other=0.0).to(dt)
+
+
+@triton.jit
+def pair_first_tiles(w_ptr, rows_a, rows_b, row_mask, K, stride_wn, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr,
+                     LINES: tl.constexpr, EPL: tl.constexpr):
+    """Before the PDL wait of a kernel that multiplies one input by two sets of weight rows (gate and up, a RoPE pair):
+    prefetch rows_a and rows_b (in range) into L2 and load their first K tiles W[rows, :BLOCK_K]^T into registers
+    (no kernel writes weights; the rest streams in `pair_dots`'s loop from L2)."""
+    if USE_GDC:
+        prefetch_rows(w_ptr, rows_a, stride_wn, K, LINES, EPL)
+        prefetch_rows(w_ptr, rows_b, stride_wn, K, LINES, EPL)
+    offs_k = tl.arange(0, BLOCK_K)
+    return (weight_tile_t(w_ptr, rows_a, row_mask, offs_k, K, stride_wn),
+            weight_tile_t(w_ptr, rows_b, row_mask, offs_k, K, stride_wn))
+
+
+@triton.jit
+def pair_dots(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, K, eps, w_ptr, rows_a, rows_b, row_mask, stride_wn, w_a, w_b,
+              dt: tl.constexpr, HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """After the PDL wait: (x' @ W[rows_a]^T, x' @ W[rows_b]^T) in fp32, [BM, R] each, x' = `input_tile` of rows
+    offs_m, from the first K tiles w_a, w_b of `pair_first_tiles`. The K tiles accumulate in a plain loop's order:
+    bit-identical to one GEMM over all the rows."""
+    if HAS_NORM:
+        rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    xt = input_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd if HAS_NORM else 0.0, dt, HAS_NORM)
+    acc_a = tl.dot(xt, w_a, input_precision=DOT_PREC)
+    acc_b = tl.dot(xt, w_b, input_precision=DOT_PREC)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xt = input_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd if HAS_NORM else 0.0, dt, HAS_NORM)
+        w_a = weight_tile_t(w_ptr, rows_a, row_mask, offs_k, K, stride_wn)
+        w_b = weight_tile_t(w_ptr, rows_b, row_mask, offs_k, K, stride_wn)
+        acc_a += tl.dot(xt, w_a, input_precision=DOT_PREC)
+        acc_b += tl.dot(xt, w_b, input_precision=DOT_PREC)
+    return acc_a, acc_b

@@ -25,7 +25,7 @@ from typing import cast
 import torch
 
 from worker.tlt.kernels.attention import cache_attention
-from worker.tlt.kernels.common import flat_call
+from worker.tlt.kernels.cached_call import CachedCall, CachedForward
 from worker.tlt.kernels.gemm_forward import gemm_forward_hidden, prefers_gemm
 from worker.tlt.kernels.linear import linear_residual, norm_gate_up
 from worker.tlt.kernels.qkv_rope import qkv_rope_cache
@@ -43,50 +43,31 @@ def cached_forward(model: Transformer) -> Callable[..., tuple[torch.Tensor, torc
     return functools.partial(fused_forward_hidden, model)
 
 
-@torch.no_grad()
-def fused_forward_hidden(
-    model: Transformer,
-    input_ids: torch.Tensor,  # [B, S]
-    positions: torch.Tensor,  # [B, S] RoPE positions
-    cache: LayerCache,
-    *,
-    cache_rows: slice | None = None,  # cache rows of this batch (default 0..B-1)
-    write_idx: torch.Tensor | None = None,  # [B, S] cache column of each token (default = positions)
-    attn_mask: torch.Tensor,  # [B, S, Tk] bool
-    logits_at: torch.Tensor | None = None,  # [B, K]
-    layers: tuple[int, ...] = (),
-    compute_logits: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-    """(logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache."""
-    args = model.args
-    b, s = input_ids.shape
-    m, hdim = b * s, args.dim
-    row0, pos, widx, mask = flat_call(positions, cache_rows, write_idx, attn_mask)
-    table = cache.block_table
-    x = model.model.embed_tokens(input_ids).reshape(m, hdim)
-    eps = args.norm_eps
-    captured: dict[int, torch.Tensor] = {}
+def _fused_layers(model: Transformer, x: torch.Tensor, call: CachedCall, cache: LayerCache) -> torch.Tensor:
+    """The decoder layers and the final norm: five kernels a layer."""
     for i, layer in enumerate(cast(list[DecoderLayer], model.model.layers)):
-        if i in layers:
-            captured[i] = x.view(b, s, hdim)
+        call.capture(i, x)
         att, mlp = layer.self_attn, layer.mlp
         ck, cv = cache.k[i], cache.v[i]
         q = qkv_rope_cache(
             x, layer.input_layernorm.weight, att.qkv_proj.weight, att.qkv_proj.bias,
             att.q_norm.weight if att.q_norm is not None else None,
             att.k_norm.weight if att.k_norm is not None else None,
-            model.rope_cos, model.rope_sin, pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps,
-            table=table,
+            model.rope_cos, model.rope_sin, call.pos, call.widx, ck, cv, s=call.s, row0=call.row0,
+            n_heads=model.args.n_heads, eps=call.eps, table=call.table,
         )
-        a = cache_attention(q, ck, cv, mask, widx, row0=row0, table=table)
+        a = cache_attention(q, ck, cv, call.mask, call.widx, row0=call.row0, table=call.table)
         # each residual was written two or more kernels back (x: the last layer's down, h: o_proj before norm_gate_up)
         h = linear_residual(a, att.o_proj.weight, x, early_residual=True)
-        u = norm_gate_up(h, layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, eps)
+        u = norm_gate_up(h, layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, call.eps)
         x = linear_residual(u, mlp.down_proj.weight, h, early_residual=True)
-    hidden = model.model.norm(x.view(b, s, hdim))
-    if not compute_logits:
-        return hidden.new_empty(0), hidden, captured
-    hl = hidden if logits_at is None else hidden.gather(1, logits_at[..., None].expand(-1, -1, hdim))
-    # the head in Triton too: cuBLAS would pick another kernel per batch size (logits no longer batch-invariant)
-    logits = linear_residual(hl.reshape(-1, hdim), model.head_weight, None)
-    return logits.view(*hl.shape[:-1], -1), hidden, captured
+    return model.model.norm(x.view(call.b, call.s, -1))
+
+
+def _triton_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The head in Triton too: cuBLAS would pick another kernel per batch size (logits no longer batch-invariant)."""
+    return linear_residual(hidden, weight, None)
+
+
+# (logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache
+fused_forward_hidden = CachedForward(_fused_layers, _triton_head)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.tlt.kernels.attention import cache_attention
-from worker.tlt.kernels.common import flat_call
+from worker.tlt.kernels.cached_call import CachedCall, CachedForward
 from worker.tlt.kernels.glue import add_rms_norm, rope_cache, silu_mul
 from worker.tlt.kernels.settings import current
 from worker.tlt.model.args import ModelArgs
@@ -60,48 +60,27 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return F.linear(xp, w, b)[:m]
 
 
-@torch.no_grad()
-def gemm_forward_hidden(
-    model: Transformer,
-    input_ids: torch.Tensor,  # [B, S]
-    positions: torch.Tensor,  # [B, S] RoPE positions
-    cache: LayerCache,
-    *,
-    cache_rows: slice | None = None,  # cache rows of this batch (default 0..B-1)
-    write_idx: torch.Tensor | None = None,  # [B, S] cache column of each token (default = positions)
-    attn_mask: torch.Tensor,  # [B, S, Tk] bool
-    logits_at: torch.Tensor | None = None,  # [B, K]
-    layers: tuple[int, ...] = (),
-    compute_logits: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-    """(logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache."""
-    args = model.args
-    b, s = input_ids.shape
-    m, hdim = b * s, args.dim
-    row0, pos, widx, mask = flat_call(positions, cache_rows, write_idx, attn_mask)
-    table = cache.block_table
-    eps = args.norm_eps
+def _gemm_layers(model: Transformer, x: torch.Tensor, call: CachedCall, cache: LayerCache) -> torch.Tensor:
+    """The decoder layers and the final norm (fused into the last down's residual add): nine launches a layer."""
     blocks = cast(list[DecoderLayer], model.model.layers)
-    x = model.model.embed_tokens(input_ids).reshape(m, hdim)
+    eps = call.eps
     x, y = add_rms_norm(x, None, blocks[0].input_layernorm.weight, eps)
-    captured: dict[int, torch.Tensor] = {}
     for i, layer in enumerate(blocks):
-        if i in layers:
-            captured[i] = x.view(b, s, hdim)
+        call.capture(i, x)
         att, mlp = layer.self_attn, layer.mlp
         ck, cv = cache.k[i], cache.v[i]
         qkv = linear(y, att.qkv_proj.weight, att.qkv_proj.bias)
         q = rope_cache(qkv, att.q_norm.weight if att.q_norm is not None else None,
                        att.k_norm.weight if att.k_norm is not None else None, model.rope_cos, model.rope_sin,
-                       pos, widx, ck, cv, s=s, row0=row0, n_heads=args.n_heads, eps=eps, table=table)
-        a = cache_attention(q, ck, cv, mask, widx, row0=row0, table=table)
+                       call.pos, call.widx, ck, cv, s=call.s, row0=call.row0, n_heads=model.args.n_heads, eps=eps,
+                       table=call.table)
+        a = cache_attention(q, ck, cv, call.mask, call.widx, row0=call.row0, table=call.table)
         h, y = add_rms_norm(linear(a, att.o_proj.weight), x, layer.post_attention_layernorm.weight, eps)
         u = silu_mul(linear(y, mlp.gate_up_proj.weight))
         nxt = blocks[i + 1].input_layernorm.weight if i + 1 < len(blocks) else model.model.norm.weight
         x, y = add_rms_norm(linear(u, mlp.down_proj.weight), h, nxt, eps)
-    hidden = y.view(b, s, hdim)  # the final norm's output
-    if not compute_logits:
-        return hidden.new_empty(0), hidden, captured
-    hl = hidden if logits_at is None else hidden.gather(1, logits_at[..., None].expand(-1, -1, hdim))
-    logits = linear(hl.reshape(-1, hdim), model.head_weight)
-    return logits.view(*hl.shape[:-1], -1), hidden, captured
+    return y  # the final norm's output
+
+
+# (logits, final-norm hidden [B, S, H], {i: hidden entering layer i}) as model.forward_hidden with a cache
+gemm_forward_hidden = CachedForward(_gemm_layers, linear)

@@ -17,12 +17,12 @@ from worker.tlt.kernels.common import (
     BLOCK_M,
     Config,
     dot_precision,
-    normed_tile,
+    pair_dots,
+    pair_first_tiles,
     pdl_args,
     prefetch_lines,
     prefetch_rows,
     rounded,
-    row_rstd,
     wait_for_previous,
     weight_tile_t,
 )
@@ -106,24 +106,11 @@ def _norm_gate_up_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     dt = out_ptr.dtype.element_ty
-    if USE_GDC:  # the gate rows and the up rows
-        prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1), stride_wn, K, LINES, EPL)
-        prefetch_rows(w_ptr, tl.minimum(offs_n, N - 1) + N, stride_wn, K, LINES, EPL)
-    offs_k = tl.arange(0, BLOCK_K)  # the first K tile of both weights before the wait (as in linear_residual)
-    w_g = weight_tile_t(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
-    w_u = weight_tile_t(w_ptr, offs_n + N, n_mask, offs_k, K, stride_wn)
+    rows = tl.minimum(offs_n, N - 1)  # the gate rows; the up rows are N further on
+    w_g, w_u = pair_first_tiles(w_ptr, rows, rows + N, n_mask, K, stride_wn, BLOCK_K, USE_GDC, LINES, EPL)
     wait_for_previous(USE_GDC)
-    rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
-    xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
-    acc_g = tl.dot(xt, w_g, input_precision=DOT_PREC)
-    acc_u = tl.dot(xt, w_u, input_precision=DOT_PREC)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        xt = normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
-        w_g = weight_tile_t(w_ptr, offs_n, n_mask, offs_k, K, stride_wn)
-        w_u = weight_tile_t(w_ptr, offs_n + N, n_mask, offs_k, K, stride_wn)
-        acc_g += tl.dot(xt, w_g, input_precision=DOT_PREC)
-        acc_u += tl.dot(xt, w_u, input_precision=DOT_PREC)
+    acc_g, acc_u = pair_dots(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, K, eps, w_ptr, rows, rows + N, n_mask,
+                             stride_wn, w_g, w_u, dt, True, DOT_PREC, BLOCK_M, BLOCK_K)
     g = rounded(acc_g, dt)
     act = rounded(g / (1.0 + tl.exp(-g)), dt)  # F.silu's output
     out = act * rounded(acc_u, dt)

@@ -26,25 +26,14 @@ from worker.tlt.kernels.common import (
     block_table,
     dot_precision,
     kv_columns,
-    normed_tile,
+    pair_dots,
+    pair_first_tiles,
     pdl_args,
     prefetch_lines,
-    prefetch_rows,
     rounded,
-    row_rstd,
     wait_for_previous,
-    weight_tile_t,
 )
 from worker.tlt.kernels.tuning import config_for
-
-
-@triton.jit
-def _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, dt: tl.constexpr, HAS_NORM: tl.constexpr):
-    """The GEMM's input tile [BM, BK] in dtype dt: RMSNorm(x) (rounded as HF), or x raw (EAGLE-1's drafter layer)."""
-    if HAS_NORM:
-        return normed_tile(x_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd, ln_w_ptr, dt)
-    return tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K),
-                   other=0.0).to(dt)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -71,14 +60,8 @@ def _qkv_rope_kernel(
     rows_a = h * D + offs_a
     rows_b = h * D + offs_b
     dt = q_ptr.dtype.element_ty
-    if USE_GDC:
-        prefetch_rows(w_ptr, rows_a, stride_wn, K, LINES, EPL)
-        prefetch_rows(w_ptr, rows_b, stride_wn, K, LINES, EPL)
-    # the first K tile of the weights into registers before the wait (no kernel writes weights; the rest streams
-    # in the loop from L2); the tiles accumulate in the same order as a plain loop
-    offs_k = tl.arange(0, BLOCK_K)
-    w_a = weight_tile_t(w_ptr, rows_a, real, offs_k, K, stride_wn)
-    w_b = weight_tile_t(w_ptr, rows_b, real, offs_k, K, stride_wn)
+    # the first K tile of the weights into registers before the wait; the tiles accumulate in a plain loop's order
+    w_a, w_b = pair_first_tiles(w_ptr, rows_a, rows_b, real, K, stride_wn, BLOCK_K, USE_GDC, LINES, EPL)
     # RoPE rows and cache columns too: positions and write columns are the forward's inputs, written before its
     # first kernel, never by the kernel this one may overlap (as attention's widx)
     pos = tl.minimum(tl.maximum(tl.load(pos_ptr + offs_m, mask=m_mask, other=0), 0), MAX_POS)  # in the table
@@ -89,18 +72,8 @@ def _qkv_rope_kernel(
     cos_b = rounded(tl.load(cos_ptr + rope + offs_b[None, :], mask=m_mask[:, None], other=0.0), dt)
     sin_b = rounded(tl.load(sin_ptr + rope + offs_b[None, :], mask=m_mask[:, None], other=0.0), dt)
     wait_for_previous(USE_GDC)
-    if HAS_NORM:
-        rstd = row_rstd(x_ptr, stride_xm, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
-    xt = _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd if HAS_NORM else 0.0, dt, HAS_NORM)
-    acc_a = tl.dot(xt, w_a, input_precision=DOT_PREC)
-    acc_b = tl.dot(xt, w_b, input_precision=DOT_PREC)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        xt = _x_tile(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, offs_k, K, rstd if HAS_NORM else 0.0, dt, HAS_NORM)
-        w_a = weight_tile_t(w_ptr, rows_a, real, offs_k, K, stride_wn)
-        w_b = weight_tile_t(w_ptr, rows_b, real, offs_k, K, stride_wn)
-        acc_a += tl.dot(xt, w_a, input_precision=DOT_PREC)
-        acc_b += tl.dot(xt, w_b, input_precision=DOT_PREC)
+    acc_a, acc_b = pair_dots(x_ptr, ln_w_ptr, stride_xm, offs_m, m_mask, K, eps, w_ptr, rows_a, rows_b, real,
+                             stride_wn, w_a, w_b, dt, HAS_NORM, DOT_PREC, BLOCK_M, BLOCK_K)
     if HAS_BIAS:
         acc_a += tl.load(b_ptr + rows_a).to(tl.float32)[None, :]
         acc_b += tl.load(b_ptr + rows_b).to(tl.float32)[None, :]

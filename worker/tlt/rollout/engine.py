@@ -103,9 +103,7 @@ class Engine:
         self.controller = controller
         self.proposers: dict[str, Proposer] = dict(proposers or {})
         arms = controller.all_arms() if controller is not None else []
-        missing = sorted({a.drafter for a in arms if a.is_sd and a.drafter not in self.proposers})
-        if missing:
-            raise ValueError(f"the controller plans arms with drafters {missing}; the engine has {sorted(self.proposers)}")
+        self._check_drafters(arms)
         self.tail = TailBudget(tail_hook, config.tail_budget, config.tail_credit_cap_s, clock)
         # KV headroom: a verify writes up to max_nodes columns past a row's length (the widest arm of the controller)
         max_nodes = max([1, *(a.verify_tokens for a in arms)])
@@ -367,21 +365,39 @@ class Engine:
     # ----------------------------------------------------------------------------------------------- generate
     @torch.no_grad()
     def generate(self, requests: Sequence[Request], on_finish: FinishCallback | None = None, *,
-                 plain: bool = False) -> GenerationOutput:
+                 plain: bool = False, controller: SdController | None = None) -> GenerationOutput:
         """Run `requests` to completion; `on_finish(result)` is called once per sequence as soon as it leaves the
         batch (from `sync()`, before this returns; e.g. to compute rewards while the tail still decodes).
         plain: decode plainly without the controller and with no hidden-state capture for this call (validation:
-        nothing learns from it, the controller's state is untouched)."""
-        if not plain:
-            return self._generate(requests, on_finish, self.controller)
+        nothing learns from it, the controller's state is untouched).
+        controller: plan this call's steps with `controller` instead of the engine's, with no hidden-state capture
+        and no tail hook (a measurement, e.g. one mode of a benchmark: only that controller sees its steps); its
+        arms must fit the engine (drafters it has, verify widths within the KV headroom it was built for)."""
+        if plain and controller is not None:
+            raise ValueError("generate(plain=True) runs without a controller; pass one or the other")
+        if not plain and controller is None:
+            return self._generate(requests, on_finish, self.controller, self.tail)
+        if controller is not None:
+            self._check_drafters(controller.all_arms())
+            widest = max([1, *(a.verify_tokens for a in controller.all_arms())])
+            if widest > self.max_nodes:
+                raise ValueError(f"the controller verifies up to {widest} tokens a row; the engine's KV headroom is "
+                                 f"{self.max_nodes} (sized for its own controller)")
         hook, self.state.hidden_hook = self.state.hidden_hook, None
+        no_tail = TailBudget(None, 0.0, 0.0, self.tail.clock)
         try:
-            return self._generate(requests, on_finish, None)
+            return self._generate(requests, on_finish, controller, no_tail)
         finally:
             self.state.hidden_hook = hook
 
+    def _check_drafters(self, arms: Sequence[Arm]) -> None:
+        """Every SD arm a controller may plan needs its drafter among the engine's proposers."""
+        missing = sorted({a.drafter for a in arms if a.is_sd and a.drafter not in self.proposers})
+        if missing:
+            raise ValueError(f"the controller plans arms with drafters {missing}; the engine has {sorted(self.proposers)}")
+
     def _generate(self, requests: Sequence[Request], on_finish: FinishCallback | None,
-                  ctl: SdController | None) -> GenerationOutput:
+                  ctl: SdController | None, tail: TailBudget) -> GenerationOutput:
         self._require_memory()
         s = self.state
         t_start = time.perf_counter()
@@ -401,11 +417,11 @@ class Engine:
         s.histories = {r: [list(req.prompt) for _ in range(req.params.n)] for r, req in enumerate(requests)}
         s.new_rows_version()  # new token lists: contexts built on the old ones are stale
         s.accept_stats = AcceptanceStats()
-        self.tail.reset()
+        tail.reset()
         s.done_host = None
         if ctl is not None:
             ctl.start_rollout()
-        adaptive = AdaptiveLoop(s, self, ctl, self.tail) if ctl is not None else None
+        adaptive = AdaptiveLoop(s, self, ctl, tail) if ctl is not None else None
         windows = adaptive.windows if adaptive is not None else PlainWindows(s, self)
         while queue or swapped or s.n_active:
             if s.pages is not None:  # pages for this iteration's writes first, then admission by what is left
@@ -432,7 +448,7 @@ class Engine:
         out = GenerationOutput(seqs, steps, time.perf_counter() - t_start)
         if ctl is not None:
             out.sd_metrics = ctl.metrics.summary()
-            if self.tail.hook is not None:
-                out.sd_metrics.update({"perf/tail_hook_s": self.tail.used_s, "perf/tail_hook_calls": self.tail.calls})
+            if tail.hook is not None:
+                out.sd_metrics.update({"perf/tail_hook_s": tail.used_s, "perf/tail_hook_calls": tail.calls})
             out.sd_buckets = ctl.metrics.per_bucket()
         return out
