@@ -279,7 +279,11 @@ class Engine:
     @torch.no_grad()
     def prefill(self, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
         """Admit `items` ((request, sample) pairs) into rows n_active.. ; one forward per distinct prompt
-        (rollout/prefill.py)."""
+        (rollout/prefill.py). A direct call (outside generate()) seeds `requests` first, as generate() does."""
+        self.state.begin_generate([r.params for r in requests])
+        return self._prefill(items, requests)
+
+    def _prefill(self, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
         return prefill(self.state, items, requests, self.graph_set.prefill)
 
     @torch.no_grad()
@@ -399,6 +403,7 @@ class Engine:
         results: dict[tuple[int, int], SequenceResult] = {}
         steps: list[StepStats] = []
         s.histories = {r: [list(req.prompt) for _ in range(req.params.n)] for r, req in enumerate(requests)}
+        s.begin_generate([req.params for req in requests])
         s.new_rows_version()  # new token lists: contexts built on the old ones are stale
         s.accept_stats = AcceptanceStats()
         self.tail.reset()
@@ -414,10 +419,10 @@ class Engine:
                     paging.swap_in(s, swapped)
                 items = paging.admit(s, queue, requests) if not swapped else []
                 if items:
-                    steps.append(self.prefill(items, requests))
+                    steps.append(self._prefill(items, requests))
             elif queue and s.n_active < s.slots:
                 items = [queue.popleft() for _ in range(min(s.slots - s.n_active, len(queue)))]
-                steps.append(self.prefill(items, requests))
+                steps.append(self._prefill(items, requests))
             if not s.n_active:
                 raise RuntimeError("no sequence could be admitted: the page pool holds none at its first step")
             # plain windows run one ahead of their reads on CUDA (rollout/windows.py): sync once the host has done
