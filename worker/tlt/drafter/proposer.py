@@ -51,6 +51,16 @@ from worker.tlt.drafter.tree_draft import tree_draft
 from worker.tlt.spec.proposer import DraftContext
 
 
+def _draft_noise(streams: tuple[torch.Tensor, torch.Tensor], depth: int, vocab: int) -> torch.Tensor:
+    """decoding/streams.draft_noise, in one Triton kernel on CUDA (kernels/keyed_noise.py; as the engine's sampler
+    noise): one producer per device, so the fused and torch draft paths race the same numbers."""
+    if streams[0].is_cuda:
+        from worker.tlt.kernels.keyed_noise import draft_noise as keyed  # triton: imported on CUDA only
+
+        return keyed(streams, depth, vocab)
+    return draft_noise(streams, depth, vocab)
+
+
 @dataclass(frozen=True)
 class EagleProposerConfig:
     context: int = 64  # drafter positions recomputed per propose (the drafter's attention window)
@@ -216,7 +226,7 @@ class EagleProposer:
         probs = torch.zeros(bsz, k + 1, d.args.vocab_size, dtype=torch.float32, device=dev)
         noise = None  # the whole chain's race noise at once (fused) or per step
         if fused and streams is not None:
-            noise = torch.stack([draft_noise(streams, step, head.shape[0]) for step in range(k)])
+            noise = torch.stack([_draft_noise(streams, step, head.shape[0]) for step in range(k)])
         elif fused:
             noise = torch.empty(k, bsz, head.shape[0], dtype=torch.float32, device=dev).exponential_(
                 generator=self.gen)
@@ -230,7 +240,7 @@ class EagleProposer:
             else:
                 q = processed_probs(logits.float(), row_t, top_p if use_p else 1.0, row_k)
                 tok = (sample(q, self.gen) if streams is None
-                       else pick_with_noise(q, draft_noise(streams, step, q.shape[-1])))
+                       else pick_with_noise(q, _draft_noise(streams, step, q.shape[-1])))
                 if vocab is None:
                     probs[:, step] = q
                 else:

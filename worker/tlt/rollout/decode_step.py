@@ -98,10 +98,21 @@ def choose_sampled(
     return tok, lp
 
 
+def stream_noise(keys: torch.Tensor, pos: torch.Tensor, purpose: int, vocab: int) -> torch.Tensor:
+    """Exp(1) draws [B, V] of rows' streams (decoding/streams.row_exponentials): on CUDA one Triton kernel
+    (kernels/keyed_noise.py; the torch version's ~19 int64 passes over [B, V] cost more than a small model's decode
+    step), elsewhere torch. One producer per device, so every path of a device reads the same numbers."""
+    if keys.is_cuda and fused_available(keys.device) is None:
+        from worker.tlt.kernels.keyed_noise import row_exponentials as kernel  # triton: imported on CUDA only
+
+        return kernel(keys, pos, purpose, vocab)
+    return row_exponentials(keys, pos, purpose, vocab)
+
+
 def row_noise(rows: RowState, sel: slice, vocab: int) -> torch.Tensor:
     """The sampler's Exp(1) noise [B, V] of rows `sel` for the token each decides next: keyed on the row's stream
     and emitted count (decoding/streams.py), so the same whatever else is in the batch."""
-    return row_exponentials(rows.key[sel], rows.n_gen[sel], SAMPLE, vocab)
+    return stream_noise(rows.key[sel], rows.n_gen[sel], SAMPLE, vocab)
 
 
 def choose(logits: torch.Tensor, mode: Mode, rows: RowState, sel: slice) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,9 +31,9 @@ import torch
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.decoding.sampling import processed_probs
-from worker.tlt.decoding.streams import ACCEPT, RESIDUAL, row_exponentials, row_uniforms
+from worker.tlt.decoding.streams import ACCEPT, RESIDUAL, row_uniforms
 from worker.tlt.kernels import fused_available
-from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows
+from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows, stream_noise
 from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.spec.tree import ancestor_mask, depths_from_ancestors
 from worker.tlt.spec.verify import verify_greedy, verify_sampling
@@ -69,7 +69,7 @@ def spec_draws(rows: RowState, r: int, depth: int, topk: int, vocab: int) -> tup
     each row's stream and emitted count: fresh every step (each step emits at least one token)."""
     keys, pos = rows.key[:r], rows.n_gen[:r]
     return (row_uniforms(keys, pos, ACCEPT, max(depth, 1) * max(topk, 1)),
-            row_exponentials(keys, pos, RESIDUAL, vocab))
+            stream_noise(keys, pos, RESIDUAL, vocab))
 
 
 def fused_chain_verify(logits: torch.Tensor, mode: Mode, *, chain: bool, topk: int) -> bool:
