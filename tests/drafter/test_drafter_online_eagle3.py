@@ -71,11 +71,11 @@ def test_eagle3_greedy_sd_is_lossless(tiny_target: Transformer, arm: Arm) -> Non
     od = OnlineDrafter(drafter_config(_spec(topk=arm.topk)), tiny_target)
     eng = _engine(tiny_target, od, arm)
     # a little training first, so that drafts are sometimes accepted (partial acceptance and roll-back)
-    for step in range(3):
+    for step in range(4):
         od.begin_rollout(step)
         od.observe_rollout(eng.generate(REQS))
         od.after_update(step, [])
-    od.begin_rollout(3)
+    od.begin_rollout(4)
     greedy = [Request([5, 6, 7, 8], RequestSampling(temperature=0.0, max_new_tokens=20)),
               Request([40, 41], RequestSampling(temperature=0.0, max_new_tokens=20)),
               Request([9, 10, 11, 12, 13], RequestSampling(temperature=0.0, max_new_tokens=20))]
