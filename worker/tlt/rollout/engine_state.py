@@ -7,7 +7,6 @@ side, mirrors of rows 0..n_active-1 that let a step run without reading the devi
 
 - `request_seeds`: the current generate()'s per-request seeds (`begin_generate`), from which prefill keys each
   sequence's random stream (`RowState.key`, decoding/streams.py);
-
 - `row_seq` (request, sample) and `row_sampling` (its request's RequestSampling) per row; `histories`: request -> the
   per-sample token lists (prompt + emitted) that drafters read, filled lazily (`sync_histories`);
 - `row_hi` an upper bound of each row's length (picks the attention length), `row_cap` prompt + max_new_tokens,
