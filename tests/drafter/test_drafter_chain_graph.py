@@ -8,6 +8,7 @@ GPU: python -m pytest tests/drafter/test_drafter_chain_graph.py -q -m gpu
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -140,11 +141,10 @@ def _assert_same_q(a: DraftProposal, b: DraftProposal) -> None:
 def test_graph_plumbing_pads_to_the_bucket_and_matches_eager(tiny_target: Transformer, temperature: float,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The graphed path (static buffers per batch bucket, padding rows, output slicing, reuse across calls) drafts
-    what the eager path drafts; the graph is replaced by eager replay so this runs on the CPU. Both proposers start
-    each call from the same generator state: an exact bucket (4 rows) then draws the same numbers, so even sampled
-    drafts are identical; a padded one (5 rows in bucket 8) draws differently shaped noise, so at T=1 only the q
-    rows of identical prefixes (always the root's) must match. Histories longer than the context window make each
-    sequence's features wrap around its ring within one observe."""
+    what the eager path drafts; the graph is replaced by eager replay so this runs on the CPU. The context carries
+    the rows' random streams (DraftContext.streams, as the engine passes them), so even sampled drafts are identical,
+    in an exact bucket (4 rows) or a padded one (5 rows in bucket 8). Histories longer than the context window make
+    each sequence's features wrap around its ring within one observe."""
     d = _drafter(tiny_target)
     w, k = 16, 6
 
@@ -155,14 +155,15 @@ def test_graph_plumbing_pads_to_the_bucket_and_matches_eager(tiny_target: Transf
         graphed = _filled(d, EagleProposerConfig(context=w), hist)
         eager = _filled(d, EagleProposerConfig(context=w, cuda_graphs=False), hist)
         monkeypatch.setattr(eager, "_graphable", lambda bsz, ctx: False)
-        ctx = _ctx(hist, k, temperature, eager.device)
-        graphed.propose(ctx)  # captures (its recording draws from the generator once)
-        for _ in range(2):
-            eager.gen.set_state(graphed.gen.get_state())
+        n = len(lengths)
+        keys, n_gen = torch.arange(7, 7 + n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+        ctx = dataclasses.replace(_ctx(hist, k, temperature, eager.device), streams=(keys, n_gen))
+        graphed.propose(ctx)  # captures
+        for step in range(2):
+            n_gen.fill_(step * 3)  # the rows moved on: other draws
             a, b = eager.propose(ctx), graphed.propose(ctx)
             assert torch.equal(a.parents, b.parents) and torch.equal(a.counts, b.counts)
-            if temperature == 0.0 or bucket == len(lengths):
-                assert torch.equal(a.tokens, b.tokens)
+            assert torch.equal(a.tokens, b.tokens)
             _assert_same_q(a, b)
         assert list(graphed._graphs) == [(bucket, k, (-1, True, -1.0))]
 

@@ -236,12 +236,13 @@ def test_gpu_smollm2_bf16_fused_step_close_and_chains_agree(monkeypatch: pytest.
     assert torch.equal(out[0], got[0])
 
 
+@pytest.mark.parametrize("streams", [False, True], ids=["generator", "streams"])
 @pytest.mark.parametrize("draft_vocab", [None, 97], ids=["all", "vocab97"])
 def test_sampled_chain_with_fused_step_samples_in_kernels(tiny_target: Transformer, monkeypatch: pytest.MonkeyPatch,
-                                                         draft_vocab: int | None) -> None:
+                                                         draft_vocab: int | None, streams: bool) -> None:
     """T = 1, no filters, fused step: each drafted token comes from kernels/draft_sample.py, drawing the same noise
-    from the proposer's generator as the torch path, with the same tokens and q; with a draft vocabulary too (the
-    kernel's token and q in target ids)."""
+    as the torch path (from the proposer's generator, or the rows' own streams as the engine passes them), with the
+    same tokens and q; with a draft vocabulary too (the kernel's token and q in target ids)."""
     from worker.tlt.decoding.sampling import pick_with_noise, processed_probs
     from worker.tlt.kernels import draft_sample as ds
 
@@ -258,8 +259,9 @@ def test_sampled_chain_with_fused_step_samples_in_kernels(tiny_target: Transform
 
     def chain() -> Chain:
         p.gen.manual_seed(4)
+        keyed = (torch.tensor([5, -9, 1 << 40]), torch.tensor([0, 3, 7])) if streams else None
         return p.chain_draft_no_sync(x.toks, x.feats, x.m, x.hist_len, torch.ones(b), torch.ones(b),
-                                     torch.zeros(b, dtype=torch.int64), k, (0, False, 1.0))
+                                     torch.zeros(b, dtype=torch.int64), k, (0, False, 1.0), keyed)
 
     calls: list[float] = []
     kernel = ds.draft_sample

@@ -53,7 +53,7 @@ def test_compiled_step_emits_the_eager_tokens(temperature: float) -> None:
         torch._dynamo.reset()
         engine = Engine(model, eos_ids=(257,), config=EngineConfig(max_len=48, max_slots=4, seed=7))
         if compiled:  # what EngineConfig.compile does on CUDA, with a backend that needs no C++ toolchain
-            engine.state.step = DecodeStep(model, engine.cache, engine.rows, engine.gen, compile_max_batch=4,
+            engine.state.step = DecodeStep(model, engine.cache, engine.rows, compile_max_batch=4,
                                            compiler="aot_eager")
         out = engine.generate(reqs)
         runs.append([(s.tokens, s.logprobs) for s in out.sequences])

@@ -192,7 +192,7 @@ def test_default_chunk_fills_the_gpu() -> None:
 @pytest.mark.parametrize("drafter", ["small", "ngram"])
 def test_engine_routing_changes_no_token(drafter: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sampled chain SD (T = 0.8) through spec_body with the kernel routed in (its CUDA condition lifted: the
-    interpreter) emits exactly the torch path's tokens: same acceptance, same draws from the engine's generator."""
+    interpreter) emits exactly the torch path's tokens: same acceptance, same draws from the rows' own streams."""
     target = tiny_target()
     reqs = [Request(p * 2, RequestSampling(temperature=0.8, max_new_tokens=12)) for p in random_prompts(3, seed=5)]
 

@@ -83,7 +83,7 @@ def test_fused_max_seqs_routes_large_batches_to_torch(monkeypatch: pytest.Monkey
 
     model = tiny_target()
     engine = Engine(model, eos_ids=(257,), config=EngineConfig(max_len=64, max_slots=4, fused_kernels=True))
-    step = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True, fused_max_seqs=2)
+    step = DecodeStep(model, engine.cache, engine.rows, fused=True, fused_max_seqs=2)
     torch_calls: list[int] = []
     torch_forward = model.forward_hidden
 

@@ -293,7 +293,7 @@ def _decode(mode_params: RequestSampling, fused_sampler: bool, steps: int,
     monkeypatch.setattr(sc, "sample_commit", spy)
     model = tiny_target()
     engine = Engine(model, eos_ids=(), config=EngineConfig(max_len=48, max_slots=4, seed=11))  # torch step
-    engine.state.step = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True, fused_max_seqs=0,
+    engine.state.step = DecodeStep(model, engine.cache, engine.rows, fused=True, fused_max_seqs=0,
                              fused_sampler=fused_sampler)
     prompts = random_prompts(3, seed=8)
     reqs = [Request(p, RequestSampling(temperature=mode_params.temperature, top_k=mode_params.top_k,
@@ -309,12 +309,12 @@ def _decode(mode_params: RequestSampling, fused_sampler: bool, steps: int,
 @pytest.mark.parametrize("params", [RequestSampling(temperature=0.0), RequestSampling(temperature=0.8, top_k=20)])
 def test_decode_step_routes_and_matches_torch(params: RequestSampling, monkeypatch: pytest.MonkeyPatch) -> None:
     """The prefill's first tokens and 5 steps (rows 0 and 1 reach their 2 and 4 new tokens on the way, then commit
-    nothing): the fused sampler's row state is the torch path's, with the same draws from the engine's generator."""
+    nothing): the fused sampler's row state is the torch path's, with the same draws from the rows' own streams."""
     want, n_torch = _decode(params, False, 5, monkeypatch)
     got, n_fused = _decode(params, True, 5, monkeypatch)
     assert (n_torch, n_fused) == (0, 6)  # the prefill's first tokens, then 5 steps
     names = ["lens", "last", "n_gen", "done", "max_new", "prompt_len", "group", "temp", "top_p", "top_k", "eos",
-             "out_tok", "out_lp"]
+             "key", "out_tok", "out_lp"]
     for name, g, w in zip(names, got, want, strict=True):
         if name == "out_lp":
             torch.testing.assert_close(g, w, atol=1e-5, rtol=0.0)
@@ -326,7 +326,7 @@ def test_decode_step_routes_and_matches_torch(params: RequestSampling, monkeypat
 def test_samples_fused_says_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_target()  # vocabulary 320
     engine = Engine(model, eos_ids=(), config=EngineConfig(max_len=32, max_slots=2))
-    on = DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True)
+    on = DecodeStep(model, engine.cache, engine.rows, fused=True)
     assert on.samples_fused(GREEDY) and on.samples_fused(Mode("uniform", 0.8, 1.0, 20))
     assert on.samples_fused(Mode("uniform", 0.8, 1.0, 0)) and on.samples_fused(Mode("uniform", 0.8, 1.0, 320))
     assert not on.samples_fused(Mode("uniform", 0.8, 0.9, 20))  # top-p: torch
@@ -339,9 +339,9 @@ def test_samples_fused_says_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> 
         assert on.samples_fused(Mode("uniform", 0.8, 1.0, 20), 8) and not on.samples_fused(Mode("uniform", 0.8, 1.0, 20), 9)
     finally:
         configure(previous)
-    assert not DecodeStep(model, engine.cache, engine.rows, engine.gen, fused=True,
+    assert not DecodeStep(model, engine.cache, engine.rows, fused=True,
                           fused_sampler=False).samples_fused(GREEDY)
-    assert not DecodeStep(model, engine.cache, engine.rows, engine.gen).samples_fused(GREEDY)  # torch forward
+    assert not DecodeStep(model, engine.cache, engine.rows).samples_fused(GREEDY)  # torch forward
 
 
 @pytest.mark.gpu

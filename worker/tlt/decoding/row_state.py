@@ -4,7 +4,9 @@ Row r of every tensor here belongs to the sequence in KV-cache row r. Active seq
 (continuous batching moves rows to keep it so: `move_rows`). Conventions (see rollout/engine.py):
 - `lens[r]`: tokens whose K/V are in the cache (columns 0..lens-1);
 - `last[r]`: the last emitted token (the *root* of the next step), not yet in the cache; its position is lens[r];
-- `out_tok[r, :n_gen]`, `out_lp[r, :n_gen]`: emitted tokens and their target log-probs.
+- `out_tok[r, :n_gen]`, `out_lp[r, :n_gen]`: emitted tokens and their target log-probs;
+- `key[r]`: the sequence's random-stream key (decoding/streams.py): its draws for emitted token i are keyed on
+  (key, i), so they travel with the row (moves, preemption) and never depend on the other rows.
 Columns past the live region are scratch: masked writes go there instead of branching.
 """
 
@@ -34,12 +36,13 @@ class RowState:
         self.top_p = z(slots, dtype=torch.float32, fill=1.0)  # [S]
         self.top_k = z(slots)  # [S]
         self.eos = z(slots, MAX_EOS, fill=-1)  # [S, E] stop tokens, -1 padding
+        self.key = z(slots)  # [S] random-stream key (decoding/streams.sequence_key)
         self.out_tok = z(slots, max_new + spare)  # [S, cap + spare]
         self.out_lp = z(slots, max_new + spare, dtype=torch.float32)  # [S, cap + spare]
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.lens, self.last, self.n_gen, self.done, self.max_new, self.prompt_len, self.group, self.temp,
-                self.top_p, self.top_k, self.eos, self.out_tok, self.out_lp]
+                self.top_p, self.top_k, self.eos, self.key, self.out_tok, self.out_lp]
 
     def snapshot(self) -> list[torch.Tensor]:
         """Copies of every tensor (a CUDA-graph warm-up commits for real; `restore` undoes it)."""

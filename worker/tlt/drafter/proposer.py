@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal
-from worker.tlt.decoding.sampling import DraftFilters, processed_probs, sample
+from worker.tlt.decoding.sampling import DraftFilters, pick_with_noise, processed_probs, sample
+from worker.tlt.decoding.streams import draft_noise
 from worker.tlt.decoding.uploads import HostStage, to_device_no_sync
 from worker.tlt.drafter.chain_graph import ChainGraph, batch_bucket, record_graph
 from worker.tlt.drafter.draft_window import DraftWindow
@@ -50,11 +51,21 @@ from worker.tlt.drafter.tree_draft import tree_draft
 from worker.tlt.spec.proposer import DraftContext
 
 
+def _draft_noise(streams: tuple[torch.Tensor, torch.Tensor], depth: int, vocab: int) -> torch.Tensor:
+    """decoding/streams.draft_noise, in one Triton kernel on CUDA (kernels/keyed_noise.py; as the engine's sampler
+    noise): one producer per device, so the fused and torch draft paths race the same numbers."""
+    if streams[0].is_cuda:
+        from worker.tlt.kernels.keyed_noise import draft_noise as keyed  # triton: imported on CUDA only
+
+        return keyed(streams, depth, vocab)
+    return draft_noise(streams, depth, vocab)
+
+
 @dataclass(frozen=True)
 class EagleProposerConfig:
     context: int = 64  # drafter positions recomputed per propose (the drafter's attention window)
     max_seqs: int = 1024  # sequences whose feature rings fit (grows on demand)
-    seed: int = 0  # generator for sampled chain drafts
+    seed: int = 0  # generator for sampled chain drafts of contexts without DraftContext.streams
     cuda_graphs: bool = True  # chain drafts replay a CUDA graph per (batch bucket, depth) on CUDA
     graph_max_batch: int = 64  # larger batches draft eagerly
 
@@ -190,9 +201,12 @@ class EagleProposer:
         top_k: torch.Tensor,  # [B] int64
         k: int,  # tokens to draft (>= 1)
         filters: DraftFilters = DraftFilters(),  # DraftContext.filters (default: nothing known, per-row work)
+        streams: tuple[torch.Tensor, torch.Tensor] | None = None,  # DraftContext.streams ([B] each); None: self.gen
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """k + 1 drafter forwards with fixed shapes, no host sync (graph-capturable).
-        -> tokens [B, k+1], parents [B, k+1], counts [B], draft_probs [B, k+1, V] (DraftProposal fields)."""
+        -> tokens [B, k+1], parents [B, k+1], counts [B], draft_probs [B, k+1, V] (DraftProposal fields).
+        Sampled drafts race against each row's own stream (`streams`: decoding/streams.draft_noise, keyed on the
+        emitted-token index each draft proposes, so a row drafts the same whatever the batch) or the generator."""
         d = self.drafter
         bsz, w = toks.shape
         dev = toks.device
@@ -210,8 +224,12 @@ class EagleProposer:
         # row i of draft_probs is the q that sampled node i's child (the last node has none: zeros); each step writes
         # its row in place (zeros outside a draft vocabulary)
         probs = torch.zeros(bsz, k + 1, d.args.vocab_size, dtype=torch.float32, device=dev)
-        noise = torch.empty(k, bsz, head.shape[0], dtype=torch.float32, device=dev).exponential_(
-            generator=self.gen) if fused else None  # the whole chain's race noise in one draw
+        noise = None  # the whole chain's race noise at once (fused) or per step
+        if fused and streams is not None:
+            noise = torch.stack([_draft_noise(streams, step, head.shape[0]) for step in range(k)])
+        elif fused:
+            noise = torch.empty(k, bsz, head.shape[0], dtype=torch.float32, device=dev).exponential_(
+                generator=self.gen)
         pos = last_pos[None, :] + 1 + torch.arange(k, device=dev)[:, None]  # [k, B] positions of the draft entries
         for step in range(k):
             logits = self._draft_logits(o[:, 0], head)  # [B, V'] over the draft vocabulary
@@ -221,7 +239,8 @@ class EagleProposer:
                 tok, _ = draft_sample(logits, noise[step], common_t, vocab=vocab, out=probs[:, step])
             else:
                 q = processed_probs(logits.float(), row_t, top_p if use_p else 1.0, row_k)
-                tok = sample(q, self.gen)
+                tok = (sample(q, self.gen) if streams is None
+                       else pick_with_noise(q, _draft_noise(streams, step, q.shape[-1])))
                 if vocab is None:
                     probs[:, step] = q
                 else:
@@ -309,7 +328,8 @@ class EagleProposer:
             packed = self._to_device_no_sync(self._pack(ctx, bsz))
             toks, feats, m = self._inputs(ctx, packed)
             temp, top_p, top_k = self._sampling(ctx)
-            t, p, c, q = self.chain_draft_no_sync(toks, feats, m, packed[:, -1], temp, top_p, top_k, k, ctx.filters)
+            t, p, c, q = self.chain_draft_no_sync(toks, feats, m, packed[:, -1], temp, top_p, top_k, k, ctx.filters,
+                                                  ctx.streams)
             return DraftProposal(t, p, c, q)
         self._flush_window()
         packed = self._to_device_no_sync(self._pack(ctx, bsz))
@@ -355,6 +375,11 @@ class EagleProposer:
             for dst, src in zip((g.temp[:bsz], g.top_p[:bsz], g.top_k[:bsz]), self._sampling(ctx), strict=True):
                 dst.copy_(src)
             self._sampled[key] = ctx.sampling
+        if ctx.streams is not None:  # the rows' streams at this step (device copies, no sync)
+            g.keys[:bsz].copy_(ctx.streams[0])
+            g.n_gen[:bsz].copy_(ctx.streams[1])
+        else:  # no streams: fresh keys from the proposer's generator
+            g.keys.random_(generator=self.gen)
         g.graph.replay()
         self._drafted = True
         return DraftProposal(*(o[:bsz] for o in g.out))
@@ -399,14 +424,15 @@ class EagleProposer:
         window = self._window
         temp, top_p = torch.zeros(bb, device=dev), torch.ones(bb, device=dev)
         top_k = torch.zeros(bb, dtype=torch.int64, device=dev)
+        keys, n_gen = torch.zeros(bb, dtype=torch.int64, device=dev), torch.zeros(bb, dtype=torch.int64, device=dev)
 
         def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
             toks, feats, m, hist_len = window.inputs(bb)
-            return self.chain_draft_no_sync(toks, feats, m, hist_len, temp, top_p, top_k, k, filters)
+            return self.chain_draft_no_sync(toks, feats, m, hist_len, temp, top_p, top_k, k, filters, (keys, n_gen))
 
         graph, out = self._record(run)
         self._sampled.pop((bb, k, filters), None)  # fresh buffers: the next draft copies the settings in
-        return ChainGraph(graph, temp, top_p, top_k, out)
+        return ChainGraph(graph, temp, top_p, top_k, out, keys, n_gen)
 
     def _record(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
         """Capture `run` into a CUDA graph in this proposer's memory pool -> (graph, its static outputs)."""

@@ -35,7 +35,8 @@ FinishCallback = Callable[[int, Trajectory], None]
 class Rollout(Protocol):
     @property
     def generator(self) -> torch.Generator:
-        """The generator every sampled token draws from (saved and restored by checkpoints)."""
+        """The generator each rollout draws its request seeds from, so all of its sampling (saved and restored by
+        checkpoints)."""
         ...
 
     @property

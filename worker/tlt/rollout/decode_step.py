@@ -1,12 +1,13 @@
 """The plain decode step as one fixed-shape body: forward of rows 0..B-1 on their roots -> processed distribution
--> sample with the engine's torch.Generator -> log-probs -> commit (EOS / max_new_tokens). No host sync.
+-> sample with each row's own random stream -> log-probs -> commit (EOS / max_new_tokens). No host sync.
 
 The same body runs eagerly (CPU, `cuda_graphs=False`: the reference), captured whole in a CUDA graph
-(rollout/graphs.py) and, for small batches, torch.compile'd before capture. So that all three draw the same random
-numbers, the exponential noise of the sampler is always drawn eagerly from the engine's generator (dynamo cannot
-trace a Generator argument, and inductor's own RNG would differ) -- by a graph, into a static buffer right before
-each replay, never inside the graph; the compiled parts are the two deterministic halves around it: `head`
-(forward + logits processing) and `tail` (pick + log-prob + commit).
+(rollout/graphs.py) and, for small batches, torch.compile'd before capture. The sampler's Exp(1) noise [B, V] is a
+pure function of each row's stream key and emitted count (`RowState.key`, `n_gen`; decoding/streams.py), so a row's
+token depends on neither the other rows nor the step that runs it (a preempted row resumes its stream exactly). It
+is computed eagerly (`DecodeStep.noise`) -- by a graph, into a static buffer right before each replay; the compiled
+parts are the two deterministic halves around it: `head` (forward + logits processing) and `tail` (pick + log-prob
++ commit).
 
 Sampling mode (`Mode`, from the rows' RequestSampling; what the processing depends on; fixed per captured graph,
 part of its key):
@@ -19,7 +20,7 @@ part of its key):
 With the fused forward on, GREEDY and uniform modes without top-p (and a top-k the kernels take) skip all of the
 above after the forward: kernels/sample_commit.py goes from the logits to the committed row state in two Triton
 kernels (the ~40 torch kernels of processing, pick, log-prob and commit are launch-bound at batch 1), with the same
-tokens for the same noise, which is still drawn outside, as above (`DecodeStep.samples_fused` says which path runs).
+tokens for the same noise, which is still computed outside, as above (`DecodeStep.samples_fused` says which path runs).
 
 Run the tests: `python -m pytest tests/engine/test_engine_decode_step.py -q`.
 """
@@ -34,7 +35,8 @@ import torch
 
 from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.decoding.row_state import RowState
-from worker.tlt.decoding.sampling import exponential_noise, pick_with_noise, processed_probs, token_logprobs
+from worker.tlt.decoding.sampling import pick_with_noise, processed_probs, token_logprobs
+from worker.tlt.decoding.streams import SAMPLE, row_exponentials
 from worker.tlt.kernels import fused_available
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.types import RequestSampling
@@ -96,14 +98,30 @@ def choose_sampled(
     return tok, lp
 
 
-def choose(logits: torch.Tensor, mode: Mode, rows: RowState, sel: slice,
-           gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def stream_noise(keys: torch.Tensor, pos: torch.Tensor, purpose: int, vocab: int) -> torch.Tensor:
+    """Exp(1) draws [B, V] of rows' streams (decoding/streams.row_exponentials): on CUDA one Triton kernel
+    (kernels/keyed_noise.py; the torch version's ~19 int64 passes over [B, V] cost more than a small model's decode
+    step), elsewhere torch. One producer per device, so every path of a device reads the same numbers."""
+    if keys.is_cuda and fused_available(keys.device) is None:
+        from worker.tlt.kernels.keyed_noise import row_exponentials as kernel  # triton: imported on CUDA only
+
+        return kernel(keys, pos, purpose, vocab)
+    return row_exponentials(keys, pos, purpose, vocab)
+
+
+def row_noise(rows: RowState, sel: slice, vocab: int) -> torch.Tensor:
+    """The sampler's Exp(1) noise [B, V] of rows `sel` for the token each decides next: keyed on the row's stream
+    and emitted count (decoding/streams.py), so the same whatever else is in the batch."""
+    return stream_noise(rows.key[sel], rows.n_gen[sel], SAMPLE, vocab)
+
+
+def choose(logits: torch.Tensor, mode: Mode, rows: RowState, sel: slice) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager sampling of logits [B, V] for rows `sel` (prefill's first token) -> (token [B], lp [B])."""
     if mode == GREEDY:
         return choose_greedy(logits)
     temp = rows.temp[sel]
     probs, lsm = process(logits, mode, temp, rows.top_p[sel], rows.top_k[sel])
-    return choose_sampled(probs, exponential_noise(probs, gen), lsm, temp)
+    return choose_sampled(probs, row_noise(rows, sel, logits.shape[-1]), lsm, temp)
 
 
 def hook_rows(
@@ -128,7 +146,7 @@ class StepOut:
 
 
 class DecodeStep:
-    """The decode body over the engine's model, KV cache, row state and generator (module docstring).
+    """The decode body over the engine's model, KV cache and row state (module docstring).
     `compile_max_batch` > 0 compiles head and tail for batches up to it (`compiler`: a torch.compile backend,
     `compile_mode` its mode: never one with CUDA graphs of its own, as rollout/graphs.py captures the step);
     `capture_layers`: the step's hidden output also carries those layers' inputs (`hook_rows`); `fused`: the cached
@@ -138,11 +156,11 @@ class DecodeStep:
     `fused_sampler` (on by default) samples and commits in kernels/sample_commit.py where it can
     (`samples_fused`)."""
 
-    def __init__(self, model: Transformer, cache: KVCache, rows: RowState, gen: torch.Generator, *,
+    def __init__(self, model: Transformer, cache: KVCache, rows: RowState, *,
                  compile_max_batch: int = 0, compiler: str = "inductor", compile_mode: str | None = None,
                  capture_layers: tuple[int, ...] = (), fused: bool = False, fused_max_seqs: int = 64,
                  fused_sampler: bool = True) -> None:
-        self.model, self.cache, self.rows, self.gen = model, cache, rows, gen
+        self.model, self.cache, self.rows = model, cache, rows
         self.capture_layers = capture_layers
         self.compile_max_batch = compile_max_batch
         self.fused_max_seqs = fused_max_seqs
@@ -218,6 +236,10 @@ class DecodeStep:
     def vocab(self) -> int:
         return int(self.model.head_weight.shape[0])
 
+    def noise(self, batch: int, row0: int = 0) -> torch.Tensor:
+        """The Exp(1) noise [B, V] of rows row0..row0+B-1 for their next tokens (`row_noise`)."""
+        return row_noise(self.rows, slice(row0, row0 + batch), self.vocab)
+
     def compiled(self, batch: int) -> bool:
         return batch <= self.compile_max_batch
 
@@ -258,12 +280,12 @@ class DecodeStep:
         if mode == GREEDY:
             return self._sample_commit(logits, None, self.rows, batch, 0.0, 0, row0=row0)
         if noise is None:
-            noise = exponential_noise(logits, self.gen)  # eager: the same draws as the torch path's
+            noise = self.noise(batch, row0)  # eager: the same draws as the torch path's
         return self._sample_commit(logits, noise, self.rows, batch, mode.temperature, mode.top_k, row0=row0)
 
     def __call__(self, batch: int, tk: int, mode: Mode, noise: torch.Tensor | None = None) -> StepOut:
-        """noise: the sampler's Exp(1) draws [B, V] for sampled modes; None draws them from the generator here
-        (a CUDA graph passes a static buffer that is refilled from the generator before each replay)."""
+        """noise: the sampler's Exp(1) draws [B, V] for sampled modes; None computes them here (`noise`; a CUDA
+        graph passes a static buffer refilled by that same call before each replay)."""
         roots = self.rows.last[:batch].clone()
         if self.samples_fused(mode, batch):
             logits, hidden = self.forward(batch, tk)
@@ -271,6 +293,6 @@ class DecodeStep:
         head, tail = (self._head_c, self._tail_c) if self.compiled(batch) else (self.head, self.tail)
         a, b, hidden = head(batch, tk, mode)
         if mode != GREEDY and noise is None:
-            noise = exponential_noise(a, self.gen)  # eager: the generator's own stream
+            noise = self.noise(batch)  # eager: the rows' own streams
         n = tail(batch, mode, a, b, noise)
         return StepOut(n, roots, hidden)

@@ -9,7 +9,7 @@ rollout/engine_state.py, and none imports the engine):
 - `prefill(items)`: prompts of newly admitted sequences (one forward per distinct prompt, K/V copied to its
   siblings; small chunks replayed from CUDA graphs, rollout/prefill_graphs.py), first token sampled;
 - `decode_step(batch)`: one token for rows 0..batch-1, no host sync: the whole step (forward, processing, sampling
-  with the engine's generator, log-probs, commit; rollout/decode_step.py) is one CUDA-graph replay on CUDA
+  with each row's own random stream, log-probs, commit; rollout/decode_step.py) is one CUDA-graph replay on CUDA
   (rollout/graphs.py; torch.compile'd before capture for small batches with `EngineConfig.compile`), the same body
   run eagerly elsewhere; same seed => same tokens either way; generate() runs windows of `sync_every` steps with
   one host read each, on CUDA one window ahead of the reads (rollout/windows.py), with a controller too;
@@ -28,7 +28,13 @@ step and runs plain decoding or a speculative step with that arm's drafter, dept
 a controller the engine decodes plainly. The KV headroom is sized at construction for the widest arm.
 `GenerationOutput.sd_metrics` carries the controller's metrics summary;
 `tail_hook(budget_s)` runs between tail steps within a bounded credit.
-Randomness comes from one explicit torch.Generator (EngineConfig.seed). Sampling and acceptance use the processed
+Randomness is per sequence (decoding/streams.py): every draw a sequence makes (its sampled token, a speculative step's
+acceptance uniforms and last token, a sampling drafter's drafts) is a counter-based hash of its stream key and the
+index of the emitted token it decides, the key from its request's seed and its sample index (GRPO siblings differ).
+So a sequence's tokens do not depend on the batch it shares, on the path (eager, CUDA graph, fused kernels) or on
+preemption (it continues exactly as it would have). A request's seed is `RequestSampling.seed`, else derived from one
+base seed per generate() drawn from the engine's torch.Generator (EngineConfig.seed; `Engine.gen`, what checkpoints
+save): same engine seed and requests, same tokens. Sampling and acceptance use the processed
 distribution of decoding/sampling.py; log-probs are of emitted tokens under it (greedy rows: log_softmax of the
 logits). Hidden-state capture: `hidden_hook(seq_ids, token_ids, hidden [N, H])` is called with the final-norm hidden
 state at every position whose K/V entered the cache (rollout/hidden_rows.py); with `EngineConfig.capture_layers`
@@ -277,7 +283,11 @@ class Engine:
     @torch.no_grad()
     def prefill(self, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
         """Admit `items` ((request, sample) pairs) into rows n_active.. ; one forward per distinct prompt
-        (rollout/prefill.py)."""
+        (rollout/prefill.py). A direct call (outside generate()) seeds `requests` first, as generate() does."""
+        self.state.begin_generate([r.params for r in requests])
+        return self._prefill(items, requests)
+
+    def _prefill(self, items: list[tuple[int, int]], requests: Sequence[Request]) -> StepStats:
         return prefill(self.state, items, requests, self.graph_set.prefill)
 
     @torch.no_grad()
@@ -415,6 +425,7 @@ class Engine:
         results: dict[tuple[int, int], SequenceResult] = {}
         steps: list[StepStats] = []
         s.histories = {r: [list(req.prompt) for _ in range(req.params.n)] for r, req in enumerate(requests)}
+        s.begin_generate([req.params for req in requests])
         s.new_rows_version()  # new token lists: contexts built on the old ones are stale
         s.accept_stats = AcceptanceStats()
         tail.reset()
@@ -430,10 +441,10 @@ class Engine:
                     paging.swap_in(s, swapped)
                 items = paging.admit(s, queue, requests) if not swapped else []
                 if items:
-                    steps.append(self.prefill(items, requests))
+                    steps.append(self._prefill(items, requests))
             elif queue and s.n_active < s.slots:
                 items = [queue.popleft() for _ in range(min(s.slots - s.n_active, len(queue)))]
-                steps.append(self.prefill(items, requests))
+                steps.append(self._prefill(items, requests))
             if not s.n_active:
                 raise RuntimeError("no sequence could be admitted: the page pool holds none at its first step")
             # plain windows run one ahead of their reads on CUDA (rollout/windows.py): sync once the host has done

@@ -5,6 +5,8 @@ speculative.py, spec_body.py, verify_graphs.py, hidden_rows.py, adaptive_loop.py
 the engine. Device side: the KV cache, the row state (decoding/), the generator and the decode step's forward. Host
 side, mirrors of rows 0..n_active-1 that let a step run without reading the device:
 
+- `request_seeds`: the current generate()'s per-request seeds (`begin_generate`), from which prefill keys each
+  sequence's random stream (`RowState.key`, decoding/streams.py);
 - `row_seq` (request, sample) and `row_sampling` (its request's RequestSampling) per row; `histories`: request -> the
   per-sample token lists (prompt + emitted) that drafters read, filled lazily (`sync_histories`);
 - `row_hi` an upper bound of each row's length (picks the attention length), `row_cap` prompt + max_new_tokens,
@@ -30,6 +32,7 @@ from worker.tlt.decoding.arms import Arm
 from worker.tlt.decoding.kv_cache import KVCache, pages_for_budget, slots_for_budget
 from worker.tlt.decoding.pages import PagePool
 from worker.tlt.decoding.row_state import RowState
+from worker.tlt.decoding.streams import request_seed, sequence_key
 from worker.tlt.decoding.uploads import HostStage
 from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.transformer import Transformer
@@ -93,7 +96,8 @@ class EngineState:
         self.cols = torch.arange(t, device=self.device)
         on_cuda = self.device.type == "cuda"
         fused = resolve_fused(config.fused_kernels, model.args, self.device, self.dtype)
-        self.step = DecodeStep(model, self.cache, self.rows, self.gen,
+        self.request_seeds: list[int] = []  # per request of the current generate() (begin_generate)
+        self.step = DecodeStep(model, self.cache, self.rows,
                                compile_max_batch=config.compile_max_batch if config.compile and on_cuda else 0,
                                compile_mode=config.compile_mode, capture_layers=config.capture_layers, fused=fused,
                                fused_max_seqs=config.fused_max_seqs)
@@ -120,6 +124,17 @@ class EngineState:
         self.hook_flat: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, its [B*K, F] view)
         self.histories: dict[int, list[list[int]]] = {}
         self.accept_stats = AcceptanceStats()  # speculative steps of the last generate() (spec/stats.py)
+
+    def begin_generate(self, requests: Sequence[RequestSampling]) -> None:
+        """The seeds of a generate() call's requests: a request's own `seed`, else one derived from a base seed
+        drawn from the engine's generator (one draw per call, whatever the requests, steps or preemptions, so a
+        checkpointed generator resumes the same streams)."""
+        base = int(torch.randint(0, 1 << 62, (1,), generator=self.gen, device=self.gen.device))
+        self.request_seeds = [p.seed if p.seed is not None else request_seed(base, r) for r, p in enumerate(requests)]
+
+    def sequence_keys(self, seqs: Sequence[tuple[int, int]]) -> list[int]:
+        """The stream keys of (request, sample) pairs of the current generate() (RowState.key)."""
+        return [sequence_key(self.request_seeds[r], smp) for r, smp in seqs]
 
     @property
     def slots(self) -> int:

@@ -1,16 +1,16 @@
 """CUDA graphs of the WHOLE plain decode step (rollout/decode_step.py: forward, logits processing, sampling with
-the engine's generator, log-probs, commit), captured lazily per (batch bucket, attention-length bucket, sampling
+each row's random stream, log-probs, commit), captured lazily per (batch bucket, attention-length bucket, sampling
 mode) into the engine's one memory pool (`Engine.graph_pool`, shared with the verify graphs) and kept on the engine.
 
 A captured step reads the engine's persistent row state and KV cache (fixed addresses) and leaves a `StepOut` of
 static tensors. Randomness stays outside the graph: a sampled graph reads its Exp(1) draws from a static [B, V]
-buffer that `run` refills from the engine's generator right before each replay, with the very call the eager step
-makes, so with the same seed graph and eager decoding emit the same tokens. (Registering the generator with the
-graph instead gave different streams from eager on an H200: graph-safe RNG advances its offsets its own way.)
+buffer that `run` refills right before each replay with the very call the eager step makes (`DecodeStep.noise`:
+keyed on each row's stream and emitted count, stream-ordered after the previous replay's commit), so graph and eager
+decoding emit the same tokens.
 
 Capture warms the body up twice on a side stream first (allocator, lazy kernels, torch.compile); those runs really
 commit tokens, so the row state is snapshotted before and restored after (the K/V they write sit at columns the
-next real step overwrites); they read the noise buffer, so the generator is not touched. The capture itself is not
+next real step overwrites); they read the noise buffer, which the next `run` refills. The capture itself is not
 executed.
 `capture_seconds` and `pool_bytes` (reserved-memory growth over all captures) say what the graphs cost; `clear()`
 drops every graph and static buffer (the engine's `release_memory`, rollout/memory.py).
@@ -57,8 +57,8 @@ class DecodeGraphs:
     def run(self, batch: int, tk: int, mode: Mode) -> StepOut:
         """One decode step for rows 0..batch-1 by replay (captured on first use)."""
         graph, out = self.capture(batch, tk, mode)
-        if mode != GREEDY:  # same draws, same order as the eager step: exponential_ of a fresh [B, V] tensor
-            self._noise[batch].exponential_(generator=self.step.gen)
+        if mode != GREEDY:  # the draws the eager step computes for these rows
+            self._noise[batch].copy_(self.step.noise(batch))
         graph.replay()
         return out
 

@@ -13,7 +13,7 @@ What goes: the K/V tensors (replaced by empty tensors inside the one `KVCache` o
 and the verify body share, so no stale reference keeps them alive), the decode, verify and prefill graphs with their
 static buffers and their memory pool, and what a drafter keeps for the cache's layout (`Proposer.release`: a
 small-model drafter's own KV cache, re-allocated by its next proposal).
-What stays: the row state, the block table and the page pool (every page free between rollouts), the generator (the sampling stream just continues), the EAGLE proposer's chain graphs (they
+What stays: the row state, the block table and the page pool (every page free between rollouts), the generator (the next generate() draws its base seed from it), the EAGLE proposer's chain graphs (they
 read its feature ring and its own buffers, not the engine's cache; a few MB).
 Run the tests: `python -m pytest tests/engine/test_engine_release.py -q` (and `-m gpu` on a GPU).
 """

@@ -8,9 +8,9 @@ that, the youngest sequence (last admitted) is preempted: its pages are copied t
 its pages freed, and it waits in `Swapped` ahead of every new request; `swap_in` brings it back, bit for bit, when
 its pages fit again. (Swapping rather than recomputing from prompt + tokens: the K/V and the row state come back
 exactly as they were, so a greedy continuation is token-identical whatever kernels a recompute would have run, and
-copying a sequence's K/V over PCIe costs less than its prefill at RL lengths.) Sampled rows draw from the engine's
-one generator, whose draws follow the batch: a preempted sampled sequence continues as a valid sample of the same
-distribution, not the same sample.
+copying a sequence's K/V over PCIe costs less than its prefill at RL lengths.) Sampled rows draw from their own
+streams (decoding/streams.py; the key travels in the row state, the draws are keyed on the emitted count): a
+preempted sampled sequence continues exactly as it would have, the same sample.
 
 New requests are admitted while their pages (prompt + lookahead; GRPO siblings only the pages past the shared full
 ones) fit in the free pages less a watermark of 1% of the pool.

@@ -141,6 +141,7 @@ def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence
                       dtype=torch.float32).to(dev)
     st.temp[rows], st.top_p[rows] = fl.unbind(1)
     st.n_gen[rows] = 0
+    st.key[rows] = torch.tensor(state.sequence_keys(order), dtype=torch.int64).to(dev)  # each sequence's own stream
     st.done[rows] = False
     state.n_active += m
     state.rows_changed()
@@ -148,7 +149,7 @@ def prefill(state: EngineState, items: list[tuple[int, int]], requests: Sequence
     if state.step.samples_fused(state.mode, m):  # two kernels instead of ~40 torch ops (rollout/decode_step.py)
         n = state.step.fused_tail(m, state.mode, logits, None, row0=r0)
     else:
-        tok, lp = choose(logits, state.mode, st, rows, state.gen)
+        tok, lp = choose(logits, state.mode, st, rows)
         n = st.commit_no_sync(rows, tok[:, None], lp[:, None], torch.ones_like(tok))
     state.hist_fresh, state.done_host = False, None
     return StepStats("prefill", m, m, int(max(plens)), int(n.sum()), 0, time.perf_counter() - t0)

@@ -12,8 +12,10 @@ which is what kept speculative decoding slower than plain decoding there.
 
 Rows 0..n_rows-1 are the batch; rows n_rows..R-1 (a graph's padding up to its batch bucket) write their scratch
 K/V at columns 0..W-1, attend only themselves and commit nothing. Nodes past a row's `counts` are padding the
-verifier never reads (their parents are -1). Randomness: eagerly the verifier draws from the engine's generator; a
-graph reads pre-drawn buffers (`uniforms`, `noise`) that the caller refills from that generator before each replay.
+verifier never reads (their parents are -1). Randomness: each row's own stream (`spec_draws`: acceptance uniforms
+and the last token's Exp(1) noise keyed on the row's stream key and emitted count, decoding/streams.py), computed in
+the body when eager; a graph reads static buffers (`uniforms`, `noise`) that the caller refills with the same call
+before each replay. So a row's speculative step accepts and draws the same whatever else is in the batch.
 
 Packed output (int64): [n (R) | done (R) | accepted at depth k (D) | drafted at depth k (D) | active rows, verify
 nodes (2) | tokens (R x (D+1))]: n = tokens emitted per row after truncation, done = finished flags after the commit;
@@ -29,8 +31,9 @@ import torch
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.decoding.sampling import processed_probs
+from worker.tlt.decoding.streams import ACCEPT, RESIDUAL, row_uniforms
 from worker.tlt.kernels import fused_available
-from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows
+from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows, stream_noise
 from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.spec.tree import ancestor_mask, depths_from_ancestors
 from worker.tlt.spec.verify import verify_greedy, verify_sampling
@@ -58,6 +61,15 @@ class SpecOut:
     hidden: torch.Tensor  # [R, W, F] hook rows of every node
     kept: torch.Tensor  # [R, D+1] int64 node of each kept position (root, then the accepted nodes)
     n: torch.Tensor  # [R] int64 tokens emitted
+
+
+def spec_draws(rows: RowState, r: int, depth: int, topk: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The randomness of a speculative step of rows 0..r-1 -> (uniforms [R, max(D, 1) * max(topk, 1)]: one per
+    tried child, column d * topk + j for child j at depth d; noise [R, V]: Exp(1) of the token drawn last), keyed on
+    each row's stream and emitted count: fresh every step (each step emits at least one token)."""
+    keys, pos = rows.key[:r], rows.n_gen[:r]
+    return (row_uniforms(keys, pos, ACCEPT, max(depth, 1) * max(topk, 1)),
+            stream_noise(keys, pos, RESIDUAL, vocab))
 
 
 def fused_chain_verify(logits: torch.Tensor, mode: Mode, *, chain: bool, topk: int) -> bool:
@@ -95,13 +107,16 @@ def verify_commit(state: EngineState, inp: SpecInputs, *, depth: int, topk: int,
     logits, hidden, cap = state.step.forward_hidden(inp.tokens, pos, cache, write_idx=widx, attn_mask=mask,
                                                      layers=layers)
     prop = inp.proposal()
+    uniforms, noise = inp.uniforms, inp.noise
+    if mode != GREEDY and (uniforms is None or noise is None):  # eager: computed here (a graph's are refilled)
+        uniforms, noise = spec_draws(st, r, depth, topk, logits.shape[-1])
     if mode == GREEDY:
         res = verify_greedy(prop, logits, max_depth=depth, max_children=topk)
     elif fused_chain_verify(logits, mode, chain=chain, topk=topk):
         from worker.tlt.kernels.chain_verify import chain_verify  # triton: imported on the CUDA path only
 
         res = chain_verify(logits, inp.tokens, inp.counts, inp.draft_probs, depth, mode.temperature,
-                           uniforms=inp.uniforms, noise=inp.noise, generator=state.gen)  # = the torch branch's draws
+                           uniforms=uniforms, noise=noise)  # = the torch branch's draws
     else:
         temp: float | torch.Tensor
         top_p: float | torch.Tensor
@@ -111,8 +126,7 @@ def verify_commit(state: EngineState, inp: SpecInputs, *, depth: int, topk: int,
         else:
             temp, top_p, top_k = st.temp[:r], st.top_p[:r], st.top_k[:r]
         probs = processed_probs(logits, temp, top_p, top_k)
-        res = verify_sampling(prop, probs, state.gen, max_depth=depth, max_children=topk, uniforms=inp.uniforms,
-                              noise=inp.noise)  # None: drawn from the engine's generator (eager); a graph's are refilled
+        res = verify_sampling(prop, probs, max_depth=depth, max_children=topk, uniforms=uniforms, noise=noise)
     n_acc = res.num_emitted - 1
     acc_nodes = res.accepted_nodes[:, :depth].clamp_min(0)  # [R, D]
     if not chain:  # a chain's accepted nodes already sit at lens+1.. (node i at column lens+i)

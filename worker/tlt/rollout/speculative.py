@@ -73,6 +73,7 @@ def draft_context(state: EngineState, batch: int, nodes: int, depth: int,
         groups=state.histories,
         sampling=RowSampling(st.temp[:batch], st.top_p[:batch], st.top_k[:batch]),
         filters=row_filters(state.row_sampling[:batch]),
+        streams=(st.key[:batch], st.n_gen[:batch]),  # views: valid at every step of this context
     )
     state.spec_ctx = (key, ctx, hists)
     return ctx, hists

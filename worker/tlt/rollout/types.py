@@ -21,6 +21,10 @@ class RequestSampling:
     max_new_tokens: int = 256  # cap on emitted tokens (the EOS token counts)
     eos_ids: tuple[int, ...] | None = None  # None = the engine's default (tokenizer EOS ids)
     n: int = 1  # samples per prompt (a GRPO group); they share one prefill
+    # the request's own random seed: its samples' streams are keyed on (seed, sample index) alone, so the same seed
+    # gives the same tokens whatever the engine's seed, the batch or preemption (as vLLM's per-request seed, whose
+    # siblings also differ by index); None = derived from the engine's generator, one draw per generate() call
+    seed: int | None = None
 
     def greedy(self) -> RequestSampling:
         """These settings decoded greedily (validation rollouts): temperature 0, the rest kept."""
@@ -64,7 +68,9 @@ class EngineConfig:
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
     attn_bucket: int = 256  # decode attends over columns 0..Tk-1, Tk rounded up to a multiple of this
     prefill_tokens: int = 16384  # padded prompt tokens per prefill forward
-    seed: int = 0  # the engine's torch.Generator seed
+    # the engine's torch.Generator seed: each generate() draws one base seed from it, from which requests without
+    # their own RequestSampling.seed get theirs (decoding/streams.py; the generator is what checkpoints save)
+    seed: int = 0
     # target layers whose *input* hidden states the hidden-state hook also gets (EAGLE-3: (2, L//2, L-3)); with a hook
     # attached, every forward (prefill, decode graph, verify) hands it cat(layer inputs..., final-norm hidden) [N, (k+1)H]
     capture_layers: tuple[int, ...] = ()

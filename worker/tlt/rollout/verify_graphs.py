@@ -7,8 +7,8 @@ length), which costs little at the batches SD runs at.
 Eager on an H200, the verify forward of the 30-layer SmolLM2 cost 31-46 ms (launches, not FLOPs), and once it was
 graphed the acceptance and bookkeeping after it still launched ~400 kernels from Python per step. Here the whole
 body is one replay. Outside it, per step: the proposal is copied into static buffers (rows past the batch and
-nodes past a row's width are padding, parents -1, count 1), the randomness is redrawn into static buffers from the
-engine's generator (so every replay samples afresh), and the caller reads the packed result once.
+nodes past a row's width are padding, parents -1, count 1), the randomness is refilled into static buffers with the
+rows' own streams (rollout/spec_body.spec_draws, keyed on each row's emitted count, so every replay samples afresh), and the caller reads the packed result once.
 
 Capture runs the body twice first, on the proposal already copied in (allocator, lazy kernels); those runs really
 commit, so the row state is snapshotted before and restored after; the K/V they write sit at columns the replay
@@ -35,7 +35,7 @@ import torch
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.rollout.decode_step import GREEDY, Mode
 from worker.tlt.rollout.engine_state import EngineState
-from worker.tlt.rollout.spec_body import SpecInputs, SpecOut, verify_commit
+from worker.tlt.rollout.spec_body import SpecInputs, SpecOut, spec_draws, verify_commit
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,10 @@ class VerifyGraphs:
         if inp.draft_probs is not None and prop.draft_probs is not None:
             inp.draft_probs[:b, :n] = prop.draft_probs
         inp.n_rows.fill_(b)
-        if inp.uniforms is not None and inp.noise is not None:  # fresh draws for this replay
-            inp.uniforms.uniform_(generator=state.gen)
-            inp.noise.exponential_(generator=state.gen)
+        if inp.uniforms is not None and inp.noise is not None:  # this replay's draws: what the eager body computes
+            uniforms, noise = spec_draws(state.rows, inp.tokens.shape[0], depth, topk, inp.noise.shape[1])
+            inp.uniforms.copy_(uniforms)
+            inp.noise.copy_(noise)
         if fresh:
             self._entries[key] = self._capture(state, key, entry)
         assert entry.graph is not None

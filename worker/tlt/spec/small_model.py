@@ -6,7 +6,7 @@ sequence (group, sample) it holds and which tokens it has fed. Each `propose` co
 the longest common prefix stays cached, the rest ("catch-up": the prompt on a sequence's first step, the newly
 accepted tokens and the new root afterwards, the whole history when the engine moved a sequence to another row) is
 fed in one forward. Chains sample drafts from the drafter's processed distribution with the target's sampling
-settings and hand those distributions to the verifier (exact speculative sampling); greedy rows and top-k trees are
+settings (with each row's own random stream, DraftContext.streams) and hand those distributions to the verifier (exact speculative sampling); greedy rows and top-k trees are
 deterministic (draft_probs None, for which the verifier's rule is exact too).
 
     proposer = SmallModelProposer(draft_model)
@@ -23,7 +23,8 @@ import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.kv_cache import KVCache
-from worker.tlt.decoding.sampling import processed_probs, sample
+from worker.tlt.decoding.sampling import pick_with_noise, processed_probs, sample
+from worker.tlt.decoding.streams import draft_noise
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.spec.proposer import DraftContext, DrafterBase
 from worker.tlt.spec.tree import chain_proposal, topk_tree
@@ -32,7 +33,7 @@ from worker.tlt.spec.tree import chain_proposal, topk_tree
 @dataclass(frozen=True)
 class SmallModelConfig:
     max_len: int = 16384  # upper bound of drafter KV columns per row (grown on demand up to this)
-    seed: int = 0  # the drafter's own torch.Generator (sampled chain drafts)
+    seed: int = 0  # the drafter's own torch.Generator (sampled chain drafts of a context without streams)
 
 
 class SmallModelProposer(DrafterBase):
@@ -136,7 +137,9 @@ class SmallModelProposer(DrafterBase):
                 tok = logits.argmax(dim=-1)
             else:
                 q = processed_probs(logits, sp.temperature, sp.top_p, sp.top_k)
-                tok = sample(q, self.gen)
+                # the row's own stream where the engine passes it (batch-independent drafts), else the generator
+                tok = (sample(q, self.gen) if ctx.streams is None
+                       else pick_with_noise(q, draft_noise(ctx.streams, j, q.shape[-1])))
                 qs.append(q)
             drafts.append(tok)
             if j < k - 1:
