@@ -20,13 +20,27 @@ def _check(device: str, vocab: int) -> None:
     want = streams.row_exponentials(keys, pos, streams.SAMPLE, vocab)
     assert got.shape == want.shape == (8, vocab) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=2e-6, atol=0.0)
-    draft = keyed_noise.draft_noise((keys, pos), 2, vocab)
+    draft = keyed_noise.row_exponentials(keys, pos + 2, streams.DRAFT, vocab)
     torch.testing.assert_close(draft, streams.draft_noise((keys, pos), 2, vocab), rtol=2e-6, atol=0.0)
 
 
 @pytest.mark.parametrize("vocab", [1, 1000, 2500])
 def test_kernel_equals_torch_streams(vocab: int) -> None:
     _check("cpu", vocab)
+
+
+def test_the_samplers_use_the_kernel_only_where_it_agrees_with_the_torch_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys, pos = torch.tensor([streams.sequence_key(1, 0)]), torch.tensor([4])
+    want = streams.row_exponentials(keys, pos, streams.SAMPLE, 50)
+    assert keyed_noise.agrees_on(torch.device("cpu"))  # the interpreter computes the hash exactly
+    wrong = lambda k, p, purpose, n: torch.zeros(k.shape[0], n)  # noqa: E731 - a mistranslating compiler
+    monkeypatch.setattr(keyed_noise, "row_exponentials", wrong)
+    keyed_noise.agrees_on.cache_clear()
+    try:
+        assert not keyed_noise.agrees_on(torch.device("cpu"))
+        torch.testing.assert_close(keyed_noise.stream_exponentials(keys, pos, streams.SAMPLE, 50), want)
+    finally:
+        keyed_noise.agrees_on.cache_clear()
 
 
 def test_empty_batch() -> None:

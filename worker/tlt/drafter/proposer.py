@@ -40,7 +40,7 @@ import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.sampling import DraftFilters, pick_with_noise, processed_probs, sample
-from worker.tlt.decoding.streams import draft_noise
+from worker.tlt.decoding.streams import DRAFT, draft_noise
 from worker.tlt.decoding.uploads import HostStage, to_device_no_sync
 from worker.tlt.drafter.chain_graph import ChainGraph, batch_bucket, record_graph
 from worker.tlt.drafter.draft_window import DraftWindow
@@ -48,16 +48,18 @@ from worker.tlt.drafter.feature_ring import FeatureRing, SeqId
 from worker.tlt.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.drafter.train import DrafterSnapshot
 from worker.tlt.drafter.tree_draft import tree_draft
+from worker.tlt.kernels import fused_available
 from worker.tlt.spec.proposer import DraftContext
 
 
 def _draft_noise(streams: tuple[torch.Tensor, torch.Tensor], depth: int, vocab: int) -> torch.Tensor:
     """decoding/streams.draft_noise, in one Triton kernel on CUDA (kernels/keyed_noise.py; as the engine's sampler
     noise): one producer per device, so the fused and torch draft paths race the same numbers."""
-    if streams[0].is_cuda:
-        from worker.tlt.kernels.keyed_noise import draft_noise as keyed  # triton: imported on CUDA only
+    if streams[0].is_cuda and fused_available(streams[0].device) is None:
+        from worker.tlt.kernels.keyed_noise import stream_exponentials  # triton: imported on CUDA only
 
-        return keyed(streams, depth, vocab)
+        keys, n_gen = streams
+        return stream_exponentials(keys, n_gen + depth, DRAFT, vocab)
     return draft_noise(streams, depth, vocab)
 
 

@@ -10,11 +10,17 @@ Tests: `python -m pytest tests/kernels/test_kernels_keyed_noise.py -q` (CPU inte
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import triton
 import triton.language as tl
 
-from worker.tlt.decoding.streams import _M1, _M2, DRAFT, GOLDEN, draw_keys
+from worker.tlt.decoding import streams
+from worker.tlt.decoding.streams import _M1, _M2, GOLDEN, draw_keys
+
+log = logging.getLogger(__name__)
 
 BLOCK = 1024
 
@@ -48,6 +54,27 @@ def row_exponentials(keys: torch.Tensor, pos: torch.Tensor, purpose: int, n: int
     return keyed_exponentials(draw_keys(keys, pos, purpose), n)
 
 
-def draft_noise(streams: tuple[torch.Tensor, torch.Tensor], depth: int, vocab: int) -> torch.Tensor:
-    """streams.draft_noise in the kernel."""
-    return row_exponentials(streams[0], streams[1] + depth, DRAFT, vocab)
+@functools.cache
+def agrees_on(device: torch.device) -> bool:
+    """Whether the compiled kernel gives the torch hash's numbers on `device`, checked once per device (keys with
+    the sign bit set, zero, the extremes; a ragged last block). The samplers use the kernel only where it does, so a
+    compiler that mistranslates the uint64 arithmetic costs speed (the torch hash), never exactness; it is logged."""
+    keys = torch.tensor([streams.sequence_key(3, i) for i in range(5)] + [-(2**63), 0, 2**63 - 1], device=device)
+    pos = torch.arange(8, device=device) * 7
+    try:
+        got = row_exponentials(keys, pos, streams.SAMPLE, 3000)
+    except Exception as e:  # a compile or launch failure of this Triton on this device
+        log.warning("keyed-noise kernel failed on %s (%s): sampling uses the torch hash", device, e)
+        return False
+    ok = torch.allclose(got, streams.row_exponentials(keys, pos, streams.SAMPLE, 3000), rtol=2e-6, atol=0.0)
+    if not ok:
+        log.warning("keyed-noise kernel differs from the torch hash on %s: sampling uses the torch hash", device)
+    return ok
+
+
+def stream_exponentials(keys: torch.Tensor, pos: torch.Tensor, purpose: int, n: int) -> torch.Tensor:
+    """Rows' stream noise [B, n] from the kernel where it agrees with the torch hash on this device, else from the
+    torch hash: one producer per device either way, so every path of a device reads the same numbers."""
+    if agrees_on(keys.device):
+        return row_exponentials(keys, pos, purpose, n)
+    return streams.row_exponentials(keys, pos, purpose, n)

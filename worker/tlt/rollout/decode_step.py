@@ -103,9 +103,9 @@ def stream_noise(keys: torch.Tensor, pos: torch.Tensor, purpose: int, vocab: int
     (kernels/keyed_noise.py; the torch version's ~19 int64 passes over [B, V] cost more than a small model's decode
     step), elsewhere torch. One producer per device, so every path of a device reads the same numbers."""
     if keys.is_cuda and fused_available(keys.device) is None:
-        from worker.tlt.kernels.keyed_noise import row_exponentials as kernel  # triton: imported on CUDA only
+        from worker.tlt.kernels.keyed_noise import stream_exponentials  # triton: imported on CUDA only
 
-        return kernel(keys, pos, purpose, vocab)
+        return stream_exponentials(keys, pos, purpose, vocab)
     return row_exponentials(keys, pos, purpose, vocab)
 
 
