@@ -20,15 +20,15 @@ from sqlalchemy.orm import Session
 
 from backend.admission_sizes import SizeRefused, check_memory, check_system_prompt
 from backend.core.config import Settings
+from backend.job_spec_paths import spec_path_errors
 from backend.persistence import crud
 from backend.persistence.models import User, Worker
-from backend.spec_paths import spec_path_errors
 from worker.tlt.builtin_models import BUILTIN_MODELS
 from worker.tlt.config import CPU_KV_CACHE_GB, ArtifactRef, JobSpec
 from worker.tlt.rl.algorithms.registry import registered_names
 from worker.tlt.rollout_backends import backend_installed, backend_refusals
 
-EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/drafter/model.py eagle3_layers)
+EAGLE3_MIN_LAYERS = 4  # its features come from layers 2, L//2 and L-3 (worker/tlt/speculative/drafter/model.py eagle3_layers)
 GB = 1024**3
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from backend.core.config import Settings
+from backend.job_spec_paths import spec_path_errors, spec_paths
 from backend.persistence import crud
 from backend.persistence.models import Job
-from backend.spec_paths import spec_path_errors, spec_paths
 from worker.tlt.config import ArtifactRef, JobSpec
 from worker.tlt.file_guard import FileGuard, inside
 

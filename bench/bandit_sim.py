@@ -2,7 +2,7 @@
 
 For each scenario (drafter acceptance per kind, possibly changing mid-run) every bandit plays `--rounds` steps in
 each bucket (buckets interleaved, 25 steps at a time), the active batch drawn uniformly from the bucket's range; the oracle knows the expected reward
-of every arm at every batch size (worker/tlt/adaptive/sim.py). Printed per (scenario, bandit), averaged over seeds:
+of every arm at every batch size (worker/tlt/speculative/control/sim.py). Printed per (scenario, bandit), averaged over seeds:
 regret (1 - expected tokens/s of chosen arms / oracle's, all rounds), realised tokens/s relative to always "none"
 (SD off), and the fraction of the last 20% of rounds on the oracle's arm.
 
@@ -29,12 +29,19 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, TLT_BUCKETS, arms_table
-from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, BanditKind, WindowBandit, make_bandit
-from worker.tlt.adaptive.metrics import RolloutSdMetrics
-from worker.tlt.adaptive.sim import SimCostModel, SimEnv, SimTrace, response_lengths, run_bucket, simulate_rollout
-from worker.tlt.adaptive.switch import SwitchConfig
-from worker.tlt.decoding.arms import NO_SD
+from worker.tlt.speculative.arm import NO_SD
+from worker.tlt.speculative.control.arm_buckets import ONE_GPU_BUCKETS, TLT_BUCKETS, arms_table
+from worker.tlt.speculative.control.bandit import BANDITS, BanditConfig, BanditKind, WindowBandit, make_bandit
+from worker.tlt.speculative.control.sd_metrics import RolloutSdMetrics
+from worker.tlt.speculative.control.sim import (
+    SimCostModel,
+    SimEnv,
+    SimTrace,
+    response_lengths,
+    run_bucket,
+    simulate_rollout,
+)
+from worker.tlt.speculative.control.switch import SwitchConfig
 
 # Batch range per bucket while SD is on (the switch turns SD off at >= 48 active with on_below 32).
 BATCH_RANGES = {0: (1, 1), 1: (2, 4), 2: (5, 20), 3: (21, 47)}

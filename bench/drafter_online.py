@@ -48,16 +48,16 @@ import torch
 
 from worker.tlt.build import build_trainer
 from worker.tlt.config import JobSpec
-from worker.tlt.drafter.export import export_drafter
-from worker.tlt.drafter.measure import run_arm
-from worker.tlt.drafter.model import EagleDrafter
-from worker.tlt.drafter.online import OnlineDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rollout.adaptive_loop import TailBudget, TailHook
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.speculative import row_filters
+from worker.tlt.rollout.speculative_step import row_filters
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.export import export_drafter
+from worker.tlt.speculative.drafter.measure import run_arm
+from worker.tlt.speculative.drafter.model import EagleDrafter
+from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 log = logging.getLogger("drafter_online")
 CHAIN, TREE = "chain k=6", "tree d=6 k=4 v=32"

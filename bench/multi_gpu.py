@@ -35,7 +35,7 @@ import torch
 
 from worker.tlt.bench import BenchReporter, fmt, ratio, run_trainer_steps
 from worker.tlt.config import PRESETS, JobSpec
-from worker.tlt.spec_file import merge_spec
+from worker.tlt.job_spec_file import merge_spec
 
 QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/update", "timing_s/drafter", "timing_s/sync",
           "perf/tokens_per_s", "response_length/mean", "response_length/max", "sd/on_fraction", "sd/accept_len",
@@ -136,7 +136,7 @@ def render(res: dict[str, Any]) -> str:
         "2 GPUs: rollout s is the slowest rank's rollout incl. the harvest wait; GPU0 / GPU1 their own shards; "
         "harvest idle = GPU-seconds from a rank's shard done to all ranks done, used = drafter training inside it",
         "1 GPU TLT: harvest idle = the rollout's tail (incl. drafter steps between tail steps), used = those drafter "
-        "steps, per step (drafter/online.py)",
+        "steps, per step (speculative/drafter/online.py)",
         "ZeRO-0: every rank holds all AdamW moments; ZeRO-1: each rank its shard, plus a parameter broadcast per step "
         "(in update s); peak MiB is the rank's allocator high-water mark over the run (— on CPU)",
         kv_release_note(res["runs"], a.get("release_kv", False)),

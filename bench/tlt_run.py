@@ -37,11 +37,11 @@ import torch
 from worker.tlt import metric_catalog as mc
 from worker.tlt.bench import BenchReporter, fmt, tiny_model_overrides, warm_up
 from worker.tlt.config import PRESETS, JobSpec
+from worker.tlt.job_spec_file import merge_spec
+from worker.tlt.job_spec_translate import controller, request_sampling
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.rollout.types import GenerationOutput, Request
 from worker.tlt.sd_savings import SdSavings
-from worker.tlt.spec_file import merge_spec
-from worker.tlt.spec_translate import controller, request_sampling
 
 MODES = {"off": "h200-gsm8k-sd-off", "tlt": "h200-gsm8k-tlt"}
 KEPT = ("timing_s/step", "timing_s/gen", "timing_s/update", "timing_s/drafter", mc.TAIL_S, mc.TAIL_SD_S,
@@ -120,8 +120,8 @@ def paired_rollout(spec: JobSpec, trainer: GRPOTrainer) -> dict[str, Any]:
 
 def save_final(trainer: GRPOTrainer, into: Path) -> dict[str, str]:
     """The TLT run's policy (HF directory) and drafter (EAGLE-1 export) under `into`."""
-    from worker.tlt.drafter.export import export_drafter
     from worker.tlt.export.hf import export_policy
+    from worker.tlt.speculative.drafter.export import export_drafter
 
     paths = {"policy": str(export_policy(trainer.model, trainer.tokenizer, into / "policy"))}
     drafter = trainer.rollout.drafter  # type: ignore[attr-defined]

@@ -5,7 +5,7 @@ SmolLM2's real acceptance lengths meet a 7B-class step cost. One process, one ta
     PYTHONPATH=. python bench/tlt_widened.py --device cpu --model smollm2-135m-instruct@test --quick --out /tmp/t.md
 
 1. Lossless: greedy decoding with SD on (n-gram chain drafts) gives plain greedy's tokens on the widened target.
-2. Drafter: the `drafter` warm-up job (worker/tlt/drafter/warmup.py, EAGLE-1 at the wide hidden width) on the
+2. Drafter: the `drafter` warm-up job (worker/tlt/speculative/drafter/warmup.py, EAGLE-1 at the wide hidden width) on the
    widened target, then loaded into the rollout engine's EAGLE proposer.
 3. Long-tail rollout (--prompts x --samples GSM8K, <= --max-new-tokens, T=1): SD off vs TLT (adaptive: n-gram +
    EAGLE arms, SD switched by measured step costs below --sd-below active); seconds, tail tokens/s (< 32 active)
@@ -27,23 +27,23 @@ from typing import Any
 
 import torch
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.adaptive.step_costs import StepCostConfig
-from worker.tlt.adaptive.switch import SwitchConfig
 from worker.tlt.bench import BenchReporter, chat_prompts, fmt, gsm8k_questions, ratio, summarize, warm_up
 from worker.tlt.config import JobSpec, ModelSource, RolloutConfig
-from worker.tlt.decoding.arms import DrafterKind, chain_arm
-from worker.tlt.drafter.export import load_exported
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
-from worker.tlt.drafter.warmup import warmup
 from worker.tlt.kernels.settings import configure, current
 from worker.tlt.model.load import load_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.model.widen import parse_name, plan
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.ngram import NGramProposer
+from worker.tlt.speculative.arm import DrafterKind, chain_arm
+from worker.tlt.speculative.control.arm_buckets import ONE_GPU_BUCKETS
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.control.step_costs import StepCostConfig
+from worker.tlt.speculative.control.switch import SwitchConfig
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.export import load_exported
+from worker.tlt.speculative.drafter.warmup import warmup
+from worker.tlt.speculative.proposers.ngram import NGramProposer
 
 TAIL = 32  # "tail" = fewer active sequences than this (TLT's threshold, the metric's definition)
 # --fused: the decode / verify forward in the fused Triton kernels (auto: where they run) or in torch (cuBLAS, SDPA)

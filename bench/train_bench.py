@@ -43,7 +43,7 @@ import torch
 
 from worker.tlt.bench import BenchReporter, fmt, ratio, run_trainer_steps, tiny_model_overrides
 from worker.tlt.config import PRESETS, JobSpec
-from worker.tlt.spec_file import merge_spec
+from worker.tlt.job_spec_file import merge_spec
 
 QUOTED = ("timing_s/step", "timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/drafter",
           "timing_s/reward_work", "perf/tail_hook_s", "perf/tokens_per_s", "perf/tokens_per_s_tail", "response_length/mean",

@@ -33,7 +33,7 @@ import torch
 
 from worker.tlt.bench import BenchReporter, run_trainer_steps
 from worker.tlt.config import PRESETS, JobSpec
-from worker.tlt.spec_file import merge_spec
+from worker.tlt.job_spec_file import merge_spec
 
 TRACKED = ("reward/mean", "response_length/mean", "sd/on_fraction", "sd/accept_len", "timing_s/step",
            "timing_s/gen", "actor/grad_norm")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.tlt.adaptive.arms import ARM_PRESETS, TLT_BUCKETS, BucketScheme, arms_table, default_arms
-from worker.tlt.decoding.arms import NO_SD, Arm
+from worker.tlt.speculative.arm import NO_SD, Arm
+from worker.tlt.speculative.control.arm_buckets import ARM_PRESETS, TLT_BUCKETS, BucketScheme, arms_table, default_arms
 
 
 def test_tlt_buckets_and_budgets() -> None:
@@ -58,7 +58,7 @@ def test_arm_validation_and_shape() -> None:
 
 
 def test_verify_lengths_per_bucket() -> None:
-    from worker.tlt.adaptive.arms import verify_lengths
+    from worker.tlt.speculative.control.arm_buckets import verify_lengths
 
     lengths = verify_lengths(arms_table(["ngram", "eagle"]))
     assert lengths[0] == (1, 4, 7, 48) and lengths[3] == (1, 4, 7, 8)

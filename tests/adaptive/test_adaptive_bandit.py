@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from worker.tlt.adaptive.arms import arms_table, default_arms
-from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, bandit_from_dict, make_bandit
-from worker.tlt.adaptive.sim import SimEnv, run_bucket
-from worker.tlt.decoding.arms import NO_SD, chain_arm
+from worker.tlt.speculative.arm import NO_SD, chain_arm
+from worker.tlt.speculative.control.arm_buckets import arms_table, default_arms
+from worker.tlt.speculative.control.bandit import BANDITS, BanditConfig, bandit_from_dict, make_bandit
+from worker.tlt.speculative.control.sim import SimEnv, run_bucket
 
 KINDS = sorted(BANDITS)
 # Batches per bucket where one arm is best throughout (checked by test_the_sim_has_a_clear_winner).

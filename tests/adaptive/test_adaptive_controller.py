@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.adaptive.sim import SimEnv, response_lengths, simulate_rollout
 from worker.tlt.config import RolloutConfig
-from worker.tlt.decoding.arms import NO_SD
+from worker.tlt.speculative.arm import NO_SD
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.control.sim import SimEnv, response_lengths, simulate_rollout
 
 
 def drive(ctl: AdaptiveSd, env: SimEnv, lengths: list[int]) -> None:
@@ -78,7 +78,7 @@ def test_new_drafter_and_checkpoint() -> None:
 
 def test_first_sd_step_of_an_arm_in_a_bucket_teaches_nothing() -> None:
     """Its seconds include the graph captures: the bandit and the step costs skip it, the metrics count it."""
-    from worker.tlt.adaptive.step_costs import StepCostConfig
+    from worker.tlt.speculative.control.step_costs import StepCostConfig
 
     ctl = AdaptiveSd.from_spec(RolloutConfig(sd_on_below=8, sd_patience=1), ["ngram"], step_costs=StepCostConfig())
     assert ctl.bandit is not None and ctl.costs is not None
@@ -98,7 +98,7 @@ def test_an_arm_that_cannot_pay_leaves_its_bucket_and_larger_ones() -> None:
     """An eager EAGLE tree at a 7B-class width measured 0.5 s per step against 5 ms plain steps: even at full
     acceptance (depth + 1 tokens per sequence) it cannot pay, so after two measured steps the bandit no longer has it
     in that bucket nor in larger ones (a smaller batch keeps it), also after the drafters change."""
-    from worker.tlt.adaptive.step_costs import StepCostConfig
+    from worker.tlt.speculative.control.step_costs import StepCostConfig
 
     ctl = AdaptiveSd.from_spec(RolloutConfig(sd_on_below=64), ["ngram", "eagle"], step_costs=StepCostConfig())
     assert ctl.bandit is not None

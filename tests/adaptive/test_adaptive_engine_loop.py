@@ -14,11 +14,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from worker.tlt.adaptive.arms import arms_table
-from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.adaptive.switch import SwitchConfig, SwitchMode
-from worker.tlt.decoding.arms import NO_SD, Arm
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.sampling import DraftFilters
 from worker.tlt.model.args import preset
@@ -29,9 +24,14 @@ from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_ta
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
 from worker.tlt.rollout.windows import PlainWindows
 from worker.tlt.selfcheck import exact_pair_law
-from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.proposer import DraftContext, Proposer
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import NO_SD, Arm
+from worker.tlt.speculative.control.arm_buckets import arms_table
+from worker.tlt.speculative.control.bandit import BanditConfig, make_bandit
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.control.switch import SwitchConfig, SwitchMode
+from worker.tlt.speculative.proposers.ngram import NGramProposer
+from worker.tlt.speculative.proposers.protocol import DraftContext, Proposer
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 TARGET = tiny_target()
 DRAFTER = perturbed_copy(TARGET, noise=0.15)

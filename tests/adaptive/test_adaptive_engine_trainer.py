@@ -69,7 +69,7 @@ def test_adaptive_rollout_in_the_loop(tmp_path: Path, kind: str) -> None:
 ])
 def test_speculation_is_translated_from_the_spec(mode: str, kind: str, drafters: tuple, controlled: bool,
                                                  tail: bool, warns: bool) -> None:
-    from worker.tlt.spec_translate import speculation
+    from worker.tlt.job_spec_translate import speculation
 
     spec = _spec(kind).model_copy(update={"rollout": _spec(kind).rollout.model_copy(update={"speculative": mode})})
     sd = speculation(spec)

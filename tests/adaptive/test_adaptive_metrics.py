@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from worker.tlt.adaptive.metrics import RolloutSdMetrics, per_position_counts
-from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
 from worker.tlt.rl.engine_adapter import sd_metrics
 from worker.tlt.rollout.types import GenerationOutput, StepStats
+from worker.tlt.speculative.control.sd_metrics import RolloutSdMetrics, per_position_counts
+from worker.tlt.speculative.control.switch import SdSwitch, SwitchConfig
 
 
 def test_per_position_counts() -> None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, arms_table
-from worker.tlt.adaptive.bandit import BANDITS, BanditConfig, make_bandit
-from worker.tlt.adaptive.metrics import RolloutSdMetrics
-from worker.tlt.adaptive.sim import SimCostModel, SimEnv, response_lengths, simulate_rollout
-from worker.tlt.adaptive.switch import SwitchConfig
+from worker.tlt.speculative.control.arm_buckets import ONE_GPU_BUCKETS, arms_table
+from worker.tlt.speculative.control.bandit import BANDITS, BanditConfig, make_bandit
+from worker.tlt.speculative.control.sd_metrics import RolloutSdMetrics
+from worker.tlt.speculative.control.sim import SimCostModel, SimEnv, response_lengths, simulate_rollout
+from worker.tlt.speculative.control.switch import SwitchConfig
 
 EAGER = SimCostModel(sd_overhead_s=30e-3)  # an SD step pays 30 ms on top of a 4 ms plain step
 SWITCH = SwitchConfig(mode="adaptive", on_below=160, patience=3)

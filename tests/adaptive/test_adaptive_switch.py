@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from worker.tlt.adaptive.switch import SdSwitch, SwitchConfig
+from worker.tlt.speculative.control.switch import SdSwitch, SwitchConfig
 
 
 def feed(switch: SdSwitch, actives: list[int]) -> list[bool]:

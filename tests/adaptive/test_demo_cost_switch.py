@@ -14,12 +14,12 @@ from dataclasses import replace
 import torch
 
 from worker.tlt.config import PRESETS, JobSpec
+from worker.tlt.job_spec_file import merge_spec
+from worker.tlt.job_spec_translate import request_sampling
 from worker.tlt.model.load import load_model
 from worker.tlt.rl.engine_adapter import make_rollout
 from worker.tlt.rollout.reference import random_prompts
 from worker.tlt.rollout.types import Request
-from worker.tlt.spec_file import merge_spec
-from worker.tlt.spec_translate import request_sampling
 
 ROLLOUTS = 6
 

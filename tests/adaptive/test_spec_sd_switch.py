@@ -1,4 +1,4 @@
-"""`rollout.sd_switch` in the job spec reaches the SD controller through spec_translate.controller: "step_costs" (the
+"""`rollout.sd_switch` in the job spec reaches the SD controller through job_spec_translate.controller: "step_costs" (the
 default) builds a controller switched by measured step costs (CostSwitch), "active_batch" keeps TLT's threshold, and
 an unknown value is a validation error. No model: the controller needs only the spec and the drafter kinds.
 Run: python -m pytest tests/adaptive/test_spec_sd_switch.py -q"""
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from worker.tlt.adaptive.step_costs import CostSwitch
-from worker.tlt.adaptive.switch import SdSwitch
 from worker.tlt.config import JobSpec
-from worker.tlt.spec_translate import controller
+from worker.tlt.job_spec_translate import controller
+from worker.tlt.speculative.control.step_costs import CostSwitch
+from worker.tlt.speculative.control.switch import SdSwitch
 
 
 def _spec(**rollout: Any) -> JobSpec:

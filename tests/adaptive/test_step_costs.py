@@ -1,4 +1,4 @@
-"""SD switched by measured step costs (adaptive/step_costs.py), on synthetic costs: it stays off where SD cannot pay
+"""SD switched by measured step costs (speculative/control/step_costs.py), on synthetic costs: it stays off where SD cannot pay
 (a launch-bound 135M model: an SD step costs several plain steps) within its probing budget of SD off, and turns on
 where it pays (a memory-bound 7B-class target: a verify costs about one plain step), above TLT's fixed 32 as well.
 Run: python -m pytest tests/adaptive/test_step_costs.py -q"""
@@ -10,14 +10,14 @@ import math
 
 import torch
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS, arms_table
-from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.adaptive.sim import SimCostModel, SimEnv, response_lengths
-from worker.tlt.adaptive.step_costs import BucketCosts, StepCostConfig, StepCosts
-from worker.tlt.adaptive.switch import SwitchConfig
 from worker.tlt.config import RolloutConfig
-from worker.tlt.decoding.arms import NO_SD
+from worker.tlt.speculative.arm import NO_SD
+from worker.tlt.speculative.control.arm_buckets import ONE_GPU_BUCKETS, arms_table
+from worker.tlt.speculative.control.bandit import BanditConfig, make_bandit
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.control.sim import SimCostModel, SimEnv, response_lengths
+from worker.tlt.speculative.control.step_costs import BucketCosts, StepCostConfig, StepCosts
+from worker.tlt.speculative.control.switch import SwitchConfig
 
 SMALL = SimCostModel(target_fixed_s=0.63e-3, target_sat_tokens=4096, sd_overhead_s=1.5e-3, noise=0.05)
 WIDE = SimCostModel(target_fixed_s=5e-3, target_sat_tokens=1024, sd_overhead_s=0.2e-3, noise=0.05)

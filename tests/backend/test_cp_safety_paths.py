@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from backend.job_spec_paths import REFUSED
 from backend.main import create_app
 from backend.persistence import crud
-from backend.spec_paths import REFUSED
 from backend.worker_spec import SpecRefused, runnable_spec
 from tests.specs import api_spec
 

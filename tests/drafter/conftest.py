@@ -8,10 +8,10 @@ from contextlib import AbstractContextManager
 import pytest
 import torch
 
-from worker.tlt.drafter.buffer import HiddenStateBuffer
-from worker.tlt.drafter.model import EagleDrafter
 from worker.tlt.model import preset, random_model
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.speculative.drafter.buffer import HiddenStateBuffer
+from worker.tlt.speculative.drafter.model import EagleDrafter
 
 
 @pytest.fixture(scope="session")

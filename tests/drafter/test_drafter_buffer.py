@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.speculative.drafter.buffer import EngineCapture, HiddenStateBuffer
 
 
 def _rows(seq: int, start: int, n: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,11 +17,11 @@ import torch
 from tests.drafter.eager_graphs import record_eagerly
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.sampling import RowSampling, processed_probs
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import preset, random_model
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.spec.proposer import DraftContext
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.speculative.proposers.protocol import DraftContext
 
 SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
@@ -219,11 +219,11 @@ def test_graphed_chain_in_the_engine_is_lossless(draft_vocab: int) -> None:
     """Chain drafts from captured graphs inside the engine's speculative steps: greedy output == plain decoding
     (fp32, so both paths round alike); then bf16 target + bf16 drafter (how OnlineDrafter serves on GPU) sampled at
     T=1 finish with a sane acceptance. Also with a draft vocabulary (the fused race over its 150 ids)."""
-    from worker.tlt.adaptive.controller import AdaptiveSd
-    from worker.tlt.decoding.arms import chain_arm
     from worker.tlt.rollout.engine import Engine
     from worker.tlt.rollout.types import EngineConfig, Request
     from worker.tlt.rollout.types import RequestSampling as ReqParams
+    from worker.tlt.speculative.arm import chain_arm
+    from worker.tlt.speculative.control.controller import AdaptiveSd
 
     dev = torch.device("cuda")
     prompts = [[(7 * i + j * 13) % 250 for j in range(6 + i % 3)] for i in range(6)]

@@ -20,11 +20,11 @@ import torch
 from safetensors import safe_open
 
 from worker.tlt.decoding.sampling import RowSampling
-from worker.tlt.drafter.export import export_eagle1, export_eagle3, load_exported
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.spec.proposer import DraftContext
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.export import export_eagle1, export_eagle3, load_exported
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter, Kind
+from worker.tlt.speculative.proposers.protocol import DraftContext
 
 
 def eagle3_table(h: int, inter: int, nh: int, nkv: int, hd: int, vocab: int, dv: int) -> dict[str, tuple]:
@@ -191,7 +191,7 @@ def test_export_format_follows_kind_and_rejects_other_forms() -> None:
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
 def test_export_drafter_writes_the_requested_form(tmp_path, tiny_target: Transformer, kind: Kind) -> None:
-    from worker.tlt.drafter.export import export_drafter
+    from worker.tlt.speculative.drafter.export import export_drafter
 
     d = _trained_like(tiny_target, kind)
     cfg = json.loads((export_drafter(d, tmp_path / kind, kind) / "config.json").read_text())

@@ -1,4 +1,4 @@
-"""The EAGLE-1 drafter's step on the fused Triton kernels (drafter/fused_step.py) against the torch step (CPU: Triton's
+"""The EAGLE-1 drafter's step on the fused Triton kernels (speculative/drafter/fused_step.py) against the torch step (CPU: Triton's
 interpreter, fp32, the tiny target): every call a chain draft makes -- the context forward (S = W, left-padded
 entries) and the one-token steps at write_at = W + step -- gives the same output and the same K/V buffers (1e-4);
 a whole greedy chain draft drafts the same tokens; the dispatch picks the fused step only where it should; the
@@ -17,15 +17,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from worker.tlt.drafter.chain_graph import record_graph
-from worker.tlt.drafter.model import DraftKV, EagleConfig, EagleDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model import preset, random_model
 from worker.tlt.model.transformer import Transformer, rope_inv_freq
+from worker.tlt.speculative.drafter.chain_graph import record_graph
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.model import DraftKV, EagleConfig, EagleDrafter
 
 
 def _fused_module():  # imported lazily: the module decorates the kernels (tests/conftest.py sets the interpreter)
-    from worker.tlt.drafter import fused_step
+    from worker.tlt.speculative.drafter import fused_step
 
     return fused_step
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from worker.tlt.decoding.uploads import HostStage, SeqIds
-from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
-from worker.tlt.drafter.feature_ring import FeatureRing
-from worker.tlt.spec.proposer import DraftContext
+from worker.tlt.speculative.drafter.buffer import EngineCapture, HiddenStateBuffer
+from worker.tlt.speculative.drafter.feature_ring import FeatureRing
+from worker.tlt.speculative.proposers.protocol import DraftContext
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""The drafter-recipe measurement (worker/tlt/drafter/measure.py): per-position acceptance arithmetic, and a CPU smoke
+"""The drafter-recipe measurement (worker/tlt/speculative/drafter/measure.py): per-position acceptance arithmetic, and a CPU smoke
 run that trains EAGLE-1 recipes on one buffer, evaluates them (with a draft vocabulary too) and exports the best, and
 an EAGLE-3 recipe trained on teacher-forced rows of the same responses."""
 
@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker.tlt.drafter import measure
-from worker.tlt.drafter.export import load_exported
-from worker.tlt.drafter.measure import RECIPES
 from worker.tlt.model import preset, random_model
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.types import RequestSampling
+from worker.tlt.speculative.drafter import measure
+from worker.tlt.speculative.drafter.export import load_exported
+from worker.tlt.speculative.drafter.measure import RECIPES
 
 
 def test_position_sums_add_steps_of_different_depths() -> None:

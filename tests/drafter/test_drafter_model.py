@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind, eagle3_layers
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter, Kind, eagle3_layers
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])

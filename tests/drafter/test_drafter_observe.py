@@ -13,10 +13,10 @@ import copy
 import pytest
 import torch
 
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.spec.proposer import DraftContext
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.speculative.proposers.protocol import DraftContext
 
 
 def _ring_of(p: EagleProposer, lengths: list[int]) -> torch.Tensor:  # [B, W, F] the features a draft reads

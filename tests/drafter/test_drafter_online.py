@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
-from worker.tlt.decoding.arms import chain_arm
-from worker.tlt.drafter.online import OnlineDrafter
+from worker.tlt.job_spec_translate import drafter_config
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec_translate import drafter_config
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 
 def _spec(**drafter) -> JobSpec:

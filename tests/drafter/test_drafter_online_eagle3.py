@@ -8,15 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
-from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
-from worker.tlt.drafter.model import eagle3_layers
-from worker.tlt.drafter.online import OnlineDrafter
+from worker.tlt.job_spec_translate import drafter_config
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
-from worker.tlt.spec_translate import drafter_config
+from worker.tlt.speculative.arm import Arm, chain_arm, tree_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.model import eagle3_layers
+from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 
 def _spec(topk: int = 1, **drafter) -> JobSpec:

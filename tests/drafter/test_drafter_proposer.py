@@ -7,19 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm, tree_arm
 from worker.tlt.decoding.sampling import DraftFilters, RowSampling
-from worker.tlt.drafter.buffer import EngineCapture, HiddenStateBuffer
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
-from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
-from worker.tlt.rollout.speculative import row_filters
+from worker.tlt.rollout.speculative_step import row_filters
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.tree import node_depths
+from worker.tlt.speculative.arm import chain_arm, tree_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.buffer import EngineCapture, HiddenStateBuffer
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.speculative.drafter.spot_trainer import SpotTrainer, SpotTrainerConfig
+from worker.tlt.speculative.proposers.draft_tree import node_depths
+from worker.tlt.speculative.proposers.protocol import DraftContext
 
 PROMPTS = [[(7 * i + j * 13) % 250 for j in range(6 + i % 3)] for i in range(8)]
 

@@ -13,16 +13,16 @@ from typing import Any
 import torch
 
 from tests.specs import toy_spec
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
-from worker.tlt.decoding.arms import chain_arm
-from worker.tlt.drafter.online import OnlineDrafter
 from worker.tlt.file_reporter import FileReporter, read_metrics
+from worker.tlt.job_spec_translate import drafter_config
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.checkpoint import latest_checkpoint
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec_translate import drafter_config
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.online import OnlineDrafter
 from worker.tlt.train import run
 
 VOLATILE = ("timing_s/", "perf/", "harvest/")  # wall-clock metrics differ between any two runs

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker.tlt.drafter.buffer import HiddenStateBuffer
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
-from worker.tlt.drafter.soft_ce import soft_cross_entropy
-from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig, bench_step
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.speculative.drafter.buffer import HiddenStateBuffer
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.speculative.drafter.soft_ce import soft_cross_entropy
+from worker.tlt.speculative.drafter.spot_trainer import SpotTrainer, SpotTrainerConfig, bench_step
 
 # Tensor methods that read a value back to the host (each waits for the device on CUDA)
 SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")

@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
-from worker.tlt.drafter.buffer import HiddenStateBuffer
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter, Kind
-from worker.tlt.drafter.proposer import EagleProposer
-from worker.tlt.drafter.train import SpotTrainer, SpotTrainerConfig
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.speculative.drafter.buffer import HiddenStateBuffer
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter, Kind
+from worker.tlt.speculative.drafter.spot_trainer import SpotTrainer, SpotTrainerConfig
 
 
 def _trainer(target: Transformer, seqs: torch.Tensor, filler, kind: Kind = "eagle1", **kw) -> SpotTrainer:

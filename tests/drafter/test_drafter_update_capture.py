@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from worker.tlt.config import JobSpec
-from worker.tlt.drafter.online import OnlineDrafter
+from worker.tlt.job_spec_translate import drafter_config
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.batch import UpdateSeq, pack
 from worker.tlt.rl.policy_forward import ResponseLogits
 from worker.tlt.rollout.decode_step import hook_rows
 from worker.tlt.rollout_vllm.drafter import UpdateRows
-from worker.tlt.spec_translate import drafter_config
+from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])

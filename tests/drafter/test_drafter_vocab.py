@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from tests.drafter.test_drafter_proposer import PROMPTS, _ctx, trained  # noqa: F401 (the module fixture)
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm
-from worker.tlt.drafter.model import EagleDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.model import EagleDrafter
 
 
 def _observed(d: EagleDrafter, hist: list[list[int]], seed: int) -> EagleProposer:
@@ -96,5 +96,5 @@ def test_vocab_head_rows_follow_the_target_head(tiny_target: Transformer, traine
     p.set_draft_vocab(None)
     assert p._draft_head()[1] is None and p.draft_vocab_size == 320 and not p._graphs
     with pytest.raises(ValueError, match="EAGLE-3"):
-        from worker.tlt.drafter.model import EagleConfig
+        from worker.tlt.speculative.drafter.model import EagleConfig
         EagleProposer(EagleDrafter(target, EagleConfig(kind="eagle3"))).set_draft_vocab(vocab)

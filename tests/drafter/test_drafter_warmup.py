@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from worker.tlt.config import JobSpec
-from worker.tlt.drafter.export import load_exported
-from worker.tlt.drafter.warmup import warmup
 from worker.tlt.model import ByteTokenizer
 from worker.tlt.model.transformer import Transformer
+from worker.tlt.speculative.drafter.export import load_exported
+from worker.tlt.speculative.drafter.warmup import warmup
 
 
 class ListReporter:
@@ -79,10 +79,10 @@ def test_warmup_keeps_every_rounds_responses(tmp_path, tiny_target: Transformer)
 
 
 def test_warmup_engine_comes_from_the_spec_translation(tiny_target: Transformer) -> None:
-    """The warm-up's engine is sized by the same translation as the rollout's (spec_translate.py): prompt +
+    """The warm-up's engine is sized by the same translation as the rollout's (job_spec_translate.py): prompt +
     completion columns, the KV budget with its verify slack, the rollout's seed, graphs and kernels; one sequence
     per prompt of a round resident."""
-    from worker.tlt.spec_translate import engine_config, max_len, warmup_engine_config
+    from worker.tlt.job_spec_translate import engine_config, max_len, warmup_engine_config
 
     spec = JobSpec.model_validate({
         "type": "drafter", "model": {"builtin": "tiny-llama"}, "seed": 5,

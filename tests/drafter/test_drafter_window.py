@@ -1,4 +1,4 @@
-"""The draft window (worker/tlt/drafter/draft_window.py): the graphed chain draft reads its context from device rings
+"""The draft window (worker/tlt/speculative/drafter/draft_window.py): the graphed chain draft reads its context from device rings
 the engine advances after each verification. Through whole engine runs (rows finishing, new rows admitted, the
 context rebuilt) it must draft exactly what the host pack of the feature ring drafts at every step, leave the ring
 holding the same features once it writes them back, and be reused between steps on the same rows. The CUDA graph is
@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from tests.drafter.eager_graphs import record_eagerly
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.decoding.draft_types import DraftProposal
-from worker.tlt.drafter.draft_window import DraftWindow
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
-from worker.tlt.drafter.proposer import EagleProposer, EagleProposerConfig
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.proposer import DraftContext
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.draft_window import DraftWindow
+from worker.tlt.speculative.drafter.eagle_proposer import EagleProposer, EagleProposerConfig
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter
+from worker.tlt.speculative.proposers.protocol import DraftContext
 
 
 def _prompts() -> list[list[int]]:

@@ -10,13 +10,13 @@ from collections import defaultdict
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.model import preset, random_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import Arm, chain_arm, tree_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 TARGET = random_model(preset("tiny-llama", n_layers=4), seed=1, std=0.15)
 LAYERS = (2, 2, 1)  # eagle3_layers(4): a repeated layer must come back twice, in this order

@@ -12,14 +12,14 @@ from collections import defaultdict
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
-from worker.tlt.decoding.arms import chain_arm
-from worker.tlt.drafter.online import OnlineDrafter
+from worker.tlt.job_spec_translate import drafter_config
 from worker.tlt.model import preset, random_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec_translate import drafter_config
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

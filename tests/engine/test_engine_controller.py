@@ -1,4 +1,4 @@
-"""The engine runs any `SdController` (rollout/controller.py), not only adaptive/'s `AdaptiveSd`: a hand-written
+"""The engine runs any `SdController` (rollout/controller_protocol.py), not only adaptive/'s `AdaptiveSd`: a hand-written
 controller that alternates plain and n-gram steps drives a greedy generate() token-identical to plain decoding, sees
 every step it planned recorded with that step's emitted count, sizes the KV headroom and returns its metrics; one
 generate() can run under another controller (`controller=`: no hidden-state capture, no tail hook, the engine's own
@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from worker.tlt.adaptive.arms import arms_table
-from worker.tlt.adaptive.bandit import BanditConfig, make_bandit
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.adaptive.switch import SwitchConfig
-from worker.tlt.decoding.arms import NO_SD, Arm, chain_arm
-from worker.tlt.rollout.controller import SdController
+from worker.tlt.rollout.controller_protocol import SdController
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.ngram import NGramProposer
+from worker.tlt.speculative.arm import NO_SD, Arm, chain_arm
+from worker.tlt.speculative.control.arm_buckets import arms_table
+from worker.tlt.speculative.control.bandit import BanditConfig, make_bandit
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.control.switch import SwitchConfig
+from worker.tlt.speculative.proposers.ngram import NGramProposer
 
 TARGET = tiny_target()
 EOS = (257,)

@@ -16,17 +16,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.bench import chat_prompts, gsm8k_questions
 from worker.tlt.config import ModelSource
-from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.model.load import load_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.proposer import Proposer
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import Arm, chain_arm, tree_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.ngram import NGramProposer
+from worker.tlt.speculative.proposers.protocol import Proposer
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -1,4 +1,4 @@
-"""How the rollout engine's KV budget is chosen from the job spec (spec_translate.kv_budget / engine_config): an
+"""How the rollout engine's KV budget is chosen from the job spec (job_spec_translate.kv_budget / engine_config): an
 explicit `rollout.kv_cache_gb` wins; unset, a CUDA device's free memory is planned (model/memory_plan.py), here
 with a fake free-memory figure; unset on CPU, the budget is CPU_KV_CACHE_GB as before.
 Run: python -m pytest tests/engine/test_engine_kv_budget.py -q"""
@@ -12,9 +12,9 @@ import torch
 
 from worker.tlt.config import CPU_KV_CACHE_GB, JobSpec
 from worker.tlt.decoding.kv_cache import slots_for_budget
+from worker.tlt.job_spec_translate import KV_SLACK, engine_config, kv_budget, max_len
 from worker.tlt.model.load import load_model
 from worker.tlt.model.memory_plan import plan_kv
-from worker.tlt.spec_translate import KV_SLACK, engine_config, kv_budget, max_len
 
 GIB = 2**30
 

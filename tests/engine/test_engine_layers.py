@@ -2,8 +2,8 @@
 `if TYPE_CHECKING:` and inside functions count too: a circle there still ties the modules together); across the
 whole house (worker/ and backend/) no circle of the imports that run at import time (module level, outside
 `if TYPE_CHECKING:`); and the layers hold: decoding/ is the bottom (model/ only), kernels/ build on it and never on
-rollout/ or anything above, the engine (rollout/) never imports a drafter (drafter/, spec/ngram.py,
-spec/small_model.py), the SD controller (adaptive/) or the trainer (rl/), spec/ never imports rollout/; no rollout
+rollout/ or anything above, the engine (rollout/) never imports a drafter (drafter/, speculative/proposers/ngram.py,
+speculative/proposers/small_model.py), the SD controller (adaptive/) or the trainer (rl/), spec/ never imports rollout/; no rollout
 helper imports the engine; the library never imports the service (backend/, the Celery plumbing); the API (backend/)
 never imports the worker's runtime (the Celery app, tasks, the job runner), only the library's pure spec, catalogue
 and registry modules, and the algorithm registry it reads imports no torch at import time. Read from the sources
@@ -155,7 +155,7 @@ def test_layers() -> None:
                    f"{t}.multigpu", f"{t}.config", f"{t}.build")
     assert _offenders(g, f"{t}.decoding", above_model) == []
     assert _offenders(g, f"{t}.kernels", (f"{t}.rollout", f"{t}.spec", f"{t}.adaptive", f"{t}.rl", *drafters)) == []
-    # the engine is driven by the SD controller it is given, through its own protocol (rollout/controller.py):
+    # the engine is driven by the SD controller it is given, through its own protocol (rollout/controller_protocol.py):
     # nothing of adaptive/, not even under TYPE_CHECKING
     assert _offenders(g, f"{t}.rollout", (*drafters, f"{t}.rl", f"{t}.adaptive")) == []
     assert _offenders(g, f"{t}.spec", (f"{t}.rollout", f"{t}.drafter")) == []

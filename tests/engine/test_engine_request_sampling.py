@@ -1,5 +1,5 @@
 """A request's sampling settings travel in one form: the job spec's algorithm fields -> `RequestSampling`
-(spec_translate.request_sampling, greedy = the same with temperature 0) -> per row, the request's own object on the
+(job_spec_translate.request_sampling, greedy = the same with temperature 0) -> per row, the request's own object on the
 host (EngineState.row_sampling) and its fields in RowState's tensors (the sampler's RowSampling); the batch's mode and
 the drafters' filters are derived from the host rows.
 Run: python -m pytest tests/engine/test_engine_request_sampling.py -q"""
@@ -12,12 +12,12 @@ import torch
 
 from worker.tlt.config import preset
 from worker.tlt.decoding.sampling import DraftFilters
+from worker.tlt.job_spec_translate import request_sampling
 from worker.tlt.rollout.decode_step import MIXED, Mode
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import random_prompts, tiny_target
-from worker.tlt.rollout.speculative import row_filters
+from worker.tlt.rollout.speculative_step import row_filters
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec_translate import request_sampling
 
 
 def test_request_sampling_is_the_specs_algorithm_settings() -> None:

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.model.args import preset
 from worker.tlt.model.load import random_model
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
 from worker.tlt.selfcheck import sampling_check
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 
 def _rollout(seed: int, spec: bool) -> list[list[int]]:

@@ -15,8 +15,6 @@ import pytest
 import torch
 
 from tests.kernels.cases import REAL_HEADS
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.model.args import ModelArgs, shape
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.load import build_model, load_hf_state_dict, random_model
@@ -24,7 +22,9 @@ from worker.tlt.model.memory_plan import plan_kv
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 
 def _hf(args: ModelArgs):  # type: ignore[no-untyped-def]

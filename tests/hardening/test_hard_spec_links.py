@@ -23,10 +23,10 @@ from backend.worker_spec import job_file_guard
 from worker.tlt import file_guard
 from worker.tlt.config import DatasetSource, JobSpec, ModelSource
 from worker.tlt.data.dataset import load_examples
-from worker.tlt.drafter.online import build_drafter
-from worker.tlt.drafter.online_config import OnlineDrafterConfig
 from worker.tlt.file_guard import FileGuard, UnsafeFile
 from worker.tlt.model.load import load_hf_state_dict, load_model
+from worker.tlt.speculative.drafter.online import build_drafter
+from worker.tlt.speculative.drafter.online_config import OnlineDrafterConfig
 
 WEIGHTS = {"model.embed_tokens.weight": torch.arange(6.0).reshape(2, 3)}  # "alice's" tensor
 

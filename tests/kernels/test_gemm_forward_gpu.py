@@ -17,8 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from tests.kernels.cases import Batch, clone_cache, decode_batch, random_cache, tree_batch
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.kernels.settings import KernelConfig, configure
 from worker.tlt.model.args import shape
 from worker.tlt.model.load import random_model
@@ -26,7 +24,9 @@ from worker.tlt.model.transformer import RMSNorm, Transformer, apply_rope
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 pytestmark = [
     pytest.mark.gpu,

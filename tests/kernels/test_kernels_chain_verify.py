@@ -14,19 +14,19 @@ import os
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
 from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.kernels import chain_verify as cv
 from worker.tlt.kernels.chain_verify import chain_verify
-from worker.tlt.rollout import spec_body
+from worker.tlt.rollout import speculative_body as spec_body
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.small_model import SmallModelProposer
-from worker.tlt.spec.verify import verify_sampling
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.ngram import NGramProposer
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
+from worker.tlt.speculative.verify.verifier import verify_sampling
 
 
 def _case(r: int, w: int, v: int, seed: int, drafter: str, temp: float, device: str = "cpu",

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.args import preset
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.proposer import Proposer
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import Arm, chain_arm, tree_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.ngram import NGramProposer
+from worker.tlt.speculative.proposers.protocol import Proposer
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 
 def _generate(model: torch.nn.Module, reqs: list[Request], fused: bool, arm: Arm | None = None,

@@ -19,8 +19,6 @@ import pytest
 import torch
 
 from tests.kernels.cases import Batch, clone_cache, decode_batch, random_cache, tree_batch
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import Arm, chain_arm
 from worker.tlt.kernels import tuning
 from worker.tlt.kernels.settings import KernelConfig, configure
 from worker.tlt.model.args import preset
@@ -29,7 +27,9 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import Arm, chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.kernels import forward as fused_forward
 from worker.tlt.kernels.common import Config
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 
 def _requests() -> list[Request]:

@@ -1,5 +1,5 @@
 """The speculative commit kernel (worker/tlt/kernels/spec_commit.py) against the body's torch path
-(rollout/spec_body.torch_commit) on the same inputs: the packed result and every row-state tensor equal, for chains
+(rollout/speculative_body.torch_commit) on the same inputs: the packed result and every row-state tensor equal, for chains
 and trees, rows that hit an EOS inside the run, run out of max_new_tokens, were already done, or lie past the batch
 (a graph's padding), several stop tokens per row, D from 1 to 7. CPU runs in Triton's interpreter
 (tests/conftest.py); the `gpu` case compiled.
@@ -12,7 +12,7 @@ import torch
 
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.kernels.spec_commit import spec_commit
-from worker.tlt.rollout.spec_body import torch_commit
+from worker.tlt.rollout.speculative_body import torch_commit
 
 
 def _case(seed: int, r: int, depth: int, device: str) -> tuple[RowState, tuple]:  # type: ignore[type-arg]

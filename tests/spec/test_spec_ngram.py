@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from worker.tlt.spec import ngram
-from worker.tlt.spec.ngram import NGramConfig, NGramProposer
-from worker.tlt.spec.proposer import DraftContext, empty_proposal
-from worker.tlt.spec.tree import node_depths, validate_proposal
-from worker.tlt.spec.verify import verify_greedy
+from worker.tlt.speculative.proposers import ngram
+from worker.tlt.speculative.proposers.draft_tree import node_depths, validate_proposal
+from worker.tlt.speculative.proposers.ngram import NGramConfig, NGramProposer
+from worker.tlt.speculative.proposers.protocol import DraftContext, empty_proposal
+from worker.tlt.speculative.verify.verifier import verify_greedy
 
 PROMPT = [100, 101, 102, 103]
 

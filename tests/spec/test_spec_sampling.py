@@ -17,7 +17,7 @@ from worker.tlt.decoding.sampling import (
     sample_without_replacement,
     token_logprobs,
 )
-from worker.tlt.spec.stat_tests import chi2_sf, chi_square_pvalue, joint_pair_pvalue
+from worker.tlt.speculative.verify.stat_tests import chi2_sf, chi_square_pvalue, joint_pair_pvalue
 
 
 def reference_probs(logits: list[float], temperature: float, top_p: float, top_k: int) -> list[float]:

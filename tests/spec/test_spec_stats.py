@@ -9,9 +9,9 @@ import math
 
 import torch
 
-from worker.tlt.spec.stats import AcceptanceStats
-from worker.tlt.spec.tree import chain_proposal
-from worker.tlt.spec.verify import verify_greedy
+from worker.tlt.speculative.proposers.draft_tree import chain_proposal
+from worker.tlt.speculative.verify.accept_stats import AcceptanceStats
+from worker.tlt.speculative.verify.verifier import verify_greedy
 
 
 def test_observe_step_counts() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal
-from worker.tlt.spec.tree import (
+from worker.tlt.speculative.proposers.draft_tree import (
     ancestor_mask,
     chain_proposal,
     children_table,

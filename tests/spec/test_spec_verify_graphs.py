@@ -1,4 +1,4 @@
-"""The graph-captured speculative step after the proposal (rollout/verify_graphs.py over rollout/spec_body.py):
+"""The graph-captured speculative step after the proposal (rollout/speculative_graphs.py over rollout/speculative_body.py):
 static buffers, padded nodes, free pad rows, pre-drawn randomness.
 
 - CPU: the graph path with an eager "replay" (same buffers, same padding, same K/V writes, same commit; only the
@@ -21,17 +21,17 @@ from typing import Any
 import pytest
 import torch
 
-from worker.tlt.adaptive import AdaptiveSd, BanditConfig, SwitchConfig, arms_table, make_bandit
-from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.rollout.decode_step import GREEDY, Mode
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
-from worker.tlt.rollout.spec_body import SpecOut
+from worker.tlt.rollout.speculative_body import SpecOut
+from worker.tlt.rollout.speculative_graphs import VerifyGraphs, _Entry
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
-from worker.tlt.rollout.verify_graphs import VerifyGraphs, _Entry
-from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.small_model import SmallModelProposer
+from worker.tlt.speculative.arm import Arm, chain_arm, tree_arm
+from worker.tlt.speculative.control import AdaptiveSd, BanditConfig, SwitchConfig, arms_table, make_bandit
+from worker.tlt.speculative.proposers.ngram import NGramProposer
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
 
 TARGET = tiny_target()
 DRAFTER = perturbed_copy(TARGET, noise=0.15)
@@ -53,7 +53,7 @@ class EagerVerifyGraphs(VerifyGraphs):
 
 
 def attach(eng: Engine, graphs: VerifyGraphs | None) -> None:
-    """What the engine's graph set holds on CUDA (`Engine.graph_set.verify`, replayed by rollout/speculative.py)."""
+    """What the engine's graph set holds on CUDA (`Engine.graph_set.verify`, replayed by rollout/speculative_step.py)."""
     eng.graph_set.verify = graphs
 
 

@@ -9,8 +9,8 @@ import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.sampling import processed_probs
-from worker.tlt.spec.tree import chain_proposal
-from worker.tlt.spec.verify import truncate_emitted, verify_greedy, verify_sampling
+from worker.tlt.speculative.proposers.draft_tree import chain_proposal
+from worker.tlt.speculative.verify.verifier import truncate_emitted, verify_greedy, verify_sampling
 
 
 def reference_walk(tokens: list[int], parents: list[int], count: int, argmax: list[int]) -> tuple[list[int], list[int]]:

@@ -19,10 +19,10 @@ import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
 from worker.tlt.decoding.sampling import processed_probs, sample, sample_without_replacement
-from worker.tlt.spec import verify as verify_module
-from worker.tlt.spec.stat_tests import chi_square_pvalue, joint_pair_pvalue
-from worker.tlt.spec.tree import chain_proposal
-from worker.tlt.spec.verify import verify_sampling
+from worker.tlt.speculative.proposers.draft_tree import chain_proposal
+from worker.tlt.speculative.verify import verifier as verify_module
+from worker.tlt.speculative.verify.stat_tests import chi_square_pvalue, joint_pair_pvalue
+from worker.tlt.speculative.verify.verifier import verify_sampling
 
 VOCAB = 10
 SAMPLES = 100_000

@@ -12,7 +12,7 @@ import pytest
 
 from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.file_reporter import FileReporter, read_metrics
-from worker.tlt.spec_file import merge_spec
+from worker.tlt.job_spec_file import merge_spec
 from worker.tlt.train import run
 
 

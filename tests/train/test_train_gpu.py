@@ -16,7 +16,7 @@ import torch
 from worker.tlt.build import build_trainer
 from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.file_reporter import FileReporter
-from worker.tlt.spec_file import merge_spec
+from worker.tlt.job_spec_file import merge_spec
 
 pytestmark = pytest.mark.gpu
 

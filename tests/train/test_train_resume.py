@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from worker.tlt.build import reward_names_for
 from worker.tlt.config import JobSpec
 from worker.tlt.file_reporter import FileReporter, read_metrics
+from worker.tlt.job_spec_file import load_spec
 from worker.tlt.rl.checkpoint import clean_partial, latest_checkpoint, list_checkpoints
-from worker.tlt.spec_file import load_spec
 from worker.tlt.train import main, run
 
 VOLATILE = ("timing_s/", "perf/")  # wall-clock metrics differ between any two runs

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from worker.tlt import metric_catalog as mc
-from worker.tlt.adaptive.metrics import RolloutSdMetrics
 from worker.tlt.file_reporter import FileReporter, read_metrics
 from worker.tlt.sd_savings import SdSavings, plain_estimate_s
+from worker.tlt.speculative.control.sd_metrics import RolloutSdMetrics
 from worker.tlt.train import run
 
 

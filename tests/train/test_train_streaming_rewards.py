@@ -17,6 +17,7 @@ import torch
 
 from worker.tlt.data.dataset import load_examples, split_examples
 from worker.tlt.data.prompts import render_examples
+from worker.tlt.job_spec_translate import request_sampling
 from worker.tlt.model.load import load_model
 from worker.tlt.model.tokenizer import ByteTokenizer
 from worker.tlt.rewards.registry import resolve, score_all
@@ -24,7 +25,6 @@ from worker.tlt.rewards.streaming import StreamingScorer
 from worker.tlt.rl.engine_adapter import EngineRollout, make_rollout
 from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.rollout.types import GenerationOutput, Request, SequenceResult
-from worker.tlt.spec_translate import request_sampling
 
 
 def _count_a(completion: str, answer: str) -> float:

@@ -26,7 +26,7 @@ RECORDED = Path(__file__).with_name("recorded_run.json")
 NAMESPACES = ("response_length", "reward", "actor", "rollout", "timing_s", "perf", "sd", "drafter", "harvest",
               "timeline", "val", "dist")
 NAME_RE = re.compile(rf"^({'|'.join(NAMESPACES)})/[A-Za-z0-9_@.{{}}/-]*[A-Za-z0-9_@}}]$")
-NOT_METRICS = re.compile(r"\.(py|json|safetensors|pt)$")  # file paths under the same words (drafter/online.py)
+NOT_METRICS = re.compile(r"\.(py|json|safetensors|pt)$")  # file paths under the same words (speculative/drafter/online.py)
 
 
 def _literal_names(path: Path) -> set[str]:

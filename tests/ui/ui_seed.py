@@ -29,8 +29,8 @@ from backend.persistence.db import make_engine, make_session_factory
 from backend.persistence.models import Metric
 from worker.db_reporter import DbReporter
 from worker.tlt.config import JobSpec
+from worker.tlt.job_spec_file import merge_spec
 from worker.tlt.metric_catalog import check_names
-from worker.tlt.spec_file import merge_spec
 
 RECORDED = Path(__file__).with_name("recorded_run.json")
 LIVE_REWARD = 0.987654  # reward/mean of a step written by `live` (the browser test looks for it)

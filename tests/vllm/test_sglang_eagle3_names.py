@@ -27,9 +27,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from worker.tlt.drafter.export import export_eagle3
-from worker.tlt.drafter.model import EagleConfig, EagleDrafter
 from worker.tlt.model import preset, random_model
+from worker.tlt.speculative.drafter.export import export_eagle3
+from worker.tlt.speculative.drafter.model import EagleConfig, EagleDrafter
 
 ENTRY_CLASS = "LlamaForCausalLMEagle3"
 CONFIG_READ = ("hidden_size", "target_hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -22,7 +22,7 @@ def submitted_spec(path: str | None, preset_name: str | None) -> dict[str, Any]:
     import yaml
 
     from worker.tlt.config import PRESETS
-    from worker.tlt.spec_file import merge_spec
+    from worker.tlt.job_spec_file import merge_spec
 
     if preset_name is not None and preset_name not in PRESETS:
         raise ValueError(f"unknown preset {preset_name!r}; known: {', '.join(PRESETS)}")

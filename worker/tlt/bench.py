@@ -39,19 +39,19 @@ from typing import Any
 
 import torch
 
-from worker.tlt.adaptive.arms import ONE_GPU_BUCKETS
-from worker.tlt.adaptive.controller import AdaptiveSd
-from worker.tlt.adaptive.step_costs import StepCostConfig
-from worker.tlt.adaptive.switch import SwitchConfig
 from worker.tlt.config import BUILTIN_MODELS, JobSpec, ModelSource, RolloutConfig
-from worker.tlt.decoding.arms import chain_arm
 from worker.tlt.model.load import load_model
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.reporting import Reporter
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
-from worker.tlt.spec.ngram import NGramConfig, NGramProposer
+from worker.tlt.speculative.arm import chain_arm
+from worker.tlt.speculative.control.arm_buckets import ONE_GPU_BUCKETS
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.control.step_costs import StepCostConfig
+from worker.tlt.speculative.control.switch import SwitchConfig
+from worker.tlt.speculative.proposers.ngram import NGramConfig, NGramProposer
 
 log = logging.getLogger(__name__)
 SYSTEM_PROMPT = "Solve the math problem. Reason step by step, then give the final answer after '####'."
@@ -99,7 +99,7 @@ def _sync(device: torch.device) -> None:
 
 def make_controller(sd: str, on_below: int = 32, seed: int = 0, costs_below: int = 0) -> AdaptiveSd | None:
     """adaptive: the job spec's defaults (bandit, patience) over the n-gram arms, SD on below `on_below` active, or
-    with `costs_below` > 0 where measured step costs say it pays below that many (adaptive/step_costs.py); off:
+    with `costs_below` > 0 where measured step costs say it pays below that many (speculative/control/step_costs.py); off:
     pinned off, metrics only."""
     if sd == "adaptive":
         rollout = RolloutConfig(speculative="adaptive", sd_on_below=on_below, seed=seed)

@@ -162,7 +162,7 @@ class RolloutConfig(_Strict):
     # Per-bucket arm choice. Thompson sampling won on bench/bandit_sim.py (2.3% mean regret vs 4.7% for TLT's
     # epsilon-greedy BEG-MAB, which also pays ~5% for exploration when drafts are useless); see bench/results.
     bandit: Literal["thompson", "ucb", "epsilon_greedy"] = "thompson"
-    # what switches adaptive SD on in the tail (the schema's description says it to users; adaptive/step_costs.py)
+    # what switches adaptive SD on in the tail (the schema's description says it to users; speculative/control/step_costs.py)
     sd_switch: Literal["active_batch", "step_costs"] = Field("step_costs", description=(
         "What switches adaptive SD on in the rollout's tail. step_costs (default): per batch bucket the controller "
         "times plain and speculative decode steps and runs SD only where it emits more tokens per second per sequence "

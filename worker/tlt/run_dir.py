@@ -58,7 +58,7 @@ def export_final(spec: JobSpec, trainer: GRPOTrainer, run_dir: Path, reporter: R
     reporter.artifact("policy", policy, step)
     drafter_model = getattr(trainer.drafter, "train_drafter", None)  # the online EAGLE drafter, if any
     if drafter_model is not None:
-        from worker.tlt.drafter.export import export_drafter
+        from worker.tlt.speculative.drafter.export import export_drafter
 
         drafter_dir = export_drafter(drafter_model, run_dir / "drafter", spec.drafter.export_kind)
         reporter.artifact("drafter", drafter_dir, step)

@@ -2,7 +2,7 @@
 estimate of what plain decoding would have taken for the same tokens.
 
 The cost model: in the tail, one sequence decodes plainly at `perf/seq_tokens_per_s_tail_plain` tokens/s and with SD
-at `perf/seq_tokens_per_s_tail_sd` (both tokens / sum of active x seconds, adaptive/metrics.py). Plain decoding of the
+at `perf/seq_tokens_per_s_tail_sd` (both tokens / sum of active x seconds, speculative/control/sd_metrics.py). Plain decoding of the
 tokens the SD steps emitted, at the same batch sizes, takes their seconds x (SD rate / plain rate). The plain rate is
 this step's, else the newest one seen (a step whose tail drafted on every step measured none); with no plain rate yet
 nothing is estimated. The estimate ignores that plain decoding would shift which batch sizes the tail runs at.

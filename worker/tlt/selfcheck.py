@@ -43,9 +43,7 @@ from dataclasses import replace
 
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import BUILTIN_MODELS, ModelSource
-from worker.tlt.decoding.arms import Arm, chain_arm, tree_arm
 from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.kernels.settings import configure, current
 from worker.tlt.model.args import preset
@@ -54,10 +52,12 @@ from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import naive_greedy, perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, GenerationOutput, Request, RequestSampling
-from worker.tlt.spec.ngram import NGramProposer
-from worker.tlt.spec.proposer import Proposer
-from worker.tlt.spec.small_model import SmallModelProposer
-from worker.tlt.spec.stat_tests import chi_square_pvalue
+from worker.tlt.speculative.arm import Arm, chain_arm, tree_arm
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.ngram import NGramProposer
+from worker.tlt.speculative.proposers.protocol import Proposer
+from worker.tlt.speculative.proposers.small_model import SmallModelProposer
+from worker.tlt.speculative.verify.stat_tests import chi_square_pvalue
 
 log = logging.getLogger(__name__)
 P_MIN, NEG_MAX = 1e-4, 1e-4

@@ -11,7 +11,7 @@ holds checkpoints resumes from the newest one (resume=False starts over).
 Stop a `tlt train` run at its next safe point with `touch DIR/STOP`.
 The parts: build.py (`build_trainer`), rl/loop.py (`train_loop`: stop, validate, report, checkpoint, export; the same
 loop runs each rank of a multi-GPU job, multigpu/data_parallel.py), run_dir.py (checkpoints, resume, final exports),
-spec_file.py (`load_spec`).
+job_spec_file.py (`load_spec`).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from worker.tlt.config import PRESETS, JobSpec
 from worker.tlt.data.dataset import load_examples, split_examples
 from worker.tlt.data.prompts import render_examples
 from worker.tlt.file_reporter import FileReporter
+from worker.tlt.job_spec_file import load_spec
 from worker.tlt.model.load import load_model
 from worker.tlt.reporting import Reporter
 from worker.tlt.rl.loop import SingleDevice, train_loop
-from worker.tlt.spec_file import load_spec
 from worker.tlt.tensorboard import TensorBoardReporter
 
 
 def run_drafter_warmup(spec: JobSpec, run_dir: Path, reporter: Reporter) -> None:
-    """`type: drafter` jobs: warm up a drafter on the dataset's prompts (drafter/warmup.py), export to run_dir/drafter."""
+    """`type: drafter` jobs: warm up a drafter on the dataset's prompts (speculative/drafter/warmup.py), export to run_dir/drafter."""
     device = pick_device(spec)
     seed_everything(spec.seed)
     model, tokenizer = load_model(spec.model, device)
@@ -42,7 +42,7 @@ def run_drafter_warmup(spec: JobSpec, run_dir: Path, reporter: Reporter) -> None
     train_rows, _ = split_examples(load_examples(ds), 0)
     prompts = render_examples(train_rows, tokenizer, ds.system_prompt, ds.max_prompt_length)
     reporter.log(f"drafter warm-up ({spec.drafter.kind}) for {spec.model.model_dump(exclude_none=True)} on {device}")
-    from worker.tlt.drafter.warmup import warmup  # drafter code is imported only by jobs that use it
+    from worker.tlt.speculative.drafter.warmup import warmup  # drafter code is imported only by jobs that use it
 
     warmup(spec, model, tokenizer, [list(p.ids) for p in prompts], reporter, out_dir=run_dir / "drafter")
 

@@ -4,7 +4,7 @@
 - row_state.py: `RowState`, the per-row device state of the active batch;
 - sampling.py: the processed sampling distribution and `RowSampling`, a row's settings as device tensors;
 - draft_types.py: `DraftProposal` (drafter -> verifier) and `VerifyResult` (verifier -> engine);
-- arms.py: `Arm`, the shape of a decode step (drafter, depth, top-k, verify width; `NO_SD` = plain), which the
+- speculative/arm.py: `Arm`, the shape of a decode step (drafter, depth, top-k, verify width; `NO_SD` = plain), which the
   engine runs and the SD controller (adaptive/) chooses;
 - uploads.py: host -> device copies that never wait on the device, and the hook's sequence ids.
 

@@ -1,1 +1,1 @@
-"""Exports of trained artifacts: the policy as an HF directory (hf.py). Drafter exports live in drafter/export.py."""
+"""Exports of trained artifacts: the policy as an HF directory (hf.py). Drafter exports live in speculative/drafter/export.py."""

@@ -1,6 +1,6 @@
 """Exact speculative sampling of a CHAIN proposal (one child per node) in three Triton kernels, for a batch that samples
 with one temperature T > 0 and no top-k / top-p: the same result as `verify_sampling(processed_probs(logits, T))`
-(spec/verify.py, whose docstring defines accepted / recovered / bonus tokens) without the [R, W, V] softmax and the
+(speculative/verify/verifier.py, whose docstring defines accepted / recovered / bonus tokens) without the [R, W, V] softmax and the
 ~10 [R, V] torch kernels per depth that cost ~1 ms of H200 time per step at batch 8, depth 6.
 
 The vocabulary is split into S chunks of `chunk_v` columns so that both passes over V run in parallel ((row, chunk)
@@ -23,7 +23,7 @@ Divisions are `div_rn` in verify_sampling's order, except the residual race, whi
 residual mass (a positive constant: the same argmax up to rounding). p differs from torch's in the last ulps only
 (Triton's exp, the chunked sum order, torch's x * (1/T) on CUDA), so a decision differs only on a float tie (u * q(x)
 vs p(x), or two race values, within ~1e-6 relative). No host sync and fixed shapes: it runs inside the speculative
-step's CUDA graph (rollout/spec_body.py routes chain, uniform-temperature batches here).
+step's CUDA graph (rollout/speculative_body.py routes chain, uniform-temperature batches here).
 Tests: `python -m pytest tests/kernels/test_kernels_chain_verify.py -q` (CPU interpreter; `-m gpu` at V = 49152).
 """
 

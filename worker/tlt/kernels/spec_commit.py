@@ -1,5 +1,5 @@
 """The speculative step's commit and statistics in one Triton kernel: from the verifier's emitted runs to the
-committed row state and the step's packed result (rollout/spec_body.py's layout), what RowState.commit_no_sync of
+committed row state and the step's packed result (rollout/speculative_body.py's layout), what RowState.commit_no_sync of
 runs of width K plus the body's per-position counts and torch.cat leave behind. In torch that tail is ~60 kernels
 of a few rows each; replayed from the verify graph on an H200 it cost ~0.15 ms per step, a quarter of a plain
 decode step.

@@ -20,7 +20,7 @@ from worker.tlt.builtin_models import SMOLLM2, WIDENED
 from worker.tlt.config import ModelSource
 from worker.tlt.file_guard import current as file_guard
 from worker.tlt.model.args import ModelArgs, preset
-from worker.tlt.model.build import build_model
+from worker.tlt.model.build_model import build_model
 from worker.tlt.model.gguf import gguf_checkpoint, smollm2_gguf_path
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.tokenizer import ByteTokenizer, Tokenizer, TokenizerLike

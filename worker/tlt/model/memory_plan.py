@@ -1,5 +1,5 @@
 """How many KV-cache rows fit on a GPU once the model is loaded: `plan_kv(args, max_len, free_bytes=...)` keeps back
-what the engine needs beside weights and cache from the given free bytes (spec_translate.engine_config passes the
+what the engine needs beside weights and cache from the given free bytes (job_spec_translate.engine_config passes the
 device's free memory less the update's peak when `rollout.kv_cache_gb` is unset on CUDA).
 
 A 7B model in bf16 on an H200 leaves ~125 GiB free after its 15 GB of weights; at 57 KB of K/V per token

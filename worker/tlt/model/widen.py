@@ -185,7 +185,7 @@ def parse_name(name: str) -> str:
 
 def load_widened(name: str, device: torch.device | str, dtype: torch.dtype) -> tuple[Transformer, Tokenizer]:
     """The widened model built on `device` from SmolLM2's GGUF weights (no file written), and SmolLM2's tokenizer."""
-    from worker.tlt.model.build import build_model
+    from worker.tlt.model.build_model import build_model
     from worker.tlt.model.gguf import gguf_checkpoint, smollm2_gguf_path
 
     small_args, state_dict, tokenizer = gguf_checkpoint(smollm2_gguf_path())

@@ -48,7 +48,7 @@ from worker.tlt.rl.trainer import GRPOTrainer
 from worker.tlt.rl.updater import Updater
 
 if TYPE_CHECKING:
-    from worker.tlt.drafter.online import OnlineDrafter
+    from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 
 class DataParallel:

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from worker.tlt import metric_catalog as mc
-from worker.tlt.drafter.train import host_copy
 from worker.tlt.multigpu.context import DistContext
+from worker.tlt.speculative.drafter.spot_trainer import host_copy
 
 if TYPE_CHECKING:
-    from worker.tlt.drafter.online import OnlineDrafter
+    from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 
 @dataclass(frozen=True)

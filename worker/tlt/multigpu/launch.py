@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     """One rank of a job started by torchrun or DeepSpeed's launcher (rendezvous from the environment)."""
     import argparse
 
-    from worker.tlt.spec_file import load_spec
+    from worker.tlt.job_spec_file import load_spec
 
     parser = argparse.ArgumentParser(prog="python -m worker.tlt.multigpu.launch",
                                      description="One rank of a multi-GPU / multi-node TLT job (torchrun, deepspeed).")

@@ -12,7 +12,7 @@ and step costs). `save_parts` writes them, `restore_parts` loads each one the ch
 A checkpoint directory holds model.safetensors (policy weights), the parts "optimizer", "scheduler" and "rng" in
 optimizer.pt, scheduler.pt and rng.pt (torch CPU and CUDA generators, the rollout's torch.Generator, Python `random`,
 NumPy), "trainer" in trainer_state.json (step, data position) and every other part in extra.pt by name:
-extra["drafter"] the online drafter's exact-resume state (drafter/online.py `OnlineDrafter.state_dict`: trainable
+extra["drafter"] the online drafter's exact-resume state (speculative/drafter/online.py `OnlineDrafter.state_dict`: trainable
 weights, AdamW state, the spot trainer's and proposer's generators, the hidden-state buffer's live rows, the weights
 the engine serves), extra["adaptive"] the SD controller's (its bandit, the cost switch's step costs, the arm shapes
 it dropped), extra["master_weights"] the fp32 master copies. extra.pt is loaded onto the CPU (each owner moves its tensors back to its device), so a checkpoint written on a GPU

@@ -65,7 +65,7 @@ def plan_for(spec: JobSpec, model: Transformer, device: torch.device) -> UpdateP
     world = dist.get_world_size() if dist.is_initialized() else 1
     host = host_memory_bytes()
     gpu = float(torch.cuda.get_device_properties(device).total_memory) if device.type == "cuda" else host
-    # an unset kv_cache_gb is planned after the update, around its peak (spec_translate.free_for_kv)
+    # an unset kv_cache_gb is planned after the update, around its peak (job_spec_translate.free_for_kv)
     kv_gb = spec.rollout.kv_cache_gb
     kv = 0.0 if spec.rollout.release_kv_for_update or device.type != "cuda" or kv_gb is None else kv_gb * 2**30
     low = any(p.dtype in LOW_PRECISION for p in trainable_params(model))

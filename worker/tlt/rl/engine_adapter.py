@@ -8,12 +8,12 @@ Colocated weight sync: the engine is built on the very `Transformer` the trainer
 parameters in place, so even captured CUDA graphs keep pointing at the live weights); `on_weights_updated` has
 nothing to copy and only exists for engines that cache derived state.
 
-Speculative decoding (`rollout.speculative`, `drafter.kind`; spec_translate.py `speculation` decides, this module builds):
+Speculative decoding (`rollout.speculative`, `drafter.kind`; job_spec_translate.py `speculation` decides, this module builds):
 - `off`: plain decoding.
-- `on` + `eagle1` / `eagle3`: the adaptive drafter (drafter/online.py `OnlineDrafter`): the engine drafts with its
+- `on` + `eagle1` / `eagle3`: the adaptive drafter (speculative/drafter/online.py `OnlineDrafter`): the engine drafts with its
   published weights and captures hidden states through its hook; the trainer's drafter hook spot-trains it after the
   update. EAGLE-3 builds the engine with `capture_layers` = its three feature layers (hook rows [N, 4H]).
-- `on` + `ngram`: the model-free n-gram drafter over each sequence and its GRPO siblings (spec/ngram.py).
+- `on` + `ngram`: the model-free n-gram drafter over each sequence and its GRPO siblings (speculative/proposers/ngram.py).
   `on` drafts with one fixed arm (`AdaptiveSd.fixed`-style controller from the spec): a chain of `draft_depth`
   tokens, or a tree when `draft_topk > 1`, for either drafter; the engine verifies losslessly.
 - `adaptive`: the engine asks `adaptive.AdaptiveSd` every decode step: SD on below `sd_on_below` active
@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from worker.tlt.adaptive.controller import AdaptiveSd
 from worker.tlt.config import JobSpec
 from worker.tlt.data.prompts import RenderedPrompt
+from worker.tlt.job_spec_translate import controller, drafter_config, engine_config, request_sampling, speculation
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rl.rollout_io import FinishCallback, Trajectory
@@ -60,18 +60,18 @@ from worker.tlt.rollout.types import (
     RequestSampling,
     SequenceResult,
 )
-from worker.tlt.spec.ngram import NGramConfig, NGramProposer
-from worker.tlt.spec.proposer import Proposer
-from worker.tlt.spec_translate import controller, drafter_config, engine_config, request_sampling, speculation
+from worker.tlt.speculative.control.controller import AdaptiveSd
+from worker.tlt.speculative.proposers.ngram import NGramConfig, NGramProposer
+from worker.tlt.speculative.proposers.protocol import Proposer
 
 if TYPE_CHECKING:
-    from worker.tlt.drafter.online import OnlineDrafter
+    from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 log = logging.getLogger(__name__)
 
 
 def sd_metrics(out: GenerationOutput) -> dict[str, float]:
-    """sd/* metrics of one generate(): the adaptive controller's summary when it ran (adaptive/metrics.py names),
+    """sd/* metrics of one generate(): the adaptive controller's summary when it ran (speculative/control/sd_metrics.py names),
     else the share of tokens emitted by speculative steps and the mean tokens per verify."""
     if out.sd_metrics:
         return dict(out.sd_metrics)
@@ -181,7 +181,7 @@ def tail_trainer(drafter: OnlineDrafter) -> TailHook:
 
 def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, device: torch.device,
                  tail_training: bool = True) -> EngineRollout:
-    """The trainer's rollout over an engine built from the spec (spec_translate.py translates every setting).
+    """The trainer's rollout over an engine built from the spec (job_spec_translate.py translates every setting).
     tail_training: whether the engine spot-trains the online drafter between its tail steps (off for a rank of a
     data-parallel job: each rank would train its own copy and the copies diverge; multigpu/harvest.py trains it)."""
     sd = speculation(spec)
@@ -189,7 +189,7 @@ def make_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLike, de
         log.warning(sd.warning)
     drafter: OnlineDrafter | None = None
     if sd.learned:  # the learned, spot-trained drafter
-        from worker.tlt.drafter.online import OnlineDrafter  # imported only by jobs that train a drafter
+        from worker.tlt.speculative.drafter.online import OnlineDrafter  # imported only by jobs that train a drafter
 
         drafter = OnlineDrafter(drafter_config(spec), model)
     proposers: dict[str, Proposer] = {}

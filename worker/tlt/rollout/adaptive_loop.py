@@ -1,4 +1,4 @@
-"""The adaptive engine's decode loop: plan an arm with the SD controller (rollout/controller.py), run a speculative
+"""The adaptive engine's decode loop: plan an arm with the SD controller (rollout/controller_protocol.py), run a speculative
 step with that arm's drafter or a window of plain decode steps, record what happened, and give the tail hook its
 share.
 
@@ -36,11 +36,11 @@ from dataclasses import replace
 
 import torch
 
-from worker.tlt.decoding.arms import Arm
-from worker.tlt.rollout.controller import SdController
+from worker.tlt.rollout.controller_protocol import SdController
 from worker.tlt.rollout.engine_state import EngineState, StepRunner
 from worker.tlt.rollout.types import StepStats
 from worker.tlt.rollout.windows import PlainWindows
+from worker.tlt.speculative.arm import Arm
 
 TailHook = Callable[[float], object]  # (time budget in seconds) -> anything; called between tail decode steps
 Pending = tuple[Arm, bool, int]  # (arm planned, switch state when planned, active batch it was planned for)

@@ -14,14 +14,14 @@ rollout/engine_state.py, and none imports the engine):
   run eagerly elsewhere; same seed => same tokens either way; generate() runs windows of `sync_every` steps with
   one host read each, on CUDA one window ahead of the reads (rollout/windows.py), with a controller too;
 - `speculative_step(batch, arm)`: the arm's proposer drafts a chain or tree per row, ONE target forward verifies all
-  rows with the tree mask, spec/verify.py accepts per row, the KV cache keeps only accepted nodes, EOS /
+  rows with the tree mask, speculative/verify/verifier.py accepts per row, the KV cache keeps only accepted nodes, EOS /
   max_new_tokens cut inside accepted runs; ONE host read at the end (emitted counts, done flags, per-position
-  acceptance and the emitted tokens, which extend the host histories directly) (rollout/speculative.py);
+  acceptance and the emitted tokens, which extend the host histories directly) (rollout/speculative_step.py);
 - `sync()`: finished sequences leave (results copied out, `generate(..., on_finish=cb)` calls cb(result) for each
   right then), rows are compacted so active sequences stay in rows 0..n-1, and waiting requests join in the freed
   rows.
 Speculative decoding: `Engine(..., controller=ctl, proposers={"ngram": ..., "eagle": ...})` asks the controller
-(an `SdController`, rollout/controller.py; adaptive/controller.py's `AdaptiveSd` in practice) for an arm every decode
+(an `SdController`, rollout/controller_protocol.py; speculative/control/controller.py's `AdaptiveSd` in practice) for an arm every decode
 step and runs plain decoding or a speculative step with that arm's drafter, depth, top-k and verify width
 (rollout/adaptive_loop.py); SD switches on and off mid-generation without re-prefilling, and stays exactly lossless
 (the verifier is the same for every arm). Fixed SD is a controller with one arm (`AdaptiveSd.fixed(arm)`); without
@@ -57,20 +57,20 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from worker.tlt.decoding.arms import Arm
 from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout import memory, paging
 from worker.tlt.rollout.adaptive_loop import AdaptiveLoop, TailBudget, TailHook
-from worker.tlt.rollout.controller import SdController
+from worker.tlt.rollout.controller_protocol import SdController
 from worker.tlt.rollout.decode_step import MIXED, DecodeStep, Mode, StepOut, sampling_mode
 from worker.tlt.rollout.engine_state import EngineState, HiddenHook
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.hidden_rows import flush_hidden, stash_plain_step
 from worker.tlt.rollout.prefill import prefill
 from worker.tlt.rollout.prefill_graphs import PrefillGraphs
-from worker.tlt.rollout.speculative import row_filters, speculative_step, warmup_context
+from worker.tlt.rollout.speculative_graphs import VerifyGraphs
+from worker.tlt.rollout.speculative_step import row_filters, speculative_step, warmup_context
 from worker.tlt.rollout.types import (
     EngineConfig,
     GenerationOutput,
@@ -79,10 +79,10 @@ from worker.tlt.rollout.types import (
     SequenceResult,
     StepStats,
 )
-from worker.tlt.rollout.verify_graphs import VerifyGraphs
 from worker.tlt.rollout.windows import PlainWindows
-from worker.tlt.spec.proposer import Proposer
-from worker.tlt.spec.stats import AcceptanceStats
+from worker.tlt.speculative.arm import Arm
+from worker.tlt.speculative.proposers.protocol import Proposer
+from worker.tlt.speculative.verify.accept_stats import AcceptanceStats
 
 FinishCallback = Callable[[SequenceResult], None]  # called once per sequence as it leaves the batch
 
@@ -305,7 +305,7 @@ class Engine:
 
     def speculative_step(self, batch: int, arm: Arm) -> StepStats:
         """Draft with `arm`'s drafter and shape, verify all rows in one target forward, accept, roll back, commit;
-        one host read at the end (rollout/speculative.py)."""
+        one host read at the end (rollout/speculative_step.py)."""
         if torch.is_grad_enabled():  # a direct call (generate() already runs without; a decorator costs ~10 us)
             with torch.no_grad():
                 return self.speculative_step(batch, arm)

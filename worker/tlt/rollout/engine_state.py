@@ -1,7 +1,7 @@
 """The rollout engine's state: what its phases (prefill, plain windows, speculative steps, sync) read and write.
 
 `Engine` (rollout/engine.py) owns one `EngineState` and hands it to its phase modules (prefill.py, windows.py,
-speculative.py, spec_body.py, verify_graphs.py, hidden_rows.py, adaptive_loop.py, memory.py); none of them imports
+speculative_step.py, speculative_body.py, speculative_graphs.py, hidden_rows.py, adaptive_loop.py, memory.py); none of them imports
 the engine. Device side: the KV cache, the row state (decoding/), the generator and the decode step's forward. Host
 side, mirrors of rows 0..n_active-1 that let a step run without reading the device:
 
@@ -28,7 +28,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from worker.tlt.decoding.arms import Arm
 from worker.tlt.decoding.kv_cache import KVCache, pages_for_budget, slots_for_budget
 from worker.tlt.decoding.pages import PagePool
 from worker.tlt.decoding.row_state import RowState
@@ -38,8 +37,9 @@ from worker.tlt.kernels import resolve_fused
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.decode_step import GREEDY, DecodeStep, Mode, sampling_mode
 from worker.tlt.rollout.types import EngineConfig, RequestSampling, StepStats
-from worker.tlt.spec.proposer import DraftContext
-from worker.tlt.spec.stats import AcceptanceStats
+from worker.tlt.speculative.arm import Arm
+from worker.tlt.speculative.proposers.protocol import DraftContext
+from worker.tlt.speculative.verify.accept_stats import AcceptanceStats
 
 # versions of an engine's rows, unique across engines: hook consumers cache per (version, rows) (decoding/uploads.SeqIds)
 _ROWS_VERSIONS = itertools.count()
@@ -123,7 +123,7 @@ class EngineState:
         self.hook_stage = HostStage(self.device)  # a speculative step's hook rows index: one upload per step
         self.hook_flat: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, its [B*K, F] view)
         self.histories: dict[int, list[list[int]]] = {}
-        self.accept_stats = AcceptanceStats()  # speculative steps of the last generate() (spec/stats.py)
+        self.accept_stats = AcceptanceStats()  # speculative steps of the last generate() (speculative/verify/accept_stats.py)
 
     def begin_generate(self, requests: Sequence[RequestSampling]) -> None:
         """The seeds of a generate() call's requests: a request's own `seed`, else one derived from a base seed

@@ -29,8 +29,8 @@ from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.graphs import DecodeGraphs
 from worker.tlt.rollout.prefill_graphs import PrefillGraphs
-from worker.tlt.rollout.verify_graphs import VerifyGraphs
-from worker.tlt.spec.proposer import Proposer
+from worker.tlt.rollout.speculative_graphs import VerifyGraphs
+from worker.tlt.speculative.proposers.protocol import Proposer
 
 
 @dataclass

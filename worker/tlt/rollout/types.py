@@ -1,6 +1,6 @@
 """The rollout engine's configs and records: per-request `RequestSampling`, `Request`, `EngineConfig`, and what
 `Engine.generate` returns (`SequenceResult` per sequence, `StepStats` per engine step). Speculative decoding is the
-controller's (rollout/controller.py), a row's sampling settings on the device decoding/sampling.py's `RowSampling`.
+controller's (rollout/controller_protocol.py), a row's sampling settings on the device decoding/sampling.py's `RowSampling`.
 
 Pure data; see `rollout/engine.py` for the engine itself.
 """

@@ -9,7 +9,7 @@ already runs: for every response the update trains on, the prompt's last positio
 the target's hidden state there (EAGLE-3: cat(its three feature layers' inputs, final hidden), the same rows our
 engine's hook gives), computed with the weights that generated the rollout (the forward precedes the optimizer step).
 They fill the `OnlineDrafter`'s buffer (the last two RL steps), its spot trainer trains after the update, and each
-training round's weights reach vLLM's speculative model in place (`load`, our export's names: drafter/export.py).
+training round's weights reach vLLM's speculative model in place (`load`, our export's names: speculative/drafter/export.py).
 There is no tail to harvest: `harvest/*` report 0.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from worker.tlt.drafter.export import eagle1_form, eagle3_form
-from worker.tlt.drafter.online import OnlineDrafter
+from worker.tlt.speculative.drafter.export import eagle1_form, eagle3_form
+from worker.tlt.speculative.drafter.online import OnlineDrafter
 
 Load = Callable[[Iterable[tuple[str, torch.Tensor]]], list[str]]  # -> names of the served parameters written
 

@@ -4,7 +4,7 @@
     trajs, metrics = rollout(prompts, n=8, greedy=False)   # the same Trajectory our engine returns
     rollout.on_weights_updated()                           # after each optimizer step: the weights into vLLM
 
-Sampling is our engine's (spec_translate.py `request_sampling`): n samples per prompt, temperature, top-p, top-k,
+Sampling is our engine's (job_spec_translate.py `request_sampling`): n samples per prompt, temperature, top-p, top-k,
 max_completion_length new tokens, stop at the tokenizer's EOS ids (the EOS token kept in the response, finish reason
 "stop"; "length" at the cap). Each token's log-prob is vLLM's of the processed distribution (after temperature /
 top-k / top-p, `logprobs_mode="processed_logprobs"`), as our engine reports it, so the trainer's recompute gives the
@@ -34,6 +34,7 @@ import torch
 
 from worker.tlt.config import JobSpec
 from worker.tlt.data.prompts import RenderedPrompt
+from worker.tlt.job_spec_translate import drafter_config, request_sampling
 from worker.tlt.model.hf_names import to_hf
 from worker.tlt.model.tokenizer import TokenizerLike
 from worker.tlt.model.transformer import Transformer
@@ -43,7 +44,6 @@ from worker.tlt.rollout_backends import backend_refusals
 from worker.tlt.rollout_vllm.drafter import VllmDrafter
 from worker.tlt.rollout_vllm.llm import VllmEngine
 from worker.tlt.rollout_vllm.settings import vllm_settings
-from worker.tlt.spec_translate import drafter_config, request_sampling
 
 log = logging.getLogger(__name__)
 SEED_RANGE = 2**31 - 1
@@ -152,9 +152,9 @@ def make_vllm_rollout(spec: JobSpec, model: Transformer, tokenizer: TokenizerLik
     if refused:
         raise ValueError("rollout.backend vllm cannot run this spec: " +
                          "; ".join(f"{'.'.join(loc)}: {why}" for loc, why in refused))
-    from worker.tlt.drafter.export import export_drafter
-    from worker.tlt.drafter.online import OnlineDrafter
     from worker.tlt.export.hf import export_policy
+    from worker.tlt.speculative.drafter.export import export_drafter
+    from worker.tlt.speculative.drafter.online import OnlineDrafter
 
     settings = vllm_settings(spec, model, device)
     online = OnlineDrafter(drafter_config(spec), model) if settings.speculative else None

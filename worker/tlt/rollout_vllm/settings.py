@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from worker.tlt.config import CPU_KV_CACHE_GB, JobSpec
+from worker.tlt.job_spec_translate import max_len
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout_vllm.llm import VllmSettings
-from worker.tlt.spec_translate import max_len
 
 COLOCATED_GPU_SHARE = 0.3
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

@@ -1,1 +1,0 @@
-"""Speculative decoding: drafters propose, the verifier accepts. See types.py for the one structure they share."""
