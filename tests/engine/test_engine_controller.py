@@ -1,4 +1,4 @@
-"""The engine runs any `SdController` (rollout/controller_protocol.py), not only adaptive/'s `AdaptiveSd`: a hand-written
+"""The engine runs any `SdController` (rollout/controller_protocol.py), not only speculative/control/'s `AdaptiveSd`: a hand-written
 controller that alternates plain and n-gram steps drives a greedy generate() token-identical to plain decoding, sees
 every step it planned recorded with that step's emitted count, sizes the KV headroom and returns its metrics; one
 generate() can run under another controller (`controller=`: no hidden-state capture, no tail hook, the engine's own
@@ -59,7 +59,7 @@ class _Log:
 
 
 class Alternating:
-    """No bandit, no adaptive/ state: SD on below 4 active sequences, and then the n-gram chain every other step."""
+    """No bandit, no controller state: SD on below 4 active sequences, and then the n-gram chain every other step."""
 
     def __init__(self) -> None:
         self.switch, self.scheme, self.metrics = _Switch(), _Buckets(), _Log()

@@ -2,12 +2,15 @@
 `if TYPE_CHECKING:` and inside functions count too: a circle there still ties the modules together); across the
 whole house (worker/ and backend/) no circle of the imports that run at import time (module level, outside
 `if TYPE_CHECKING:`); and the layers hold: decoding/ is the bottom (model/ only), kernels/ build on it and never on
-rollout/ or anything above, the engine (rollout/) never imports a drafter (drafter/, speculative/proposers/ngram.py,
-speculative/proposers/small_model.py), the SD controller (adaptive/) or the trainer (rl/), spec/ never imports rollout/; no rollout
-helper imports the engine; the library never imports the service (backend/, the Celery plumbing); the API (backend/)
-never imports the worker's runtime (the Celery app, tasks, the job runner), only the library's pure spec, catalogue
-and registry modules, and the algorithm registry it reads imports no torch at import time. Read from the sources
-with ast, nothing imported.
+rollout/, speculative/ or anything above; the engine (rollout/) never imports a drafter (speculative/drafter/,
+speculative/proposers/ngram.py, speculative/proposers/small_model.py), the SD controller (speculative/control/) or
+the trainer (rl/); the engine-facing SD parts (speculative/arm.py, proposers/, verify/) never import rollout/, the
+controller or the EAGLE drafter; the controller imports none of the engine, the proposers, the verifier, the drafter
+or the kernels; speculative/__init__.py imports nothing (the engine's imports of the package stay this narrow); no
+rollout helper imports the engine; the library never imports the service (backend/, the Celery plumbing); the API
+(backend/) never imports the worker's runtime (the Celery app, tasks, the job runner), only the library's pure spec,
+catalogue and registry modules, and the algorithm registry it reads imports no torch at import time. Read from the
+sources with ast, nothing imported.
 Run: python -m pytest tests/engine/test_engine_layers.py -q"""
 
 from __future__ import annotations
@@ -150,16 +153,21 @@ def test_runtime_imports_skip_type_checking_and_functions() -> None:
 def test_layers() -> None:
     g = _graph()
     t = "worker.tlt"
-    drafters = (f"{t}.drafter", f"{t}.spec.ngram", f"{t}.spec.small_model")
-    above_model = (f"{t}.kernels", f"{t}.rollout", f"{t}.spec", f"{t}.drafter", f"{t}.adaptive", f"{t}.rl",
-                   f"{t}.multigpu", f"{t}.config", f"{t}.build")
+    sd = f"{t}.speculative"
+    control, drafter = f"{sd}.control", f"{sd}.drafter"
+    drafters = (drafter, f"{sd}.proposers.ngram", f"{sd}.proposers.small_model")
+    engine_facing = (f"{sd}.arm", f"{sd}.proposers", f"{sd}.verify")  # what the engine may import of speculative/
+    above_model = (f"{t}.kernels", f"{t}.rollout", sd, f"{t}.rl", f"{t}.multigpu", f"{t}.config", f"{t}.build")
+    assert f"{sd}.proposers.protocol" in g and f"{control}.controller" in g and f"{drafter}.eagle_proposer" in g
     assert _offenders(g, f"{t}.decoding", above_model) == []
-    assert _offenders(g, f"{t}.kernels", (f"{t}.rollout", f"{t}.spec", f"{t}.adaptive", f"{t}.rl", *drafters)) == []
+    assert _offenders(g, f"{t}.kernels", (f"{t}.rollout", sd, f"{t}.rl")) == []
     # the engine is driven by the SD controller it is given, through its own protocol (rollout/controller_protocol.py):
-    # nothing of adaptive/, not even under TYPE_CHECKING
-    assert _offenders(g, f"{t}.rollout", (*drafters, f"{t}.rl", f"{t}.adaptive")) == []
-    assert _offenders(g, f"{t}.spec", (f"{t}.rollout", f"{t}.drafter")) == []
-    assert _offenders(g, f"{t}.adaptive", (f"{t}.rollout", f"{t}.spec", f"{t}.drafter", f"{t}.kernels")) == []
+    # nothing of speculative/control/, not even under TYPE_CHECKING
+    assert _offenders(g, f"{t}.rollout", (*drafters, f"{t}.rl", control)) == []
+    for part in engine_facing:
+        assert _offenders(g, part, (f"{t}.rollout", control, drafter)) == []
+    assert _offenders(g, control, (f"{t}.rollout", f"{sd}.proposers", f"{sd}.verify", drafter, f"{t}.kernels")) == []
+    assert g[sd] == set()  # speculative/__init__.py: a map of the package, no imports
     helpers = [m for m in g if m.startswith(f"{t}.rollout.") and m != f"{t}.rollout.engine"]
     assert [m for m in helpers if f"{t}.rollout.engine" in g[m]] == []  # helpers take the EngineState
 

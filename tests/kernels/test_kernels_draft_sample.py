@@ -1,5 +1,5 @@
 """kernels/draft_sample.py against the torch path of a chain draft's sampling step (processed_probs + the
-exponential race of spec/sampling.sample), for the same noise: the same token, and q equal to the processed
+exponential race of decoding/sampling.sample), for the same noise: the same token, and q equal to the processed
 distribution; on several chunks with a ragged last one, bf16 and fp32 logits, -inf columns (an EAGLE-3 draft
 vocabulary's holes); with a draft vocabulary map, the token as a target id and q scattered into the target's
 vocabulary (zeros elsewhere). Triton's interpreter on CPU (tests/conftest.py); the `gpu` case runs compiled at SmolLM2's

@@ -4,10 +4,9 @@
 - row_state.py: `RowState`, the per-row device state of the active batch;
 - sampling.py: the processed sampling distribution and `RowSampling`, a row's settings as device tensors;
 - draft_types.py: `DraftProposal` (drafter -> verifier) and `VerifyResult` (verifier -> engine);
-- speculative/arm.py: `Arm`, the shape of a decode step (drafter, depth, top-k, verify width; `NO_SD` = plain), which the
-  engine runs and the SD controller (adaptive/) chooses;
 - uploads.py: host -> device copies that never wait on the device, and the hook's sequence ids.
 
-Imports only worker/tlt/model; kernels/ build on it, rollout/ above them, the drafters above the engine
-(tests/engine/test_engine_layers.py holds the rules).
+Imports only worker/tlt/model; kernels/ build on it, rollout/ above them, speculative/ beside and above the engine
+(its arm type, proposer protocol and verifier below it, the controller and the drafters above;
+tests/engine/test_engine_layers.py holds the rules).
 """

@@ -1,7 +1,7 @@
 """The processed sampling distribution, shared by plain decoding and by the speculative verifier.
 
 Speculative sampling is lossless only with respect to *one* distribution; this module defines it. Plain decoding
-samples `sample(processed_probs(logits, ...))`; the verifier (verify.py) accepts drafts against exactly the same
+samples `sample(processed_probs(logits, ...))`; the verifier (speculative/verify/verifier.py) accepts drafts against exactly the same
 `processed_probs`. Processing order, per row (as HF / vLLM): temperature, then top-k, then top-p.
 
 - temperature 0 means greedy: a one-hot at `argmax(logits)` (first index on ties, like `torch.argmax`);

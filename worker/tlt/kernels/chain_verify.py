@@ -16,7 +16,7 @@ programs, ~200 at batch 8 and V = 49152) instead of one program walking V serial
   residual max(0, p - q)'s partial mass and the winners (value, index) of two exponential races argmax(w_v / noise_v):
   on that unnormalised residual and on p itself;
 - `_chain_finish_kernel`, one program per row: the residual race if the row was rejected and its residual mass is
-  > TINY, else the p race (the bonus after a full acceptance, or verify.py's fallback for an all-zero residual); ties
+  > TINY, else the p race (the bonus after a full acceptance, or verifier.py's fallback for an all-zero residual); ties
   to the lowest index (torch.argmax's). Writes the run; log-probs are log p (the unmodified p) of emitted tokens.
 
 Divisions are `div_rn` in verify_sampling's order, except the residual race, which skips torch's division by the
@@ -36,7 +36,7 @@ import triton.language as tl
 from worker.tlt.decoding.draft_types import VerifyResult
 from worker.tlt.decoding.sampling import exponential_noise
 
-TINY = 1e-30  # verify.py's _TINY and pick_with_noise's noise floor
+TINY = 1e-30  # speculative/verify/verifier.py's _TINY and pick_with_noise's noise floor
 EMPTY_MAX = -1.0e30  # running max before any column (finite: exp(EMPTY_MAX - m) is exactly 0, no NaN)
 MAX_BLOCK_V = 2048  # vocabulary columns per step (49152 = 24 steps)
 RACE_PROGRAMS = 256  # (row, chunk) programs the default chunk aims at: enough to fill an H200's 132 SMs
@@ -196,7 +196,7 @@ def _chain_finish_kernel(
     x, p_x, n_acc, rejected, _, m, z, _ = _walk(
         logits_ptr, q_ptr, tokens_ptr, counts_ptr, parts_ptr, unif_ptr, r, S, stride_lr, stride_ln, stride_qr,
         stride_qn, stride_tr, stride_ur, W, D, T, HAS_Q, BLOCK_D, BLOCK_S, TINY, EMPTY_MAX)
-    # the last token: residual race of the rejected node, or p's race (bonus; an all-zero residual, as verify.py)
+    # the last token: residual race of the rejected node, or p's race (bonus; an all-zero residual, as verifier.py)
     c = tl.arange(0, BLOCK_S)
     ok = c < S
     part = race_ptr + (r * S + c) * 3

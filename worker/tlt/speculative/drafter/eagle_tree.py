@@ -1,7 +1,7 @@
 """`tree_draft`: EAGLE-2 top-k tree expansion for the EAGLE proposer (`DraftContext.topk > 1`), eager.
 
 Each level feeds the `topk` best frontier nodes (by cumulative log q) through the drafter; every node attends to the
-context and its own ancestors; `spec.tree.topk_tree` prunes the expanded levels to `max_nodes` (deterministic
+context and its own ancestors; `speculative/proposers/draft_tree.topk_tree` prunes the expanded levels to `max_nodes` (deterministic
 drafts, draft_probs None).
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_proposer.py -q`.

@@ -3,9 +3,10 @@
 The engine builds one `DraftContext` for its active batch and calls `proposer.propose(ctx)` every speculative step,
 reusing the same object while the batch's rows stay (its histories are the engine's token lists, which grow in place;
 a drafter may cache per context object, e.g. the rows' slots or settings);
-the returned `DraftProposal` (types.py) goes, with the target's verify forward, to speculative/verify/verifier.py. Drafters: the n-gram
-drafter (ngram.py), the engine's small-model drafter and the EAGLE drafter implement `Proposer`; they share nothing
-else with the verifier.
+the returned `DraftProposal` (decoding/draft_types.py) goes, with the target's verify forward, to the verifier
+(speculative/verify/verifier.py). Drafters: the n-gram drafter (ngram.py), the small-model drafter (small_model.py)
+and the EAGLE drafter (speculative/drafter/eagle_proposer.py) implement `Proposer`; they share nothing else with the
+verifier.
 
 Rules a proposal must follow (the verifier relies on them):
 - row b's root (node 0) is `ctx.histories[b][-1]`;
@@ -65,8 +66,8 @@ class DraftContext:
 
 
 class Proposer(Protocol):
-    """A drafter, as the engine drives it. Implementations: speculative/proposers/ngram.NGramProposer, speculative/proposers/small_model's
-    SmallModelProposer, speculative/drafter/eagle_proposer.EagleProposer. `DrafterBase` gives the optional steps a default."""
+    """A drafter, as the engine drives it. Implementations: ngram.NGramProposer, small_model's SmallModelProposer,
+    speculative/drafter/eagle_proposer.EagleProposer. `DrafterBase` gives the optional steps a default."""
 
     def propose(self, ctx: DraftContext) -> DraftProposal:
         """Draft a chain (ctx.topk == 1) or a tree of at most ctx.topk children per node per active sequence, within

@@ -1,6 +1,6 @@
 """The verifier: accept a draft chain or tree against the target, exactly (lossless), in one pass over its depth.
 
-Inputs: a `DraftProposal` (types.py) and the target's outputs for its N nodes from one verify forward; target row i is
+Inputs: a `DraftProposal` (decoding/draft_types.py) and the target's outputs for its N nodes from one verify forward; target row i is
 the target's distribution of the token FOLLOWING node i (row 0: after the root, i.e. after the last emitted token).
 Per sequence the verifier walks the tree from the root and returns (`VerifyResult`):
 
