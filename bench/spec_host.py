@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from worker.tlt.model import preset, random_model
-from worker.tlt.rollout import speculative_step as speculative
+from worker.tlt.rollout import speculative_step
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.rollout.speculative_body import SpecOut
@@ -111,7 +111,7 @@ class Probe:
         setattr(owner, attr, lambda *a, **k: self.timed(name, inner, *a, **k))
 
 
-EMIT_HIDDEN = speculative.emit_hidden  # the hook's rows of a speculative step, before any probe wraps it
+EMIT_HIDDEN = speculative_step.emit_hidden  # the hook's rows of a speculative step, before any probe wraps it
 
 
 class OpCounter(TorchDispatchMode):
@@ -217,8 +217,8 @@ def build(batch: int, depth: int, context: int, new_tokens: int) -> tuple[Engine
     eng.speculative_step = step  # type: ignore[method-assign,assignment]
     probe.wrap(prop, "propose", "propose")
     probe.wrap(eng.verify_graphs, "run", "verify")
-    speculative.emit_hidden = EMIT_HIDDEN  # unwrapped: an earlier run's probe must not time this one's hook
-    probe.wrap(speculative, "emit_hidden", "hook")  # the hook's rows of a speculative step
+    speculative_step.emit_hidden = EMIT_HIDDEN  # unwrapped: an earlier run's probe must not time this one's hook
+    probe.wrap(speculative_step, "emit_hidden", "hook")  # the hook's rows of a speculative step
     probe.wrap(eng, "sync", "sync")  # after the step: lands in the step record appended last (same dict)
     return eng, prop, probe
 

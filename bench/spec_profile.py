@@ -48,7 +48,7 @@ from worker.tlt.config import ModelSource
 from worker.tlt.model import ByteTokenizer, preset, random_model
 from worker.tlt.model.load import load_gguf, load_model, smollm2_gguf_path
 from worker.tlt.model.transformer import Transformer
-from worker.tlt.rollout import speculative_step as speculative
+from worker.tlt.rollout import speculative_step
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.speculative_step import row_filters
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
@@ -167,12 +167,12 @@ def instrument(probe: Probe, engine: Engine, prop: EagleProposer | None) -> None
     probe.wrap(prop.features, "gather", "feature gather")
     probe.wrap(prop, "_load_window", "window load")
     probe.wrap(prop, "advance", "window advance")
-    probe.wrap(speculative, "emit_hidden", "hidden hook")
+    probe.wrap(speculative_step, "emit_hidden", "hidden hook")
     probe.wrap(engine.state, "hidden_hook", "observe (feature ring)")  # the engine holds the bound prop.observe
     if engine.verify_graphs is not None:
         probe.wrap(engine.verify_graphs, "run", "verify")
     else:  # CPU / no graphs: the eager body
-        probe.wrap(speculative, "verify_commit", "verify (eager)")
+        probe.wrap(speculative_step, "verify_commit", "verify (eager)")
 
 
 # ------------------------------------------------------------------------------------------------------ setup

@@ -18,7 +18,7 @@ from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
 from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.kernels import chain_verify as cv
 from worker.tlt.kernels.chain_verify import chain_verify
-from worker.tlt.rollout import speculative_body as spec_body
+from worker.tlt.rollout import speculative_body
 from worker.tlt.rollout.engine import Engine
 from worker.tlt.rollout.reference import perturbed_copy, random_prompts, tiny_target
 from worker.tlt.rollout.types import EngineConfig, Request, RequestSampling
@@ -214,7 +214,7 @@ def test_engine_routing_changes_no_token(drafter: str, monkeypatch: pytest.Monke
         return chain and topk == 1 and mode[0] == "uniform" and mode[2] >= 1.0 and mode[3] <= 0
 
     monkeypatch.setattr(cv, "chain_verify", spy)
-    monkeypatch.setattr(spec_body, "fused_chain_verify", route)
+    monkeypatch.setattr(speculative_body, "fused_chain_verify", route)
     assert tokens() == (plain, stats)
     assert calls and stats[1] < 1.0  # drafts were sent and some rejected (residual draws)
     assert drafter == "ngram" or stats[0] > 1.0  # the small drafter's q gets drafts accepted

@@ -20,7 +20,7 @@ import torch
 from worker.tlt.decoding.draft_types import DraftProposal, VerifyResult
 from worker.tlt.decoding.sampling import processed_probs, sample, sample_without_replacement
 from worker.tlt.speculative.proposers.draft_tree import chain_proposal
-from worker.tlt.speculative.verify import verifier as verify_module
+from worker.tlt.speculative.verify import verifier
 from worker.tlt.speculative.verify.stat_tests import chi_square_pvalue, joint_pair_pvalue
 from worker.tlt.speculative.verify.verifier import verify_sampling
 
@@ -144,7 +144,7 @@ def _unnormalised_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     ],
 )
 def test_wrong_rules_are_rejected(monkeypatch: pytest.MonkeyPatch, patch: str, target: Callable, draft: str) -> None:
-    monkeypatch.setattr(verify_module, patch, target)
+    monkeypatch.setattr(verifier, patch, target)
     m = Markov(13, 1.0, 1.0, 0)
     step = m.chain if draft == "chain" else (lambda r: m.tree(r, draft))
     pv, _ = m.two_tokens_pvalue(step)
