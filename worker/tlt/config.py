@@ -305,8 +305,10 @@ PRESETS: dict[str, dict] = {
     # (toy-count + toy_many, one ten-letter optimum for every prompt, settled on one short answer by step 3 and left
     # whole steps without a signal). lr 2e-5: at 5e-5 the policy's entropy collapsed within a few steps; brevity at
     # 0.5 drove one seed's answers to empty by step 8. loss_type grpo: dapo's token sum let the long prose outweigh
-    # the short answers.
-    # SD by measured step costs (the spec default, below 8 active): the controller measures plain and speculative
+    # the short answers. 4 prompts x 4 samples a step: with 2 prompts (8 responses) the direction of 8 steps was a
+    # coin toss (two seeds of three let brevity take over and the letter reward fall); with 16 both seeds tried
+    # raised both rewards.
+    # SD by measured step costs (the spec default, considered once one response ends: below 16 active): the controller measures plain and speculative
     # steps (n-gram and EAGLE-1 arms) and keeps SD only where it emits more tokens per second; on CPU a verify costs
     # about as much per token as decoding, so it measures SD, judges it off and says so (sd/pays/*, sd/gain/*); the
     # drafter still spot-trains (2 steps per RL step) and is exported.
@@ -314,10 +316,10 @@ PRESETS: dict[str, dict] = {
         "name": "demo-smollm2-toy-times",
         "model": {"builtin": "smollm2-135m-instruct"},
         "dataset": {"builtin": "toy-times", "validation_size": 0, "system_prompt": None},
-        "algorithm": {"num_generations": 4, "prompts_per_step": 2, "max_completion_length": 40, "learning_rate": 2e-5,
+        "algorithm": {"num_generations": 4, "prompts_per_step": 4, "max_completion_length": 40, "learning_rate": 2e-5,
                       "loss_type": "grpo", "temperature": 0.8, "reward_funcs": ["toy_times", "brevity"],
                       "reward_weights": [0.7, 0.3]},
-        "rollout": {"speculative": "adaptive", "sd_on_below": 8, "sd_patience": 2, "sd_switch": "step_costs"},
+        "rollout": {"speculative": "adaptive", "sd_on_below": 16, "sd_patience": 2, "sd_switch": "step_costs"},
         "drafter": {"kind": "eagle1", "max_train_steps_per_rl_step": 2},
         "max_steps": 8,
         "save_steps": 8,
