@@ -310,7 +310,7 @@ PRESETS: dict[str, dict] = {
     # raised both rewards.
     # SD by measured step costs (the spec default, considered once one response ends: below 16 active): the controller measures plain and speculative
     # steps (n-gram and EAGLE-1 arms) and keeps SD only where it emits more tokens per second; on CPU a verify costs
-    # about as much per token as decoding, so it measures SD, judges it off and says so (sd/pays/*, sd/gain/*); the
+    # about as much per token as decoding, so it measures SD, mostly judges it off and says so (sd/pays/*, sd/gain/*); the
     # drafter still spot-trains (2 steps per RL step) and is exported.
     "demo-cpu": {
         "name": "demo-smollm2-toy-times",
