@@ -86,7 +86,7 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
         out[f"adv/{name}"] = [whole_batch_advantages(name, lengths, slice(*bounds[rank]), ctx)
                               for lengths in (LENGTHS, [0] * len(LENGTHS))]
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
-    ctx.close()
+    ctx.close(wait_for_peers=True)
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
             out["partition_numel"] = sum(p.ds_tensor.numel() for p in trainer.ds.train_model.parameters())  # type: ignore[attr-defined]
         trainer.close()
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
-    ctx.close()
+    ctx.close(wait_for_peers=True)
 
 
 @pytest.fixture(scope="module")

@@ -133,7 +133,7 @@ def _ranks(rank: int, init_method: str, out_dir: str) -> None:
     out["merged"] = merge_step_metrics(per_rank, dpl.shards.last_gather, trainer.spec.algorithm)[0]
     trainer.close()
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
-    ctx.close()
+    ctx.close(wait_for_peers=True)
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def _resume_ranks(rank: int, init_method: str, out_dir: str) -> None:
     dp.resumed(trainer, step)
     torch.save({"fresh": fresh, "resumed": bandit_of(trainer), "step": step}, Path(out_dir) / f"rank{rank}.pt")
     trainer.close()
-    ctx.close()
+    ctx.close(wait_for_peers=True)
 
 
 def test_a_stopped_two_rank_job_resumes_with_its_bandit(tmp_path: Path) -> None:

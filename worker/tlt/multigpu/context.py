@@ -3,7 +3,7 @@ multigpu package uses (object gathers for small records, a float all-reduce, a m
 
     ctx = DistContext.init(rank, world, init_method="env://", device_type="cuda", local_rank=rank % gpus_per_host)
     ...
-    ctx.close()
+    ctx.close(wait_for_peers=True)  # after the rank's work ended normally
 
 Backend: NCCL on CUDA (rank r drives cuda:local_rank, its index on its host), gloo on CPU (the CI tests). The store (TCPStore of the rendezvous)
 carries the harvest phase's "my shard is done" counters: store ops are host round trips that never enter the NCCL
@@ -53,8 +53,13 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def close(self) -> None:
+    def close(self, *, wait_for_peers: bool = False) -> None:
+        """Leave the process group. `wait_for_peers` (a rank whose work ended normally): meet the others first, since
+        a rank that tears its gloo connections down while a peer still holds its own can abort that peer
+        (std::terminate in gloo's teardown); after a failure there may be no peer left to meet."""
         if dist.is_initialized():
+            if wait_for_peers:
+                dist.barrier()
             dist.destroy_process_group()
 
     # ------------------------------------------------------------------------------------------------ collectives

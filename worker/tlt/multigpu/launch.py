@@ -94,14 +94,15 @@ def train_rank(rank: int, world: int, local_rank: int, device_type: str, spec: J
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     ctx = DistContext.init(rank, world, "env://", device_type, local_rank=local_rank)
     reporter = reporter_of(ctx.is_main)
-    trainer = None
+    trainer, finished = None, False
     try:
         trainer, dp, val = build_rank(spec, reporter, ctx)
         train_loop(spec, trainer, dp, val, run_dir, reporter, resume)
+        finished = True
     finally:
         if trainer is not None:
             trainer.close()
-        ctx.close()
+        ctx.close(wait_for_peers=finished)
 
 
 def rank_main(rank: int, world: int, master_port: int, device_type: str, spec_data: dict, run_dir: str,
