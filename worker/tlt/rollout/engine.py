@@ -87,6 +87,11 @@ from worker.tlt.speculative.verify.accept_stats import AcceptanceStats
 FinishCallback = Callable[[SequenceResult], None]  # called once per sequence as it leaves the batch
 
 
+def _verify_width(arms: Sequence[Arm]) -> int:
+    """The most tokens a verify of these arms writes past a row's length (1: plain decoding)."""
+    return max([1, *(a.verify_tokens for a in arms)])
+
+
 class Engine:
     def __init__(
         self,
@@ -112,8 +117,7 @@ class Engine:
         self._check_drafters(arms)
         self.tail = TailBudget(tail_hook, config.tail_budget, config.tail_credit_cap_s, clock)
         # KV headroom: a verify writes up to max_nodes columns past a row's length (the widest arm of the controller)
-        max_nodes = max([1, *(a.verify_tokens for a in arms)])
-        self.state = EngineState(model, config, eos_ids, max_nodes, hidden_hook, clock)
+        self.state = EngineState(model, config, eos_ids, _verify_width(arms), hidden_hook, clock)
         self.graph_set = memory.new_graphs(self.state)  # restore_memory() attaches fresh ones the same way
         self.preemptions = 0  # sequences the last generate() preempted (paged layout: rollout/paging.py)
 
@@ -389,7 +393,7 @@ class Engine:
             return self._generate(requests, on_finish, self.controller, self.tail)
         if controller is not None:
             self._check_drafters(controller.all_arms())
-            widest = max([1, *(a.verify_tokens for a in controller.all_arms())])
+            widest = _verify_width(controller.all_arms())
             if widest > self.max_nodes:
                 raise ValueError(f"the controller verifies up to {widest} tokens a row; the engine's KV headroom is "
                                  f"{self.max_nodes} (sized for its own controller)")
