@@ -34,7 +34,8 @@ _M2 = 0x94D049BB133111EB
 SAMPLE = 1  # the Exp(1) race of a plainly sampled token (decode, prefill's first token)
 ACCEPT = 2  # speculative acceptance uniforms (one per tried child)
 RESIDUAL = 3  # the Exp(1) race of the token a speculative step draws last (residual or bonus)
-DRAFT = 4  # a drafter's sampled proposals (`draft_noise`)
+DRAFT = 4  # a drafter's sampled proposals, keyed on the index the draft proposes (kernels.draft_noise): a later
+# step may redraw a position's drafts with the same numbers, as exactness needs only the ACCEPT / RESIDUAL draws fresh
 
 
 def _signed(x: int) -> int:
@@ -103,11 +104,3 @@ def row_uniforms(keys: torch.Tensor, pos: torch.Tensor, purpose: int, n: int) ->
 
 def row_exponentials(keys: torch.Tensor, pos: torch.Tensor, purpose: int, n: int) -> torch.Tensor:  # -> [B, n]
     return exponentials(draw_keys(keys, pos, purpose), n)
-
-
-def draft_noise(streams: tuple[torch.Tensor, torch.Tensor], depth: int, vocab: int) -> torch.Tensor:
-    """Exp(1) noise [B, V] of a sampled draft at `depth` (0 = the first draft) for rows whose (keys, emitted
-    counts) are `streams`: keyed on the emitted-token index the draft proposes. (Drafts may reuse a position's draws
-    in a later step: exactness needs only the verifier's ACCEPT / RESIDUAL draws to be fresh.)"""
-    keys, n_gen = streams
-    return row_exponentials(keys, n_gen + depth, DRAFT, vocab)

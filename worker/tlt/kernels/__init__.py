@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from worker.tlt.decoding.streams import DRAFT, row_exponentials
 from worker.tlt.model.args import ModelArgs
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -24,6 +25,25 @@ def fused_available(device: torch.device) -> str | None:
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return "off CUDA the kernels need Triton's interpreter: set TRITON_INTERPRET=1 before importing them"
     return None
+
+
+def stream_noise(keys: torch.Tensor, pos: torch.Tensor, purpose: int, vocab: int) -> torch.Tensor:
+    """Exp(1) draws [B, V] of rows' streams (decoding/streams.row_exponentials): on CUDA one Triton kernel
+    (keyed_noise.py; the torch version's ~19 int64 passes over [B, V] cost more than a small model's decode step),
+    elsewhere torch. One producer per device, so every path of a device (eager, graphed, fused; the target's sampler,
+    the verifier, the drafters) reads the same numbers."""
+    if keys.is_cuda and fused_available(keys.device) is None:
+        from worker.tlt.kernels.keyed_noise import stream_exponentials  # imports triton: only on CUDA
+
+        return stream_exponentials(keys, pos, purpose, vocab)
+    return row_exponentials(keys, pos, purpose, vocab)
+
+
+def draft_noise(streams: tuple[torch.Tensor, torch.Tensor], depth: int, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [B, V] of a sampled draft at `depth` (0 = the first draft) for rows whose (keys, emitted counts)
+    are `streams`: keyed on the emitted-token index the draft proposes (decoding/streams.DRAFT)."""
+    keys, n_gen = streams
+    return stream_noise(keys, n_gen + depth, DRAFT, vocab)
 
 
 def unsupported_reason(args: ModelArgs, dtype: torch.dtype) -> str | None:

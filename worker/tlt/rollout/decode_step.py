@@ -36,8 +36,8 @@ import torch
 from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.decoding.sampling import pick_with_noise, processed_probs, token_logprobs
-from worker.tlt.decoding.streams import SAMPLE, row_exponentials
-from worker.tlt.kernels import fused_available
+from worker.tlt.decoding.streams import SAMPLE
+from worker.tlt.kernels import fused_available, stream_noise
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.rollout.types import RequestSampling
 
@@ -96,17 +96,6 @@ def choose_sampled(
     if lsm is not None:
         lp = torch.where(temp <= 0.0, lsm.gather(1, tok[:, None]).squeeze(1), lp)
     return tok, lp
-
-
-def stream_noise(keys: torch.Tensor, pos: torch.Tensor, purpose: int, vocab: int) -> torch.Tensor:
-    """Exp(1) draws [B, V] of rows' streams (decoding/streams.row_exponentials): on CUDA one Triton kernel
-    (kernels/keyed_noise.py; the torch version's ~19 int64 passes over [B, V] cost more than a small model's decode
-    step), elsewhere torch. One producer per device, so every path of a device reads the same numbers."""
-    if keys.is_cuda and fused_available(keys.device) is None:
-        from worker.tlt.kernels.keyed_noise import stream_exponentials  # triton: imported on CUDA only
-
-        return stream_exponentials(keys, pos, purpose, vocab)
-    return row_exponentials(keys, pos, purpose, vocab)
 
 
 def row_noise(rows: RowState, sel: slice, vocab: int) -> torch.Tensor:

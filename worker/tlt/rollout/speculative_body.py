@@ -32,8 +32,8 @@ from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.row_state import RowState
 from worker.tlt.decoding.sampling import processed_probs
 from worker.tlt.decoding.streams import ACCEPT, RESIDUAL, row_uniforms
-from worker.tlt.kernels import fused_available
-from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows, stream_noise
+from worker.tlt.kernels import fused_available, stream_noise
+from worker.tlt.rollout.decode_step import GREEDY, Mode, hook_rows
 from worker.tlt.rollout.engine_state import EngineState
 from worker.tlt.speculative.proposers.draft_tree import ancestor_mask, depths_from_ancestors
 from worker.tlt.speculative.verify.verifier import verify_greedy, verify_sampling

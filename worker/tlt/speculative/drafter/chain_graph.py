@@ -1,7 +1,7 @@
 """CUDA graphs of the EAGLE proposer's chain draft: one per (batch bucket, depth), batches padded to the next power
 of two; `record_graph` warms a function up on a side stream and captures it with the proposer's generator
 registered. A sampled draft's randomness comes from the rows' stream keys and emitted counts (`keys`, `n_gen`:
-static inputs the proposer fills before each replay; decoding/streams.draft_noise), so each replay draws afresh. A graph's outputs are static buffers: a proposal read from them
+static inputs the proposer fills before each replay; kernels.draft_noise), so each replay draws afresh. A graph's outputs are static buffers: a proposal read from them
 is valid until the next replay.
 
 Run the tests: `python -m pytest tests/drafter/test_drafter_chain_graph.py -q` (the capture itself: `-m gpu`).

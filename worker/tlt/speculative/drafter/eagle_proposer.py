@@ -40,9 +40,8 @@ import torch
 
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.sampling import DraftFilters, pick_with_noise, processed_probs, sample
-from worker.tlt.decoding.streams import DRAFT, draft_noise
 from worker.tlt.decoding.uploads import HostStage, to_device_no_sync
-from worker.tlt.kernels import fused_available
+from worker.tlt.kernels import draft_noise
 from worker.tlt.speculative.drafter.chain_graph import ChainGraph, batch_bucket, record_graph
 from worker.tlt.speculative.drafter.draft_window import DraftWindow
 from worker.tlt.speculative.drafter.eagle_tree import tree_draft
@@ -50,17 +49,6 @@ from worker.tlt.speculative.drafter.feature_ring import FeatureRing, SeqId
 from worker.tlt.speculative.drafter.model import DraftKV, EagleDrafter
 from worker.tlt.speculative.drafter.spot_trainer import DrafterSnapshot
 from worker.tlt.speculative.proposers.protocol import DraftContext
-
-
-def _draft_noise(streams: tuple[torch.Tensor, torch.Tensor], depth: int, vocab: int) -> torch.Tensor:
-    """decoding/streams.draft_noise, in one Triton kernel on CUDA (kernels/keyed_noise.py; as the engine's sampler
-    noise): one producer per device, so the fused and torch draft paths race the same numbers."""
-    if streams[0].is_cuda and fused_available(streams[0].device) is None:
-        from worker.tlt.kernels.keyed_noise import stream_exponentials  # triton: imported on CUDA only
-
-        keys, n_gen = streams
-        return stream_exponentials(keys, n_gen + depth, DRAFT, vocab)
-    return draft_noise(streams, depth, vocab)
 
 
 @dataclass(frozen=True)
@@ -207,7 +195,7 @@ class EagleProposer:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """k + 1 drafter forwards with fixed shapes, no host sync (graph-capturable).
         -> tokens [B, k+1], parents [B, k+1], counts [B], draft_probs [B, k+1, V] (DraftProposal fields).
-        Sampled drafts race against each row's own stream (`streams`: decoding/streams.draft_noise, keyed on the
+        Sampled drafts race against each row's own stream (`streams`: kernels.draft_noise, keyed on the
         emitted-token index each draft proposes, so a row drafts the same whatever the batch) or the generator."""
         d = self.drafter
         bsz, w = toks.shape
@@ -228,7 +216,7 @@ class EagleProposer:
         probs = torch.zeros(bsz, k + 1, d.args.vocab_size, dtype=torch.float32, device=dev)
         noise = None  # the whole chain's race noise at once (fused) or per step
         if fused and streams is not None:
-            noise = torch.stack([_draft_noise(streams, step, head.shape[0]) for step in range(k)])
+            noise = torch.stack([draft_noise(streams, step, head.shape[0]) for step in range(k)])
         elif fused:
             noise = torch.empty(k, bsz, head.shape[0], dtype=torch.float32, device=dev).exponential_(
                 generator=self.gen)
@@ -242,7 +230,7 @@ class EagleProposer:
             else:
                 q = processed_probs(logits.float(), row_t, top_p if use_p else 1.0, row_k)
                 tok = (sample(q, self.gen) if streams is None
-                       else pick_with_noise(q, _draft_noise(streams, step, q.shape[-1])))
+                       else pick_with_noise(q, draft_noise(streams, step, q.shape[-1])))
                 if vocab is None:
                     probs[:, step] = q
                 else:

@@ -52,7 +52,7 @@ class DraftContext:
     sampling: RowSampling | None = None  # the target's per-row settings, for drafters that sample
     filters: DraftFilters = DraftFilters()  # what the host knows of `sampling`
     # (stream keys [B], emitted counts [B]): the rows' RowState.key and n_gen (live views), so that a drafter that
-    # samples draws draft d of a row from that row's own stream (decoding/streams.draft_noise); None: its generator
+    # samples draws draft d of a row from that row's own stream (kernels.draft_noise); None: its generator
     streams: tuple[torch.Tensor, torch.Tensor] | None = None
     hidden: torch.Tensor | None = None  # [B, T, H] target hidden states at each row's last T positions (EAGLE)
     hidden_lens: torch.Tensor | None = None  # [B] int64 valid positions in `hidden` (right-aligned)

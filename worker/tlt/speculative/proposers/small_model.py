@@ -24,7 +24,7 @@ import torch
 from worker.tlt.decoding.draft_types import DraftProposal
 from worker.tlt.decoding.kv_cache import KVCache
 from worker.tlt.decoding.sampling import pick_with_noise, processed_probs, sample
-from worker.tlt.decoding.streams import draft_noise
+from worker.tlt.kernels import draft_noise
 from worker.tlt.model.transformer import Transformer
 from worker.tlt.speculative.proposers.draft_tree import chain_proposal, topk_tree
 from worker.tlt.speculative.proposers.protocol import DraftContext, DrafterBase
